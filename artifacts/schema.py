@@ -1,0 +1,216 @@
+"""The rollout sample row: the Python dataclass and its Parquet (Arrow) schema.
+
+Versioning rule (DESIGN §3): *add fields, never reinterpret*. A new column may be added (bump
+``SCHEMA_VERSION`` only when old readers must refuse the file); an existing column never changes
+meaning. Readers therefore ignore columns they do not know and fail loudly, naming the column,
+when a column they need is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = [
+    "SAMPLE_SCHEMA",
+    "SAMPLE_STATUSES",
+    "SCHEMA_VERSION",
+    "Sample",
+    "samples_to_table",
+    "table_to_samples",
+]
+
+SCHEMA_VERSION = 1
+
+SAMPLE_STATUSES: tuple[str, ...] = ("completed", "truncated", "aborted", "failed")
+
+SAMPLE_SCHEMA: pa.Schema = pa.schema(
+    [
+        pa.field("rollout_id", pa.int64()),
+        pa.field("group_index", pa.int64()),
+        pa.field("sample_index", pa.int64()),
+        pa.field("prompt", pa.string()),
+        pa.field("prompt_tokens", pa.list_(pa.int32())),
+        pa.field("response", pa.string()),
+        pa.field("response_tokens", pa.list_(pa.int32())),
+        pa.field("response_length", pa.int32()),
+        pa.field("label", pa.string()),
+        pa.field("reward", pa.float64()),
+        pa.field("status", pa.string()),
+        pa.field("loss_mask", pa.list_(pa.int8())),
+        pa.field("rollout_log_probs", pa.list_(pa.float32())),
+        pa.field("weight_version", pa.int64()),
+        pa.field("seed", pa.int64()),
+        pa.field("metadata", pa.string()),  # JSON text of Sample.metadata
+    ]
+)
+
+_INT32_MAX = 2**31 - 1
+
+
+def _metadata_json(metadata: dict[str, Any]) -> str:
+    # Sorted keys and fixed separators: equal dicts give equal bytes, hence equal file hashes.
+    # allow_nan=False: the column is JSON text for any reader (duckdb, pandas), and NaN is not JSON.
+    return json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@dataclasses.dataclass
+class Sample:
+    """One generated response to one prompt: one row of a rollout Parquet file.
+
+    Field meanings follow slime's ``Sample``. ``loss_mask``, ``rollout_log_probs`` and
+    ``response_tokens`` are aligned per response token. ``rollout_log_probs`` are the inference
+    engine's log-probs, stored as float32 (values that are float32 to begin with, e.g. from
+    ``tensor.tolist()``, round-trip bitwise); it may be empty when unknown. ``metadata`` must be
+    a JSON-representable dict (str keys, no tuples, no NaN) because it is stored as JSON text.
+    """
+
+    rollout_id: int
+    group_index: int
+    sample_index: int
+    prompt: str
+    prompt_tokens: list[int]
+    response: str
+    response_tokens: list[int]
+    response_length: int
+    label: str
+    reward: float
+    status: str
+    loss_mask: list[int]
+    rollout_log_probs: list[float]
+    weight_version: int
+    seed: int
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Check the row's invariants; raise ``ValueError`` naming the offending field.
+
+        Checked: field types; ids non-negative; ``status`` in ``SAMPLE_STATUSES``;
+        ``len(response_tokens) == response_length == len(loss_mask)`` and the same for
+        ``rollout_log_probs`` unless it is empty; token ids in ``[0, 2**31)``; ``loss_mask``
+        values in {0, 1}; ``metadata`` survives a JSON round trip unchanged.
+        """
+        for name in (
+            "rollout_id",
+            "group_index",
+            "sample_index",
+            "response_length",
+            "weight_version",
+            "seed",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"Sample.{name} must be an int, got {type(value).__name__}")
+        for name in ("rollout_id", "group_index", "sample_index", "response_length"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Sample.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("prompt", "response", "label", "status"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"Sample.{name} must be a str, got {type(getattr(self, name)).__name__}")
+        if not isinstance(self.reward, (int, float)) or isinstance(self.reward, bool):
+            raise ValueError(f"Sample.reward must be a float, got {type(self.reward).__name__}")
+        if self.status not in SAMPLE_STATUSES:
+            raise ValueError(f"Sample.status must be one of {SAMPLE_STATUSES}, got {self.status!r}")
+
+        n = self.response_length
+        if len(self.response_tokens) != n:
+            raise ValueError(
+                f"Sample.response_tokens has {len(self.response_tokens)} tokens but response_length is {n}"
+            )
+        if len(self.loss_mask) != n:
+            raise ValueError(f"Sample.loss_mask has {len(self.loss_mask)} entries but response_length is {n}")
+        if self.rollout_log_probs and len(self.rollout_log_probs) != n:
+            raise ValueError(
+                f"Sample.rollout_log_probs has {len(self.rollout_log_probs)} entries but response_length is {n}"
+                " (use an empty list when unknown)"
+            )
+
+        for name in ("prompt_tokens", "response_tokens"):
+            tokens: Sequence[int] = getattr(self, name)
+            if tokens and (min(tokens) < 0 or max(tokens) > _INT32_MAX):
+                raise ValueError(
+                    f"Sample.{name} has token ids outside [0, 2**31): min {min(tokens)}, max {max(tokens)}"
+                )
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError(f"Sample.loss_mask values must be 0 or 1, got {sorted(set(self.loss_mask))}")
+
+        if not isinstance(self.metadata, dict):
+            raise ValueError(f"Sample.metadata must be a dict, got {type(self.metadata).__name__}")
+        try:
+            round_tripped = json.loads(_metadata_json(self.metadata))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"Sample.metadata is not JSON-serialisable: {e}") from e
+        if round_tripped != self.metadata:
+            raise ValueError(
+                "Sample.metadata changes in a JSON round trip (tuples or non-str keys?); use lists and str keys"
+            )
+
+
+def samples_to_table(samples: Iterable[Sample]) -> pa.Table:
+    """Convert samples to a table with exactly ``SAMPLE_SCHEMA`` (no validation; see ``Sample.validate``).
+
+    Raises ``ValueError`` naming the column when a value cannot be converted to its Arrow type.
+    """
+    samples = list(samples)
+    arrays = []
+    for field in SAMPLE_SCHEMA:
+        if field.name == "metadata":
+            values: list[Any] = [_metadata_json(s.metadata) for s in samples]
+        else:
+            values = [getattr(s, field.name) for s in samples]
+        try:
+            arrays.append(pa.array(values, type=field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as e:
+            raise ValueError(f"column {field.name!r} cannot be converted to {field.type}: {e}") from e
+    return pa.Table.from_arrays(arrays, schema=SAMPLE_SCHEMA)
+
+
+def table_to_samples(table: pa.Table) -> list[Sample]:
+    """Convert a table with (at least) the ``SAMPLE_SCHEMA`` columns back to samples.
+
+    Extra columns are ignored (a newer writer may have added them). A missing required column,
+    a null in a required column, or a column that cannot be cast losslessly to its schema type
+    raises ``ValueError`` naming the column.
+    """
+    missing = [name for name in SAMPLE_SCHEMA.names if name not in table.column_names]
+    if missing:
+        raise ValueError(
+            f"rollout table is missing required column(s) {missing}; it has {table.column_names}"
+        )
+
+    columns: dict[str, list[Any]] = {}
+    for field in SAMPLE_SCHEMA:
+        column = table.column(field.name)
+        if column.null_count:
+            raise ValueError(
+                f"column {field.name!r} has {column.null_count} null value(s); samples need a value"
+            )
+        if not column.type.equals(field.type):
+            try:
+                column = column.cast(field.type, safe=True)  # safe: refuse overflow / truncation
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                raise ValueError(
+                    f"column {field.name!r} has type {column.type}, not castable to {field.type}: {e}"
+                ) from e
+        columns[field.name] = column.to_pylist()
+
+    metadata_column = columns["metadata"]
+    for row, text in enumerate(metadata_column):
+        try:
+            metadata_column[row] = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"column 'metadata' row {row} is not valid JSON: {e}") from e
+        if not isinstance(metadata_column[row], dict):
+            raise ValueError(
+                f"column 'metadata' row {row} is JSON {type(metadata_column[row]).__name__}, not an object"
+            )
+
+    names = SAMPLE_SCHEMA.names
+    return [
+        Sample(**dict(zip(names, values, strict=True)))
+        for values in zip(*(columns[n] for n in names), strict=True)
+    ]

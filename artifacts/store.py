@@ -1,0 +1,539 @@
+"""The artifact store: Parquet tables with verified metadata, refs, run-directory paths, metrics.
+
+Every table artifact is one Parquet file written atomically, whose file-level key-value metadata
+holds (all values JSON-encoded):
+
+- ``rollflow.schema_version``: ``SCHEMA_VERSION`` of the writer; readers refuse newer versions.
+- ``rollflow.kind``: what the table is ("rollout", "eval", "logprobs", ...).
+- ``rollflow.content_sha256``: sha256 of a canonical serialisation of the table's content (see
+  ``table_content_sha256``); readers recompute it, which catches truncated or corrupt files and
+  data edited without updating the metadata.
+- ``rollflow.<key>``: the caller's metadata (tokenizer fingerprint, sampling params, config hash).
+
+Tasks pass ``ArtifactRef`` (path + sha256 of the file bytes) through Prefect, never tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, Field, field_validator
+
+from artifacts.atomic import atomic_write_bytes, sha256_bytes, sha256_file
+from artifacts.schema import SCHEMA_VERSION, Sample, samples_to_table, table_to_samples
+
+__all__ = [
+    "ArtifactError",
+    "ArtifactRef",
+    "RunPaths",
+    "append_metrics",
+    "read_metadata",
+    "read_metrics",
+    "read_rollout",
+    "read_table",
+    "table_content_sha256",
+    "write_rollout",
+    "write_table",
+]
+
+PathArg = str | os.PathLike[str]
+
+_PREFIX = "rollflow."
+_RESERVED_KEYS = ("schema_version", "kind", "content_sha256")
+
+# Fixed writer settings: the file bytes must be a function of the table content (and the pyarrow
+# version, which stamps itself into the footer), so that equal rollouts have equal sha256 and
+# Prefect cache keys built from them hit.
+_PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 3,
+    "version": "2.6",
+    "data_page_version": "1.0",
+    # No min/max statistics: page headers would carry bytes that neither the page CRC nor the
+    # content checksum covers (a flip there goes unnoticed), and rollout files are too small for
+    # query engines to gain from skipping pages.
+    "write_statistics": False,
+    "write_page_checksum": True,  # page CRCs: a flipped byte fails at decode, naming the page
+    "store_schema": True,  # ARROW:schema restores Arrow types (uint32, large_string, ...) on read
+}
+
+
+class ArtifactError(RuntimeError):
+    """An artifact is missing, corrupt, of an unreadable schema version, or does not match its ref."""
+
+
+class ArtifactRef(BaseModel, frozen=True):
+    """A small, JSON-serialisable handle on one artifact file, passed between Prefect tasks."""
+
+    path: str = Field(description="Absolute path of the artifact file.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of the file's bytes.")
+    rows: int = Field(ge=0, description="Number of rows (samples) in the table; 0 for non-tables.")
+    schema_version: int = Field(ge=0, description="SCHEMA_VERSION of the code that wrote the file.")
+    kind: str = Field(
+        min_length=1, description='What the file holds: "rollout", "eval", "logprobs", "weights", ...'
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        # Relative paths would silently point elsewhere in a task run from another cwd.
+        if not os.path.isabs(value):
+            raise ValueError(f"ArtifactRef.path must be absolute, got {value!r}")
+        return value
+
+    def verify(self) -> None:
+        """Raise ``ArtifactError`` unless the file exists and its bytes hash to ``sha256``."""
+        if not os.path.isfile(self.path):
+            raise ArtifactError(f"{self.path}: artifact file is missing (expected sha256 {self.sha256})")
+        actual = sha256_file(self.path)
+        if actual != self.sha256:
+            raise ArtifactError(
+                f"{self.path}: sha256 mismatch: the ref expects {self.sha256}, the file has {actual} "
+                "(file replaced or corrupted since it was written)"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# Canonical content hash
+# --------------------------------------------------------------------------------------------
+
+
+def _canonical_field(field: pa.Field, name: str, decode_dictionaries: bool) -> pa.Field:
+    return pa.field(name, _canonical_type(field.type, decode_dictionaries), nullable=field.nullable)
+
+
+def _canonical_type(t: pa.DataType, decode_dictionaries: bool) -> pa.DataType:
+    """``t`` with the naming that Parquet does not preserve normalised to Arrow's defaults.
+
+    Parquet renames list children ("item" -> "element") and map entries, and re-encodes
+    dictionaries, so the same content reads back under a slightly different type. Field-level
+    metadata is dropped too.
+    """
+    if pa.types.is_dictionary(t) and decode_dictionaries:
+        return _canonical_type(t.value_type, decode_dictionaries)
+    if pa.types.is_list(t):
+        return pa.list_(_canonical_field(t.value_field, "item", decode_dictionaries))
+    if pa.types.is_large_list(t):
+        return pa.large_list(_canonical_field(t.value_field, "item", decode_dictionaries))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_canonical_field(t.value_field, "item", decode_dictionaries), t.list_size)
+    if pa.types.is_map(t):
+        return pa.map_(
+            _canonical_field(t.key_field, "key", decode_dictionaries),
+            _canonical_field(t.item_field, "value", decode_dictionaries),
+            keys_sorted=t.keys_sorted,
+        )
+    if pa.types.is_struct(t):
+        return pa.struct([_canonical_field(f, f.name, decode_dictionaries) for f in t])
+    return t
+
+
+def _canonical_schema(schema: pa.Schema, decode_dictionaries: bool) -> pa.Schema:
+    return pa.schema([_canonical_field(f, f.name, decode_dictionaries) for f in schema])
+
+
+def _may_hold_nulls(array: pa.Array) -> bool:
+    """True if ``array`` or any child has nulls (over-approximates for sliced nested arrays)."""
+    if array.null_count:
+        return True
+    t = array.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _may_hold_nulls(array.values)
+    if pa.types.is_map(t):
+        return _may_hold_nulls(array.keys) or _may_hold_nulls(array.items)
+    if pa.types.is_struct(t):
+        return any(_may_hold_nulls(array.field(i)) for i in range(t.num_fields))
+    # Other nested types (unions, list views, ...): assume the worst and take the safe path.
+    return pa.types.is_nested(t)
+
+
+class _HashSink:
+    """A write-only file object that feeds everything written into a sha256 (no buffering)."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self.closed = False
+
+    def write(self, data: bytes) -> int:
+        self._digest.update(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+
+def table_content_sha256(table: pa.Table) -> str:
+    """Hex sha256 of the table's content, independent of how it is laid out in memory.
+
+    The canonical serialisation is the Arrow IPC stream of one record batch holding the table
+    with schema and field metadata stripped, list/map child names normalised and dictionaries
+    decoded. It is equal for a table and the table read back from Parquet, and independent of
+    chunking. Values under null slots are undefined in Arrow (the Parquet reader leaves leftovers
+    there), so columns holding nulls are rebuilt from Python values, which zeroes those slots.
+    """
+    schema = _canonical_schema(table.schema, decode_dictionaries=True)
+    table = table.replace_schema_metadata(None).cast(schema)
+    arrays = []
+    for column in table.columns:
+        array = column.combine_chunks()
+        if _may_hold_nulls(array):
+            array = pa.array(array.to_pylist(), type=array.type)
+        arrays.append(array)
+    batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    sink = _HashSink()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(batch)
+    return sink.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+
+def _encode(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _decode_metadata(raw: dict[bytes, bytes] | None) -> dict[str, Any]:
+    """The ``rollflow.*`` entries of Parquet key-value metadata, prefix stripped, JSON-decoded."""
+    decoded: dict[str, Any] = {}
+    for key, value in (raw or {}).items():
+        name = key.decode("utf-8", errors="replace")
+        if not name.startswith(_PREFIX):
+            continue  # ARROW:schema, pandas metadata, ...: not ours
+        text = value.decode("utf-8", errors="replace")
+        try:
+            decoded[name[len(_PREFIX) :]] = json.loads(text)
+        except ValueError:
+            decoded[name[len(_PREFIX) :]] = text  # written by another tool: keep it verbatim
+    return decoded
+
+
+def _check_version(path: Path, meta: dict[str, Any]) -> None:
+    version = meta.get("schema_version")
+    if version is None:
+        raise ArtifactError(
+            f"{path}: not a rollflow artifact (no {_PREFIX}schema_version in the Parquet metadata)"
+        )
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ArtifactError(f"{path}: {_PREFIX}schema_version is {version!r}, not an int")
+    if version > SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{path}: written with schema version {version}, but this code reads schema version "
+            f"{SCHEMA_VERSION} and older; upgrade rollflow to read it"
+        )
+
+
+def _resolve(path_or_ref: PathArg | ArtifactRef) -> tuple[Path, ArtifactRef | None]:
+    if isinstance(path_or_ref, ArtifactRef):
+        return Path(path_or_ref.path), path_or_ref
+    return Path(os.fspath(path_or_ref)), None
+
+
+def write_table(
+    path: PathArg,
+    table: pa.Table,
+    *,
+    kind: str,
+    metadata: dict[str, str | int | float | dict] | None = None,
+) -> ArtifactRef:
+    """Write ``table`` as a Parquet artifact atomically and return its ref.
+
+    Identical tables (same content, any chunking) and metadata give byte-identical files.
+    ``metadata`` values must be JSON-serialisable; they are stored under ``rollflow.<key>``
+    (keys ``schema_version``, ``kind``, ``content_sha256`` are reserved). Existing non-rollflow
+    schema metadata of ``table`` (e.g. pandas') is kept. Raises ``ValueError`` for a reserved
+    key, or for a column whose type Parquet cannot store exactly (e.g. date64): cast it first.
+    """
+    if not kind:
+        raise ValueError("write_table: kind must be a non-empty string")
+    # One chunk per column: the Parquet writer's page boundaries can depend on chunk boundaries.
+    table = table.combine_chunks()
+
+    kv = {k: v for k, v in (table.schema.metadata or {}).items() if not k.startswith(_PREFIX.encode())}
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"write_table: metadata keys must be non-empty strings, got {key!r}")
+        if key in _RESERVED_KEYS:
+            raise ValueError(f"write_table: metadata key {key!r} is reserved for rollflow")
+        try:
+            kv[(_PREFIX + key).encode()] = _encode(value).encode()
+        except TypeError as e:
+            raise ValueError(f"write_table: metadata[{key!r}] is not JSON-serialisable: {e}") from e
+    kv[(_PREFIX + "schema_version").encode()] = _encode(SCHEMA_VERSION).encode()
+    kv[(_PREFIX + "kind").encode()] = _encode(kind).encode()
+    kv[(_PREFIX + "content_sha256").encode()] = _encode(table_content_sha256(table)).encode()
+    # Sorted so the footer does not depend on the caller's dict order.
+    table = table.replace_schema_metadata(dict(sorted(kv.items())))
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, **_PARQUET_OPTIONS)
+    data = sink.getvalue()
+
+    # Catch types Parquet cannot reproduce now, instead of as a checksum mismatch at read time.
+    written = _canonical_schema(pq.read_schema(pa.BufferReader(data)), decode_dictionaries=True)
+    expected = _canonical_schema(table.schema, decode_dictionaries=True)
+    if not written.equals(expected):
+        changed = [
+            f"{f.name}: {f.type} reads back as {written.field(f.name).type}"
+            for f in expected
+            if not written.field(f.name).equals(f)
+        ]
+        raise ValueError(
+            f"write_table: column types do not round-trip through Parquet ({'; '.join(changed)}); cast them first"
+        )
+
+    atomic_write_bytes(path, memoryview(data))
+    return ArtifactRef(
+        path=os.path.abspath(path),
+        sha256=sha256_bytes(memoryview(data)),
+        rows=table.num_rows,
+        schema_version=SCHEMA_VERSION,
+        kind=kind,
+    )
+
+
+def read_table(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> pa.Table:
+    """Read a Parquet artifact written by ``write_table``.
+
+    Always checks the schema version (newer than ``SCHEMA_VERSION`` -> ``ArtifactError``). With
+    ``verify`` (default) also checks page CRCs, recomputes the content checksum, and, given a
+    ref, checks the file's sha256 against it; any mismatch raises ``ArtifactError`` naming the
+    file. A missing file raises ``FileNotFoundError``. The returned table has the file's schema
+    metadata and Arrow's default list/map child names ("item", "entries", "key", "value").
+    """
+    path, ref = _resolve(path_or_ref)
+    data = path.read_bytes()
+    if ref is not None and verify:
+        actual = sha256_bytes(data)
+        if actual != ref.sha256:
+            raise ArtifactError(
+                f"{path}: sha256 mismatch: the ref expects {ref.sha256}, the file has {actual} "
+                "(file replaced or corrupted since it was written)"
+            )
+    try:
+        parquet = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=verify)
+        raw_metadata = parquet.schema_arrow.metadata
+    except (pa.ArrowException, OSError) as e:
+        raise ArtifactError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from e
+    meta = _decode_metadata(raw_metadata)
+    _check_version(path, meta)  # before decoding data: a newer file may not even decode
+    try:
+        table = parquet.read()
+    except (pa.ArrowException, OSError) as e:
+        raise ArtifactError(f"{path}: cannot decode the Parquet data (corrupt file?): {e}") from e
+
+    if verify:
+        expected = meta.get("content_sha256")
+        if not isinstance(expected, str):
+            raise ArtifactError(
+                f"{path}: no {_PREFIX}content_sha256 in the Parquet metadata; cannot verify it"
+            )
+        actual = table_content_sha256(table)
+        if actual != expected:
+            raise ArtifactError(
+                f"{path}: content checksum mismatch: the metadata records {expected}, the data hashes "
+                f"to {actual} (corrupt or modified file)"
+            )
+    schema = _canonical_schema(table.schema, decode_dictionaries=False).with_metadata(table.schema.metadata)
+    return table.cast(schema)
+
+
+def read_metadata(path_or_ref: PathArg | ArtifactRef) -> dict[str, Any]:
+    """The artifact's metadata: the caller's keys decoded, plus ``schema_version``, ``kind`` and
+    ``content_sha256``. Reads only the Parquet footer; does not verify the data."""
+    path, _ = _resolve(path_or_ref)
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    try:
+        raw = pq.ParquetFile(path).schema_arrow.metadata
+    except (pa.ArrowException, OSError) as e:
+        raise ArtifactError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from e
+    meta = _decode_metadata(raw)
+    _check_version(path, meta)
+    return meta
+
+
+# --------------------------------------------------------------------------------------------
+# Rollouts
+# --------------------------------------------------------------------------------------------
+
+
+def write_rollout(
+    path: PathArg,
+    samples: Iterable[Sample],
+    *,
+    metadata: dict[str, Any] | None = None,
+    kind: str = "rollout",
+) -> ArtifactRef:
+    """Validate every sample, then write them as a rollout artifact (``kind="eval"`` for eval sets).
+
+    Raises ``ValueError`` naming the first invalid sample (position and ids) and field.
+    """
+    samples = list(samples)
+    for position, sample in enumerate(samples):
+        try:
+            sample.validate()
+        except ValueError as e:
+            raise ValueError(
+                f"sample {position} (rollout_id={sample.rollout_id!r}, group_index={sample.group_index!r}, "
+                f"sample_index={sample.sample_index!r}): {e}"
+            ) from e
+    return write_table(path, samples_to_table(samples), kind=kind, metadata=metadata)
+
+
+def read_rollout(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> list[Sample]:
+    """Read samples from a rollout (or eval) artifact; see ``read_table`` for the checks.
+
+    Extra columns written by newer code are ignored; a missing required column raises
+    ``ArtifactError`` naming the file and the column.
+    """
+    path, _ = _resolve(path_or_ref)
+    table = read_table(path_or_ref, verify=verify)
+    try:
+        return table_to_samples(table)
+    except ValueError as e:
+        raise ArtifactError(f"{path}: {e}") from e
+
+
+# --------------------------------------------------------------------------------------------
+# Run directory layout (DESIGN §3)
+# --------------------------------------------------------------------------------------------
+
+
+def _check_id(value: int, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class RunPaths:
+    """Paths inside a run directory, formatted as DESIGN §3 fixes them. Pure: creates nothing.
+
+    ``run_dir`` is kept as given (not resolved), so relative run dirs give relative paths.
+    """
+
+    run_dir: Path
+
+    def __init__(self, run_dir: PathArg) -> None:
+        object.__setattr__(self, "run_dir", Path(run_dir))
+
+    @property
+    def config(self) -> Path:
+        """``config.yaml``: the resolved config of the run."""
+        return self.run_dir / "config.yaml"
+
+    @property
+    def metrics(self) -> Path:
+        """``metrics.jsonl``: one JSON record per line (see ``append_metrics``)."""
+        return self.run_dir / "metrics.jsonl"
+
+    def rollout(self, rollout_id: int) -> Path:
+        """``rollouts/rollout_{id:06d}.parquet``."""
+        return self.run_dir / "rollouts" / f"rollout_{_check_id(rollout_id, 'rollout_id'):06d}.parquet"
+
+    def eval_rollout(self, rollout_id: int) -> Path:
+        """``rollouts/eval_{id:06d}.parquet``."""
+        return self.run_dir / "rollouts" / f"eval_{_check_id(rollout_id, 'rollout_id'):06d}.parquet"
+
+    def logprobs(self, rollout_id: int) -> Path:
+        """``logprobs/rollout_{id:06d}.parquet``."""
+        return self.run_dir / "logprobs" / f"rollout_{_check_id(rollout_id, 'rollout_id'):06d}.parquet"
+
+    def checkpoint(self, iteration: int) -> Path:
+        """``checkpoints/iter_{id:07d}`` (a directory)."""
+        return self.run_dir / "checkpoints" / f"iter_{_check_id(iteration, 'iteration'):07d}"
+
+    def model_hash(self, iteration: int, tp: int = 0, pp: int = 0, dp: int = 0, cp: int = 0) -> Path:
+        """``checkpoints/iter_{id:07d}/model_hash_tp{t}_pp{p}_dp{d}_cp{c}.json``."""
+        ranks = {
+            name: _check_id(value, name) for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp))
+        }
+        return self.checkpoint(iteration) / "model_hash_tp{tp}_pp{pp}_dp{dp}_cp{cp}.json".format(**ranks)
+
+
+# --------------------------------------------------------------------------------------------
+# metrics.jsonl
+# --------------------------------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    # numpy scalars/arrays and torch tensors: metrics often come straight from them.
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"metrics value of type {type(value).__name__} is not JSON-serialisable")
+
+
+def append_metrics(path: PathArg, record: dict[str, Any]) -> None:
+    """Append ``record`` as one JSON line, then fsync.
+
+    The line goes out in one ``write`` on an ``O_APPEND`` descriptor, so concurrent appenders do
+    not interleave and a crash leaves at most one torn line at the end. If a previous crash left
+    such a torn line, a newline is written first so the new record stays readable on its own
+    line. NaN/inf are written as Python's json does (``NaN``), which ``read_metrics`` reads back.
+    """
+    if not isinstance(record, dict):
+        raise TypeError(f"append_metrics: record must be a dict, got {type(record).__name__}")
+    data = (json.dumps(record, default=_json_default) + "\n").encode("utf-8")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        view = memoryview(data)
+        while view:  # os.write on a regular file writes everything unless the disk is full
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_metrics(path: PathArg) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file, in order.
+
+    Lines that are not a JSON object (a line torn by a crash, normally the last one) are skipped
+    with a ``RuntimeWarning`` giving their count and line numbers. Missing file ->
+    ``FileNotFoundError``.
+    """
+    records: list[dict[str, Any]] = []
+    skipped: list[int] = []
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:  # includes UnicodeDecodeError from a line cut mid-character
+            skipped.append(number)
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            skipped.append(number)
+    if skipped:
+        warnings.warn(
+            f"{path}: skipped {len(skipped)} unreadable line(s) (torn by a crash?): line(s) {skipped}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return records

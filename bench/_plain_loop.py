@@ -1,0 +1,81 @@
+"""The rollflow RL loop without Prefect or Ray: one TorchEngine and one TorchTrainer in this process.
+
+Per rollout it does the same engine + trainer work as a `rollout-<id>` flow run:
+generate -> write_rollout -> compute_log_probs -> train_step -> update_weights(export_weights).
+Shared by bench/overhead.py and bench/vs_trl.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from artifacts.store import RunPaths, write_rollout
+from engines.rollout import build_requests, problems_for_rollout, sampling_metadata, to_samples
+from engines.torch_engine.engine import TorchEngine
+from flows.config import RunConfig
+from recipes.registry import get_recipe
+from trainers.torch_trainer.trainer import TorchTrainer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
+    """Run rollouts 0..n-1 in process and return each one's wall seconds (index 0 is the warm-up).
+
+    `cfg.run_dir` receives the rollout / log-prob Parquet files; `cfg.hf_checkpoint=None` means the
+    recipe's bootstrapped model. Uses `cfg.num_threads` torch threads (world size 1, gloo group).
+    """
+    recipe = get_recipe(cfg.recipe)
+    checkpoint = cfg.hf_checkpoint or str(recipe.ensure_checkpoint())
+    cfg = cfg.model_copy(update={"hf_checkpoint": checkpoint,
+                                 "rollout": cfg.rollout.model_copy(update={"num_rollout": n})})
+    torch.set_num_threads(cfg.num_threads)
+    paths = RunPaths(cfg.resolved_run_dir)
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    pool = recipe.train_problems()
+    engine = TorchEngine(checkpoint, num_threads=cfg.num_threads)
+    trainer = TorchTrainer(cfg, checkpoint, rank=0, world_size=1)
+    trainer.setup("127.0.0.1", _free_port())
+    seconds: list[float] = []
+    try:
+        for rollout_id in range(n):
+            start = time.perf_counter()
+            problems = problems_for_rollout(pool, cfg, rollout_id)
+            entries = build_requests(problems, tok, recipe, cfg, rollout_id, cfg.rollout.n_samples_per_prompt,
+                                     cfg.rollout.rollout_temperature)
+            outputs = engine.generate([e["request"] for e in entries])
+            samples = to_samples(entries, outputs, tok, recipe, rollout_id)
+            rollout = write_rollout(paths.rollout(rollout_id), samples,
+                                    metadata=sampling_metadata(cfg, cfg.rollout.rollout_temperature))
+            logprobs = trainer.compute_log_probs(rollout, str(paths.logprobs(rollout_id)))
+            assert logprobs is not None  # rank 0 always writes
+            trainer.train_step(rollout, logprobs)
+            engine.update_weights(trainer.export_weights(), rollout_id + 1)
+            seconds.append(time.perf_counter() - start)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return seconds
+
+
+def mean(xs: list[float]) -> float:
+    """Arithmetic mean; NaN for an empty list."""
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A small left-aligned text table."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""Orchestration seconds per rollout: the Prefect flow over Ray actors against a plain in-process loop.
+
+(b) plain: `bench/_plain_loop.plain_rollouts` -- TorchEngine + TorchTrainer in this process, no Prefect,
+    no Ray -- timed around each rollout.
+(a) flow: `flows.run.run_flow` on a throw-away Prefect home (ephemeral server) and a local Ray; the
+    per-rollout times are read back from Prefect: each `rollout-<id>` child flow run's start -> end
+    ("flow run") and the start -> start interval to the next child ("cadence", which also counts the
+    parent's between-rollout work: waiting for task runs to settle, creating the next child run;
+    that part alone is the "gap": one child's end -> the next child's start).
+Same config for both (eval off, no checkpoints, 1 torch thread). Rollout 0 is a warm-up and is left
+out of every mean. The plain loop runs first so the Prefect server and Ray are not yet running.
+The difference flow - plain is the orchestration overhead per rollout (Prefect task/flow runs, Ray
+calls and object transfer, the flow's extra checks, metric logging and artifacts).
+
+    python bench/overhead.py [--rollouts 6] [--batch-size 16] [--n-samples 8] [--max-response-len 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+_TMP = Path(tempfile.mkdtemp(prefix="rf-bench-overhead-"))
+# before anything imports prefect or ray
+os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ["RAY_AUTH_MODE"] = "disabled"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
+from flows.config import RunConfig  # noqa: E402
+
+
+def bench_config(run_dir: Path, rollouts: int, batch_size: int, n_samples: int, max_len: int,
+                 name: str = "bench-overhead") -> RunConfig:
+    """A small but real run: eval off, no checkpoints, one optimizer step per rollout."""
+    return RunConfig.model_validate({
+        "name": name, "run_dir": str(run_dir), "num_threads": 1,
+        "rollout": {"num_rollout": rollouts, "rollout_batch_size": batch_size,
+                    "n_samples_per_prompt": n_samples, "rollout_max_response_len": max_len},
+        "eval": {"eval_interval": None},
+    })
+
+
+async def _child_runs(parent_id) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
+
+    async with get_client() as client:
+        runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(like_="rollout-"),
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])))
+    return sorted(runs, key=lambda r: int(r.name.rsplit("-", 1)[1]))
+
+
+def flow_rollouts(cfg: RunConfig) -> tuple[list[float], list[float], list[float], float]:
+    """Run `run_flow`; return (per-rollout child flow-run seconds, start-to-start cadence seconds,
+    end-to-next-start gap seconds, wall seconds of the whole run_flow call incl. Ray/actor start-up)."""
+    import asyncio
+    import time
+
+    import ray
+
+    from flows.run import run_flow
+
+    start = time.perf_counter()
+    try:
+        state = asyncio.run(run_flow(cfg, return_state=True))
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    wall = time.perf_counter() - start
+    if not state.is_completed():
+        raise RuntimeError(f"run_flow ended {state.type}: {state.message}")
+    runs = asyncio.run(_child_runs(state.state_details.flow_run_id))
+    if len(runs) != cfg.rollout.num_rollout:
+        raise RuntimeError(f"expected {cfg.rollout.num_rollout} rollout-* child runs, Prefect has {len(runs)}")
+    durations = [(r.end_time - r.start_time).total_seconds() for r in runs]
+    cadence = [(b.start_time - a.start_time).total_seconds() for a, b in zip(runs, runs[1:], strict=False)]
+    gaps = [(b.start_time - a.end_time).total_seconds() for a, b in zip(runs, runs[1:], strict=False)]
+    return durations, cadence, gaps, wall
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rollouts", type=int, default=6, help="rollouts per side (rollout 0 is the warm-up)")
+    p.add_argument("--batch-size", type=int, default=16, help="rollout_batch_size (prompts per rollout)")
+    p.add_argument("--n-samples", type=int, default=8, help="n_samples_per_prompt")
+    p.add_argument("--max-response-len", type=int, default=6, help="rollout_max_response_len")
+    args = p.parse_args()
+    if args.rollouts < 2:
+        p.error("--rollouts must be >= 2 (rollout 0 is excluded as warm-up)")
+    dims = (args.rollouts, args.batch_size, args.n_samples, args.max_response_len)
+
+    plain = plain_rollouts(bench_config(_TMP / "plain", *dims), args.rollouts)
+    print("plain per-rollout s:", " ".join(f"{s:.3f}" for s in plain), flush=True)
+    durations, cadence, gaps, wall = flow_rollouts(bench_config(_TMP / "flow", *dims))
+    print("flow  per-rollout s:", " ".join(f"{s:.3f}" for s in durations), flush=True)
+    print("flow  cadence s:    ", " ".join(f"{s:.3f}" for s in cadence), flush=True)
+
+    base = mean(plain[1:])
+    rows = [["plain loop (no Prefect, no Ray)", f"{base:.3f}", "-"]]
+    for label, xs in (("flow: rollout-* flow run", durations[1:]), ("flow: start-to-start cadence", cadence[1:])):
+        rows.append([label, f"{mean(xs):.3f}", f"{mean(xs) - base:+.3f}"])
+    rows.append(["flow: gap between child runs", f"{mean(gaps[1:]):.3f}", "(part of cadence)"])
+    print(f"\n{args.rollouts} rollouts x {args.batch_size} prompts x {args.n_samples} samples, "
+          f"max {args.max_response_len} new tokens, 1 torch thread; means over rollouts 1..{args.rollouts - 1} "
+          f"(cadence: 1..{args.rollouts - 2}); run_flow wall incl. start-up {wall:.1f} s")
+    print(table(["per rollout", "mean s", "overhead s (vs plain)"], rows))
+
+
+if __name__ == "__main__":
+    main()

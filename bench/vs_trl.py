@@ -1,0 +1,151 @@
+"""Seconds per RL step: rollflow against TRL's GRPOTrainer on the same tiny model and prompts.
+
+One step = P prompts x G samples (the GRPO group), at most L new tokens, sampled at temperature 1.0,
+then one optimizer step (AdamW, lr 1e-5, no KL / reference model on either side).
+  rollflow  `bench/_plain_loop.plain_rollouts` in this process: engine generate + write rollout +
+            trainer log-probs + train step + weight update (no Prefect, no Ray); timed per rollout.
+            `--with-flow` also runs the real Prefect flow (bench/overhead.py's `flow_rollouts`).
+  TRL       `GRPOTrainer` with per_device_train_batch_size = P*G, num_generations = G,
+            max_completion_length = L, use_cpu, a `datasets.Dataset` of the same chat-formatted
+            tiny-arith prompts (rollout i's prompts at step i, no shuffling) and a reward function
+            wrapping recipes.tiny_arith.reward.reward; a TrainerCallback times on_step_begin ->
+            on_step_end (generation, reward, loss and optimizer step all fall inside).
+The TRL half always runs in a subprocess (`--side trl`), under this interpreter if it can import
+`trl`, else under `--trl-python`. Step 0 of each side is a warm-up and is left out of the means.
+
+    python bench/vs_trl.py [--prompts 8] [--generations 8] [--completion-len 8] [--steps 6] [--with-flow]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
+from engines.rollout import problems_for_rollout  # noqa: E402
+from flows.config import RunConfig  # noqa: E402
+from recipes.registry import get_recipe  # noqa: E402
+
+LR = 1e-5
+
+
+def bench_config(args: argparse.Namespace, run_dir: Path) -> RunConfig:
+    """The rollflow side: one rollout = one optimizer step over P x G samples; eval off."""
+    return RunConfig.model_validate({
+        "name": "bench-vs-trl", "run_dir": str(run_dir), "num_threads": args.threads,
+        "rollout": {"num_rollout": args.steps, "rollout_batch_size": args.prompts,
+                    "n_samples_per_prompt": args.generations, "rollout_max_response_len": args.completion_len},
+        "eval": {"eval_interval": None},
+        "train": {"lr": LR},
+    })
+
+
+def trl_steps(args: argparse.Namespace, out_dir: Path) -> list[float]:
+    """Train TRL's GRPOTrainer for `args.steps` steps; per-step seconds (step_begin -> step_end)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from recipes.tiny_arith.reward import reward
+
+    torch.set_num_threads(args.threads)
+    recipe = get_recipe("tiny-arith")
+    checkpoint = str(recipe.ensure_checkpoint())
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    cfg, pool = bench_config(args, out_dir), recipe.train_problems()
+    problems = [p for step in range(args.steps) for p in problems_for_rollout(pool, cfg, step)]
+    dataset = Dataset.from_list([{"prompt": recipe.format_prompt(tok, p["question"]), "label": p["label"]}
+                                 for p in problems])
+
+    def arith_reward(completions: list[str], label: list[str], **_: object) -> list[float]:
+        return [reward(c, y) for c, y in zip(completions, label, strict=True)]
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+
+        def on_step_begin(self, *_: object, **__: object) -> None:
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *_: object, **__: object) -> None:
+            self.seconds.append(time.perf_counter() - self.start)
+
+    timer = StepTimer()
+    config = GRPOConfig(
+        output_dir=str(out_dir / "trl"), per_device_train_batch_size=args.prompts * args.generations,
+        num_generations=args.generations, max_completion_length=args.completion_len, use_cpu=True,
+        report_to=[], logging_steps=args.steps, max_steps=args.steps, learning_rate=LR, bf16=False,
+        save_strategy="no", disable_tqdm=True, shuffle_dataset=False, temperature=1.0, top_p=1.0, top_k=0,
+        beta=0.0, lr_scheduler_type="constant", dataloader_num_workers=0, seed=1234)
+    trainer = GRPOTrainer(model=model, reward_funcs=arith_reward, args=config, train_dataset=dataset,
+                          processing_class=tok, callbacks=[timer])
+    trainer.train()
+    return timer.seconds
+
+
+def run_trl_subprocess(args: argparse.Namespace, out_dir: Path) -> list[float]:
+    """Run `--side trl` in a child process and read its per-step seconds back."""
+    python = sys.executable if importlib.util.find_spec("trl") else args.trl_python
+    out = out_dir / "trl.json"
+    cmd = [python, str(Path(__file__).resolve()), "--side", "trl", "--json-out", str(out),
+           "--prompts", str(args.prompts), "--generations", str(args.generations),
+           "--completion-len", str(args.completion_len), "--steps", str(args.steps),
+           "--threads", str(args.threads)]
+    print("TRL side:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    return json.loads(out.read_text())["seconds"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=8, help="P, prompts per step")
+    p.add_argument("--generations", type=int, default=8, help="G, samples per prompt (GRPO group size)")
+    p.add_argument("--completion-len", type=int, default=8, help="L, max new tokens")
+    p.add_argument("--steps", type=int, default=6, help="steps per side (step 0 is the warm-up)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
+    p.add_argument("--with-flow", action="store_true", help="also time the real Prefect flow per rollout")
+    p.add_argument("--trl-python", default="/tmp/venvtest/bin/python",
+                   help="interpreter for the TRL half when this one cannot import trl")
+    p.add_argument("--side", choices=["both", "trl"], default="both", help=argparse.SUPPRESS)
+    p.add_argument("--json-out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.steps < 2:
+        p.error("--steps must be >= 2 (step 0 is excluded as warm-up)")
+    tmp = Path(tempfile.mkdtemp(prefix="rf-bench-vs-trl-"))
+
+    if args.side == "trl":
+        Path(args.json_out).write_text(json.dumps({"seconds": trl_steps(args, tmp)}))
+        return
+
+    plain = plain_rollouts(bench_config(args, tmp / "plain"), args.steps)
+    print("rollflow plain s/step:", " ".join(f"{s:.3f}" for s in plain), flush=True)
+    trl = run_trl_subprocess(args, tmp)
+    print("TRL GRPOTrainer s/step:", " ".join(f"{s:.3f}" for s in trl), flush=True)
+    base = mean(trl[1:])
+    rows = [["TRL GRPOTrainer", f"{base:.3f}", "1.00x"],
+            ["rollflow plain loop", f"{mean(plain[1:]):.3f}", f"{base / mean(plain[1:]):.2f}x"]]
+    if args.with_flow:
+        from bench.overhead import flow_rollouts  # sets Prefect/Ray env vars on import
+
+        flow, cadence, _, _ = flow_rollouts(bench_config(args, tmp / "flow"))
+        rows.append(["rollflow flow (rollout-* run)", f"{mean(flow[1:]):.3f}", f"{base / mean(flow[1:]):.2f}x"])
+        rows.append(["rollflow flow (cadence)", f"{mean(cadence[1:]):.3f}", f"{base / mean(cadence[1:]):.2f}x"])
+
+    print(f"\n{args.prompts} prompts x {args.generations} generations, completion <= {args.completion_len} "
+          f"tokens, {args.steps} steps (mean over steps 1..{args.steps - 1}), {args.threads} torch thread(s)")
+    print(table(["side", "s/step", "speed-up vs TRL"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Serving and scheduling helpers for prefect.yaml and `rollflow serve`."""

@@ -1,0 +1,1 @@
+"""Inference engines behind one interface (`engines.base.Engine`), reached through `engines.registry`."""

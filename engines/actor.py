@@ -1,0 +1,50 @@
+"""The Ray actor that hosts one engine of any backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import torch
+
+from engines.base import GenerateOutput, GenerateRequest
+from engines.registry import get_engine_class
+
+
+@ray.remote(num_cpus=0)
+class EngineActor:
+    """Hosts one engine; every method forwards to it. Created by name per run (see flows/actors.py)."""
+
+    def __init__(self, backend: str, checkpoint: str, num_threads: int, engine_index: int) -> None:
+        torch.set_num_threads(num_threads)
+        self.index = engine_index
+        self.engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
+        self.generate_calls = 0
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+        self.generate_calls += 1
+        return self.engine.generate(requests)
+
+    def update_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
+        self.engine.update_weights(named_tensors, version)
+
+    def get_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        return self.engine.get_weights(names)
+
+    def weight_version(self) -> int:
+        return self.engine.weight_version()
+
+    def weights_sha256(self) -> str:
+        return self.engine.weights_sha256()
+
+    def release_memory(self) -> None:
+        self.engine.release_memory()
+
+    def resume_memory(self) -> None:
+        self.engine.resume_memory()
+
+    def health(self) -> dict[str, Any]:
+        return {**self.engine.health(), "index": self.index, "generate_calls": self.generate_calls}
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,76 @@
+"""The engine interface: token ids in, token ids and per-token log-probs out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling parameters (slime/SGLang names)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 8
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One prompt to complete. `seed` fixes the sampling noise: same seed + weights => same tokens."""
+
+    prompt_tokens: tuple[int, ...]
+    seed: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    """One completion. `log_probs[i]` is log p(response_tokens[i]) under the temperature-scaled
+    distribution (before top-p/top-k truncation), as the trainer recomputes it.
+    `finish_reason` is "stop" (a stop token was produced, and is included) or "length"."""
+
+    response_tokens: tuple[int, ...]
+    log_probs: tuple[float, ...]
+    finish_reason: str
+    weight_version: int
+
+
+class Engine(Protocol):
+    """What every inference backend provides. One instance lives in one Ray actor."""
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+        """Complete every request (batched); outputs are in request order."""
+        ...
+
+    def update_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Replace the model weights (all of them, by name) and record the weight version."""
+        ...
+
+    def get_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """Copies of the named weights (all persistent ones when `names` is None)."""
+        ...
+
+    def weight_version(self) -> int:
+        """Version of the weights now held (the rollout id whose training produced them)."""
+        ...
+
+    def release_memory(self) -> None:
+        """Free accelerator memory before the trainer runs (a no-op on CPU)."""
+        ...
+
+    def resume_memory(self) -> None:
+        """Take the memory back after `release_memory` (a no-op on CPU)."""
+        ...
+
+    def health(self) -> dict:
+        """A small status dict; raises if the engine cannot serve."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release everything; the engine is unusable afterwards."""
+        ...

@@ -1,0 +1,1 @@
+"""Prefect flows, run configuration and the `rollflow` CLI."""

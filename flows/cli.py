@@ -1,0 +1,135 @@
+"""`rollflow` command line. Flags are derived from the config models (slime's names), parsed and
+validated before Ray or Prefect is imported, so a bad flag costs nothing."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import types
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from flows.config import SECTIONS, RunConfig, load_yaml
+
+
+def flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _parser_type(annotation: Any) -> tuple[Any, list | None, bool]:
+    """(converter, choices, optional) for a field annotation."""
+    args = typing.get_args(annotation)
+    optional = type(None) in args
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in args if a is not type(None))
+    if typing.get_origin(annotation) is Literal:
+        return str, list(typing.get_args(annotation)), optional
+    return annotation, None, optional
+
+
+def _add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], prefix: str) -> None:
+    group = parser.add_argument_group(prefix or "run")
+    for name, info in model.model_fields.items():
+        if name in SECTIONS:
+            continue
+        dest = f"{prefix}.{name}" if prefix else name
+        conv, choices, optional = _parser_type(info.annotation)
+        help_text = f"{info.description} (default: {info.default})"
+        if conv is bool:
+            group.add_argument(flag(name), dest=dest, action="store_true", default=argparse.SUPPRESS, help=help_text)
+            continue
+
+        def convert(text: str, conv=conv, optional=optional):
+            if optional and text.lower() == "none":
+                return None
+            return conv(text)
+
+        group.add_argument(flag(name), dest=dest, type=convert, choices=choices, default=argparse.SUPPRESS,
+                           metavar=(name.split("_")[-1].upper() if not choices else None), help=help_text)
+
+
+def build_config(args: argparse.Namespace) -> RunConfig:
+    """YAML file (if any) overlaid with the flags given; raises ValueError naming the flag."""
+    data: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
+    for dest, value in vars(args).items():
+        if dest in ("command", "config", "refresh", "cron", "interval"):
+            continue
+        section, _, name = dest.rpartition(".")
+        target = data.setdefault(section, {}) if section else data
+        target[name] = value
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ValueError("; ".join(_describe(err) for err in e.errors())) from None
+
+
+def _describe(err: Any) -> str:
+    loc = [str(x) for x in err["loc"]]
+    if not loc:
+        return err["msg"].removeprefix("Value error, ")
+    return f"{flag(loc[-1])}: {err['msg']}" + (f" (got {err['input']!r})" if "input" in err else "")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollflow", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the RL loop (one Prefect flow run per rollout id)")
+    run.add_argument("--config", help="YAML file with the config (nested by section); flags override it")
+    run.add_argument("--refresh", default="", help="comma-separated stages to re-run even when cached")
+    _add_model_flags(run, RunConfig, "")
+    for name, model in SECTIONS.items():
+        _add_model_flags(run, model, name)
+    serve = sub.add_parser("serve", help="serve the run flow as a deployment (UI runs, schedules)")
+    serve.add_argument("--config", help="YAML file with the deployment's default config")
+    serve.add_argument("--cron", help="cron schedule (needs a real Prefect server)")
+    serve.add_argument("--interval", type=int, help="run every N seconds (needs a real Prefect server)")
+    server = sub.add_parser("server", help="start a Prefect server with the UI at http://127.0.0.1:4200")
+    server.add_argument("--port", type=int, default=4200)
+    return parser
+
+
+def configure_prefect_env() -> None:
+    """Settings that make the embedded Prefect usable on a small machine."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    if args.command == "server":
+        configure_prefect_env()
+        os.execvp("prefect", ["prefect", "server", "start", "--port", str(args.port), "--analytics-off"])
+    if args.command == "serve":
+        configure_prefect_env()
+        from deployments.serve import serve_run
+
+        cfg = RunConfig.model_validate(load_yaml(args.config) if args.config else {})
+        serve_run(cfg, cron=args.cron, interval=args.interval)
+        return 0
+    try:
+        cfg = build_config(args)
+    except ValueError as e:
+        print(f"rollflow: error: {e}", file=sys.stderr)
+        return 2
+    configure_prefect_env()
+    import asyncio
+
+    from flows.run import run_flow
+
+    refresh = [s for s in args.refresh.split(",") if s]
+    try:
+        result = asyncio.run(run_flow(cfg, refresh=refresh))
+    except Exception as e:  # the flow run is already marked Failed in Prefect; say why and exit non-zero
+        print(f"rollflow: run failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"run finished: {result}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The RL loop as Prefect flows: one parent flow run per `rollflow run`, one child per rollout id."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from prefect import flow
+from prefect.artifacts import acreate_table_artifact
+from prefect.runtime import flow_run
+
+from artifacts.atomic import atomic_write_text
+from artifacts.store import RunPaths, read_metrics
+from flows.config import RunConfig, dump_yaml
+from recipes.registry import get_recipe
+from tasks import actors
+from tasks.refs import WeightsRef
+from tasks.stages import check, evaluate, generate, log_prob, save_checkpoint, save_rollout, sync, train_step
+
+STAGES = {"generate": generate, "save-rollout": save_rollout, "log-prob": log_prob, "train-step": train_step,
+          "sync": sync, "check": check, "eval": evaluate}
+
+
+def _stages(refresh: list[str]) -> dict:
+    unknown = sorted(set(refresh) - set(STAGES))
+    if unknown:
+        raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {sorted(STAGES)}")
+    return {name: t.with_options(refresh_cache=True) if name in refresh else t for name, t in STAGES.items()}  # type: ignore[attr-defined]
+
+
+def _run_name() -> str:
+    return f"run/{flow_run.parameters['cfg'].name}"
+
+
+@flow(name="rollout", flow_run_name="rollout-{rollout_id}", log_prints=True)
+async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, session: str,
+                       refresh: list[str] | None = None) -> WeightsRef:
+    """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval)."""
+    s = _stages(refresh or [])
+    if rollout_id == 0 and cfg.eval.eval_interval:
+        await s["eval"](cfg, 0, weights)
+    rollout = await s["generate"](cfg, rollout_id, weights)
+    await s["save-rollout"](cfg, rollout_id, rollout)
+    logprobs = await s["log-prob"](cfg, rollout_id, rollout, weights)
+    steps = await s["train-step"](cfg, rollout_id, rollout, logprobs, session)
+    weights = await s["sync"](cfg, rollout_id)
+    await s["check"](cfg, rollout_id, steps, weights)
+    if _eval_due(cfg, rollout_id):
+        await s["eval"](cfg, weights.version, weights)
+    await _publish_metrics_table(cfg, rollout_id)
+    return weights
+
+
+@flow(name="rollflow-run", flow_run_name=_run_name, log_prints=True)
+async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
+    """The whole run: start Ray actors, then one `rollout-<id>` child flow run per rollout id."""
+    cfg = prepare(cfg)
+    actors.ensure_ray(cfg)
+    actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
+    try:
+        checkpoint = str(cfg.hf_checkpoint)
+        await actors.start_engines(cfg, checkpoint)
+        trainers = await actors.start_trainers(cfg, checkpoint)
+        start = 0
+        if cfg.checkpoint.load:
+            start = 1 + max([await t.load.remote(cfg.checkpoint.load) for t in trainers])
+            print(f"resumed from {cfg.checkpoint.load} at rollout {start}")
+        weights = await sync(cfg, start - 1)  # type: ignore[misc]  # engines start from exactly the trainer's weights
+        session = uuid.uuid4().hex
+        for rollout_id in range(start, cfg.rollout.num_rollout):
+            state = await rollout_flow(cfg, rollout_id, weights, session, refresh, return_state=True)
+            weights = await state.result()  # type: ignore[misc]
+            await _settle(state.state_details.flow_run_id)
+            if _save_due(cfg, rollout_id):
+                await save_checkpoint(cfg, rollout_id)
+    finally:
+        actors.stop_actors(cfg)
+    evals = [r for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics) if r["kind"] == "eval"]
+    return {"run_dir": str(cfg.resolved_run_dir), "weight_version": weights.version,
+            "evals": {r["rollout_id"]: r["metrics"][f"eval/{cfg.recipe}"] for r in evals}}
+
+
+async def _settle(flow_run_id, timeout: float = 5.0) -> None:
+    """Wait until the server has recorded every task run of the finished child flow run.
+
+    Task runs reach the server as events that a background service writes to SQLite; creating the
+    next child flow run while it writes makes the API answer 503 ("database is locked") and the
+    client back off for 2 s. Waiting here (a read, ~0.1 s) keeps the two writers apart.
+    """
+    import anyio
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with anyio.move_on_after(timeout):
+        async with get_client() as client:
+            while True:
+                runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+                if runs and all(r.state is not None and r.state.is_final() for r in runs):
+                    return
+                await anyio.sleep(0.05)
+
+
+def prepare(cfg: RunConfig) -> RunConfig:
+    """Resolve the base checkpoint and run dir, and write the resolved config.yaml."""
+    if cfg.hf_checkpoint is None:
+        cfg = cfg.model_copy(update={"hf_checkpoint": str(get_recipe(cfg.recipe).ensure_checkpoint())})
+    cfg = cfg.model_copy(update={"run_dir": str(cfg.resolved_run_dir)})
+    RunPaths(cfg.resolved_run_dir).rollout(0).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(cfg.resolved_run_dir) / "config.yaml", dump_yaml(cfg))
+    return cfg
+
+
+def _eval_due(cfg: RunConfig, rollout_id: int) -> bool:
+    every = cfg.eval.eval_interval
+    if not every:
+        return False
+    return ((rollout_id + 1) % every == 0 or rollout_id + 1 == cfg.rollout.num_rollout)
+
+
+def _save_due(cfg: RunConfig, rollout_id: int) -> bool:
+    c = cfg.checkpoint
+    if not c.save:
+        return False
+    last = rollout_id + 1 == cfg.rollout.num_rollout
+    return last or (c.save_interval is not None and (rollout_id + 1) % c.save_interval == 0)
+
+
+async def _publish_metrics_table(cfg: RunConfig, rollout_id: int) -> None:
+    """One Prefect table artifact per rollout with every metric logged for it (flow body, so never cached)."""
+    rows = [{"kind": r["kind"], "step": r.get("step", ""), "metric": k, "value": v}
+            for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics)
+            if r["rollout_id"] == rollout_id and r["kind"] != "eval" for k, v in r["metrics"].items()]
+    key = f"{cfg.name.lower().replace('_', '-').replace('.', '-')}-rollout-{rollout_id}-metrics"
+    await acreate_table_artifact(rows, key=key, description=f"metrics of rollout {rollout_id} of run {cfg.name}")

@@ -1,0 +1,1 @@
+"""Task recipes for rollflow: self-contained tokenizer/data/reward/model bundles."""

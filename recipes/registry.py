@@ -1,0 +1,41 @@
+"""Recipes: where the prompts, the reward and the base model of a run come from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A data + reward + base-model bundle. Problems are {"question": str, "label": str} dicts."""
+
+    name: str
+    ensure_checkpoint: Callable[[], object]          # -> path of an HF dir (model + tokenizer)
+    train_problems: Callable[[], list[dict]]         # the whole training pool, fixed order
+    eval_problems: Callable[[], list[dict]]          # the held-out eval set
+    format_prompt: Callable[[object, str], str]      # (tokenizer, question) -> prompt text
+    reward: Callable[[str, str], float]              # (response text, label) -> reward
+
+
+def _tiny_arith() -> Recipe:
+    from recipes.tiny_arith import bootstrap, data, reward
+
+    return Recipe(
+        name="tiny-arith",
+        ensure_checkpoint=bootstrap.ensure_checkpoint,
+        train_problems=lambda: data.make_problems(4096, seed=0, split="train"),
+        eval_problems=data.eval_problems,
+        format_prompt=data.format_prompt,  # type: ignore[arg-type]
+        reward=reward.reward,
+    )
+
+
+RECIPES: dict[str, Callable[[], Recipe]] = {"tiny-arith": _tiny_arith}
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe called `name` (imported lazily)."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; available: {sorted(RECIPES)}")
+    return RECIPES[name]()

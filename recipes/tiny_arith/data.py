@@ -1,0 +1,79 @@
+"""Synthetic two-digit addition problems for tiny-arith.
+
+Contract:
+    * A problem is ``{"question": "23+45", "label": "68"}`` (plain strings, no chat markup);
+      operands are in ``OPERAND_RANGE`` (10..99), so answers are 2-3 characters.
+    * Every (a, b) pair belongs to exactly one split, decided by a hash of the pair
+      (~``EVAL_FRACTION`` of pairs go to "eval"), so train and eval never overlap
+      regardless of seed or sample size.
+    * ``make_problems`` is deterministic for a given (n, seed, split).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import random
+
+from transformers import PreTrainedTokenizerBase
+
+OPERAND_RANGE = range(10, 100)
+EVAL_FRACTION = 0.10
+SPLITS = ("train", "eval")
+
+EVAL_SET_SIZE = 64
+EVAL_SEED = 20240601
+
+
+def _split_of(a: int, b: int) -> str:
+    # sha256 rather than hash(): Python's str hashing is salted per process.
+    digest = hashlib.sha256(f"tiny-arith:{a}+{b}".encode()).digest()
+    bucket = int.from_bytes(digest[:8], "big") / 2**64
+    return "eval" if bucket < EVAL_FRACTION else "train"
+
+
+@functools.cache
+def _pairs(split: str) -> tuple[tuple[int, int], ...]:
+    return tuple((a, b) for a in OPERAND_RANGE for b in OPERAND_RANGE if _split_of(a, b) == split)
+
+
+def _problem(a: int, b: int) -> dict[str, str]:
+    return {"question": f"{a}+{b}", "label": str(a + b)}
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def all_problems(split: str) -> list[dict[str, str]]:
+    """Every problem of ``split`` in a fixed (a, b)-sorted order."""
+    _check_split(split)
+    return [_problem(a, b) for a, b in _pairs(split)]
+
+
+def make_problems(n: int, seed: int, split: str) -> list[dict[str, str]]:
+    """Draw ``n`` problems from ``split``, deterministically for ``seed``.
+
+    Problems are distinct when ``n`` is at most the split's size (8100 pairs in all,
+    ~90% train); larger requests are drawn with replacement.
+    """
+    _check_split(split)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    pairs = _pairs(split)
+    rng = random.Random(f"{split}:{seed}")
+    chosen = rng.sample(pairs, n) if n <= len(pairs) else rng.choices(pairs, k=n)
+    return [_problem(a, b) for a, b in chosen]
+
+
+def format_prompt(tok: PreTrainedTokenizerBase, question: str) -> str:
+    """Chat-formatted generation prompt, e.g. ``"<|user|>23+45=<|assistant|>"``."""
+    return tok.apply_chat_template(  # type: ignore[return-value]
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
+
+
+def eval_problems() -> list[dict[str, str]]:
+    """The fixed held-out eval set: ``EVAL_SET_SIZE`` distinct problems from "eval"."""
+    return make_problems(EVAL_SET_SIZE, EVAL_SEED, "eval")

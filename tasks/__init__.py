@@ -1,0 +1,1 @@
+"""Prefect tasks, thin: resolve refs, call actors, write artifacts, return refs."""

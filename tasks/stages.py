@@ -1,0 +1,157 @@
+"""The stages of one rollout, as Prefect tasks: generate, save-rollout, log-prob, train-step, sync,
+check (and eval). Each resolves refs, calls the run's actors, writes artifacts and returns refs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from functools import cache
+from typing import Any
+
+from prefect import task
+from transformers import AutoTokenizer
+
+from artifacts.hashing import weights_sha256
+from artifacts.store import ArtifactRef, RunPaths, read_rollout, read_table, write_rollout
+from engines.rollout import (
+    build_requests,
+    problems_for_rollout,
+    sampling_metadata,
+    split_for_engines,
+    to_samples,
+)
+from flows.config import RunConfig
+from recipes.registry import get_recipe
+from tasks import actors
+from tasks.cache import RefCachePolicy
+from tasks.metrics import log_metrics, logprob_stats, non_finite, reward_stats
+from tasks.refs import WeightsRef
+
+
+@cache
+def _tokenizer(checkpoint: str) -> Any:
+    return AutoTokenizer.from_pretrained(checkpoint)
+
+
+def _paths(cfg: RunConfig) -> RunPaths:
+    return RunPaths(cfg.resolved_run_dir)
+
+
+async def _generate(cfg: RunConfig, rollout_id: int, *, eval_mode: bool) -> tuple[list, float]:
+    """Build requests, spread whole groups over the engines, score the outputs."""
+    recipe, tok = get_recipe(cfg.recipe), _tokenizer(cfg.hf_checkpoint)
+    if eval_mode:
+        problems, n = recipe.eval_problems(), cfg.eval.n_samples_per_eval_prompt
+        temperature = cfg.eval.eval_temperature or cfg.rollout.rollout_temperature
+    else:
+        problems, n = problems_for_rollout(recipe.train_problems(), cfg, rollout_id), cfg.rollout.n_samples_per_prompt
+        temperature = cfg.rollout.rollout_temperature
+    entries = build_requests(problems, tok, recipe, cfg, rollout_id, n, temperature, eval_mode=eval_mode)
+    parts = split_for_engines(entries, cfg.rollout.rollout_num_engines)
+    start = time.perf_counter()
+    results = await asyncio.gather(*[
+        engine.generate.remote([e["request"] for e in part])
+        for engine, part in zip(actors.engines(cfg), parts, strict=True) if part])
+    seconds = time.perf_counter() - start
+    by_index = {e["sample_index"]: out for part, outs in zip([p for p in parts if p], results, strict=True)
+                for e, out in zip(part, outs, strict=True)}
+    outputs = [by_index[e["sample_index"]] for e in entries]
+    return to_samples(entries, outputs, tok, recipe, rollout_id), seconds
+
+
+@task(name="generate", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "recipe")), persist_result=True, result_serializer="json", log_prints=True)
+async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> ArtifactRef:
+    """Sample `rollout_batch_size x n_samples_per_prompt` responses and write rollout_{id}.parquet."""
+    samples, seconds = await _generate(cfg, rollout_id, eval_mode=False)
+    tokens = sum(s.response_length for s in samples)
+    log_metrics(cfg, "perf", rollout_id, {"perf/rollout_time": seconds, "perf/tokens_per_sec": tokens / seconds})
+    # only content-determined metadata: the same samples must give the same bytes (and sha256)
+    meta = {**sampling_metadata(cfg, cfg.rollout.rollout_temperature), "config_hash": cfg.config_hash(),
+            "weights_sha256": weights.sha256, "tokenizer": cfg.hf_checkpoint or ""}
+    return write_rollout(_paths(cfg).rollout(rollout_id), samples, metadata=meta)
+
+
+@task(name="save-rollout", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout",)), persist_result=True, result_serializer="json", log_prints=True)
+async def save_rollout(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef) -> dict[str, float]:
+    """Verify the rollout artifact and log its rollout-side metrics (`rollout N: {...}`)."""
+    samples = read_rollout(rollout)
+    stats = reward_stats(samples, cfg.rollout.n_samples_per_prompt)
+    log_metrics(cfg, "rollout", rollout_id, stats)
+    return stats
+
+
+@task(name="log-prob", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "train")), persist_result=True, result_serializer="json", log_prints=True)
+async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> ArtifactRef:
+    """Trainer log-probs (+ reference log-probs, entropy) of every response token."""
+    engines, trainers = actors.engines(cfg), actors.trainers(cfg)
+    await asyncio.gather(*[e.release_memory.remote() for e in engines])  # engines step aside for the trainer
+    out = _paths(cfg).logprobs(rollout_id)
+    refs = await asyncio.gather(*[t.compute_log_probs.remote(rollout, str(out)) for t in trainers])
+    logprobs: ArtifactRef = refs[0]
+    log_metrics(cfg, "rollout", rollout_id, logprob_stats(read_rollout(rollout), read_table(logprobs).to_pylist()))
+    return logprobs
+
+
+@task(name="train-step", retries=1, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "train")),
+      persist_result=True, result_serializer="json", log_prints=True)
+async def train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef,
+                     session: str) -> list[dict]:
+    """Every optimizer step of this rollout on every rank; the trainer refuses to apply a rollout twice.
+
+    Training changes actor state, so its cache is scoped to the trainer `session` (the actors of one
+    `rollflow run`): re-running a rollout flow against the same actors returns the cached metrics,
+    while a fresh run with fresh actors trains for real."""
+    per_rank = await asyncio.gather(*[t.train_step.remote(rollout, logprobs) for t in actors.trainers(cfg)])
+    steps = per_rank[0]
+    for m in steps:
+        log_metrics(cfg, "step", rollout_id, m, step=int(m["train/step"]))
+    return steps
+
+
+@task(name="sync", retries=2, retry_delay_seconds=1, log_prints=True)
+async def sync(cfg: RunConfig, rollout_id: int) -> WeightsRef:
+    """Push the trainer's weights to every engine as version `rollout_id + 1`."""
+    engines, trainer0 = actors.engines(cfg), actors.trainers(cfg)[0]
+    version = rollout_id + 1
+    await asyncio.gather(*[e.resume_memory.remote() for e in engines])
+    weights = trainer0.export_weights.remote()  # one ObjectRef, fetched by every engine
+    await asyncio.gather(*[e.update_weights.remote(weights, version) for e in engines])
+    return WeightsRef(version=version, sha256=weights_sha256(await weights))
+
+
+@task(name="check", log_prints=True)
+async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: WeightsRef) -> dict[str, Any]:
+    """Invariants of one rollout: finite metrics; every engine holds the trainer's weights."""
+    bad = [f"step {m.get('train/step')}: {k}" for m in steps for k in non_finite(m)]
+    if bad:
+        raise RuntimeError(f"rollout {rollout_id}: non-finite training metrics: {bad}")
+    engines = actors.engines(cfg)
+    versions = await asyncio.gather(*[e.weight_version.remote() for e in engines])
+    shas = await asyncio.gather(*[e.weights_sha256.remote() for e in engines])
+    wrong = [i for i, (v, s) in enumerate(zip(versions, shas, strict=True))
+             if v != weights.version or s != weights.sha256]
+    if wrong:
+        raise RuntimeError(f"rollout {rollout_id}: engines {wrong} do not hold weight version {weights.version} "
+                           f"(sha {weights.sha256[:12]}); versions={versions}")
+    result = {"check/finite_metrics": 1.0, "check/engines_in_sync": 1.0, "check/weight_version": weights.version}
+    log_metrics(cfg, "check", rollout_id, result)
+    return result
+
+
+@task(name="eval", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "eval", "recipe")),
+      persist_result=True, result_serializer="json", log_prints=True)
+async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> float:
+    """Accuracy on the recipe's held-out set with the weights of version `eval_id`."""
+    samples, _ = await _generate(cfg, eval_id, eval_mode=True)
+    write_rollout(_paths(cfg).eval_rollout(eval_id), samples, metadata={"weights_sha256": weights.sha256})
+    accuracy = sum(s.reward for s in samples) / len(samples)
+    log_metrics(cfg, "eval", eval_id, {f"eval/{cfg.recipe}": accuracy, "eval/step": eval_id})
+    return accuracy
+
+
+@task(name="save", log_prints=True)
+async def save_checkpoint(cfg: RunConfig, rollout_id: int) -> str:
+    """Write iter_{rollout_id:07d}/ under --save (rank 0 writes; all ranks hold the same weights)."""
+    await asyncio.gather(*[t.save.remote(cfg.checkpoint.save, rollout_id) for t in actors.trainers(cfg)])
+    print(f"saved checkpoint iter_{rollout_id:07d} to {cfg.checkpoint.save}")
+    return str(cfg.checkpoint.save)

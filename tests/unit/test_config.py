@@ -1,0 +1,79 @@
+"""Config validation and CLI flag handling: bad input fails before anything starts, naming the flag."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from flows.cli import build_config, main, make_parser
+from flows.config import RunConfig, dump_yaml
+
+
+def parse(*argv: str) -> RunConfig:
+    return build_config(make_parser().parse_args(["run", *argv]))
+
+
+def test_defaults_and_derived_values():
+    cfg = RunConfig()
+    assert cfg.samples_per_rollout == 32 * 8
+    assert cfg.global_batch_size == 128 and cfg.steps_per_rollout == 2
+    assert cfg.train.eps_clip_high is None  # resolved to eps_clip by the trainer
+
+
+def test_slime_flag_names_map_to_sections():
+    cfg = parse("--num-rollout", "3", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
+                "--global-batch-size", "4", "--lr", "1e-4", "--use-kl-loss", "--kl-loss-coef", "0.1",
+                "--kl-loss-type", "k3", "--eval-interval", "none", "--save", "/tmp/x", "--save-interval", "2")
+    assert cfg.rollout.num_rollout == 3 and cfg.rollout.n_samples_per_prompt == 2
+    assert cfg.train.lr == 1e-4 and cfg.train.use_kl_loss and cfg.train.kl_loss_type == "k3"
+    assert cfg.eval.eval_interval is None and cfg.checkpoint.save_interval == 2
+    assert cfg.steps_per_rollout == 2
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--rollout-batch-size", "0"], "--rollout-batch-size"),
+    (["--rollout-temperature", "-1"], "--rollout-temperature"),
+    (["--global-batch-size", "7"], "--global-batch-size 7 must divide"),
+    (["--data-parallel-size", "3"], "--data-parallel-size 3"),
+    (["--micro-batch-size", "5"], "--micro-batch-size 5"),
+    (["--kl-loss-coef", "0.1"], "--use-kl-loss"),
+    (["--save-interval", "2"], "--save DIR"),
+])
+def test_invalid_values_name_the_flag(argv, needle):
+    with pytest.raises(ValueError, match=needle.replace("-", r"\-")):
+        parse(*argv)
+
+
+def test_unknown_flag_and_bad_choice_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        make_parser().parse_args(["run", "--no-such-flag", "1"])
+    assert e.value.code == 2 and "--no-such-flag" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["run", "--kl-loss-type", "k9"])
+
+
+def test_main_rejects_before_starting_anything(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "flows.run", raising=False)
+    assert main(["run", "--rollout-batch-size", "-3"]) == 2
+    assert "--rollout-batch-size" in capsys.readouterr().err
+    assert "flows.run" not in sys.modules  # neither Ray nor Prefect was imported
+
+
+def test_yaml_round_trip_and_flags_override(tmp_path):
+    cfg = parse("--num-rollout", "5", "--lr", "0.01")
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_yaml(cfg))
+    again = parse("--config", str(path), "--lr", "0.02")
+    assert again.rollout.num_rollout == 5 and again.train.lr == 0.02
+    path.write_text("train: {no_such_key: 1}\n")
+    with pytest.raises(ValueError, match="no-such-key"):
+        parse("--config", str(path))
+
+
+def test_config_is_frozen_and_hash_is_stable():
+    a, b = RunConfig(), RunConfig()
+    assert a.config_hash() == b.config_hash()
+    with pytest.raises(ValidationError):
+        a.rollout.num_rollout = 2  # type: ignore[misc]

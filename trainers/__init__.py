@@ -1,0 +1,1 @@
+"""Trainer backends and the pure loss / advantage functions they share."""

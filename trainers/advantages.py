@@ -1,0 +1,162 @@
+"""Registered per-sample advantage estimators (slime / miles reward normalisation).
+
+Every estimator has the same contract::
+
+    fn(rewards: Tensor[B] float, group_index: Tensor[B] int64, *, normalize_std: bool = True) -> Tensor[B]
+
+``rewards[i]`` is the scalar reward of sample ``i`` and ``group_index[i]`` the prompt group it was sampled
+for. The result is one scalar advantage per sample, in the dtype of ``rewards``; the trainer broadcasts it
+over the sample's response tokens (GRPO-style "advantage = return = normalised reward").
+
+Groups are identified by value, not position: members of a group need not be contiguous, and each
+group's result is computed from that group's members only (taken in their batch order), so interleaving
+or reordering other groups never changes it. Everything is deterministic (plain per-group torch
+reductions on CPU tensors, no atomics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+AdvantageEstimator = Callable[..., Tensor]
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+# Added to the group std before dividing, exactly as slime/miles do, so an all-equal group gives 0, not NaN.
+GRPO_STD_EPS = 1e-6
+
+
+def register_advantage(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Decorator registering ``fn`` under ``name`` in :data:`ADVANTAGE_ESTIMATORS` (duplicates are an error)."""
+
+    def decorator(fn: AdvantageEstimator) -> AdvantageEstimator:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    """Return the estimator registered as ``name``; ``ValueError`` naming the known ones otherwise."""
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {known}") from None
+
+
+def _check_inputs(rewards: Tensor, group_index: Tensor) -> None:
+    if rewards.dim() != 1 or group_index.dim() != 1 or rewards.shape != group_index.shape:
+        raise ValueError(
+            f"rewards and group_index must be 1-D of equal length, got {tuple(rewards.shape)} "
+            f"and {tuple(group_index.shape)}"
+        )
+    if not rewards.is_floating_point():
+        raise TypeError(f"rewards must be a floating tensor, got {rewards.dtype}")
+    if group_index.is_floating_point() or group_index.is_complex() or group_index.dtype == torch.bool:
+        raise TypeError(f"group_index must be an integer tensor, got {group_index.dtype}")
+
+
+def _groups(group_index: Tensor) -> Iterator[Tensor]:
+    """Yield, for each distinct group id (ascending), the positions of its members in batch order."""
+    for gid in torch.unique(group_index):
+        yield torch.nonzero(group_index == gid, as_tuple=True)[0]
+
+
+@register_advantage("grpo")
+def grpo(rewards: Tensor, group_index: Tensor, *, normalize_std: bool = True) -> Tensor:
+    """GRPO: ``(r - mean_g) / (std_g + 1e-6)`` per group ``g``.
+
+    ``std_g`` is torch's default unbiased std. With ``normalize_std=False`` (slime
+    ``--disable-grpo-std-normalization``) only the mean is subtracted. Groups of size 1 skip the std
+    division (their unbiased std is undefined; slime disables it for ``n_samples_per_prompt == 1`` and miles
+    applies it only to groups > 1), so they get advantage 0.
+
+    Shapes: rewards [B] float, group_index [B] int -> [B] (rewards' dtype).
+    """
+    _check_inputs(rewards, group_index)
+    out = torch.empty_like(rewards)
+    for idx in _groups(group_index):
+        members = rewards[idx]
+        centred = members - members.mean()
+        if normalize_std and members.numel() > 1:
+            centred = centred / (members.std() + GRPO_STD_EPS)
+        out[idx] = centred
+    return out
+
+
+@register_advantage("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline(
+    rewards: Tensor, group_index: Tensor, *, normalize_std: bool = True
+) -> Tensor:
+    """REINFORCE++-baseline: ``r - mean_g`` per group (never std-normalised).
+
+    ``normalize_std`` is accepted for the uniform signature and ignored: slime only divides by the std for
+    grpo/gspo; REINFORCE++ instead whitens advantages later across the whole batch (trainer side).
+
+    Shapes: rewards [B] float, group_index [B] int -> [B].
+    """
+    del normalize_std
+    _check_inputs(rewards, group_index)
+    out = torch.empty_like(rewards)
+    for idx in _groups(group_index):
+        members = rewards[idx]
+        out[idx] = members - members.mean()
+    return out
+
+
+@register_advantage("rloo")
+def rloo(rewards: Tensor, group_index: Tensor, *, normalize_std: bool = True) -> Tensor:
+    """RLOO: ``r_i - mean(r_j for j != i in the group)``; a group of size 1 has no baseline and gives 0.
+
+    ``normalize_std`` is accepted for the uniform signature and ignored.
+
+    Shapes: rewards [B] float, group_index [B] int -> [B].
+    """
+    del normalize_std
+    _check_inputs(rewards, group_index)
+    out = torch.zeros_like(rewards)
+    for idx in _groups(group_index):
+        n = idx.numel()
+        if n == 1:
+            continue  # no other members to form a baseline from
+        members = rewards[idx]
+        others_mean = (members.sum() - members) / (n - 1)
+        out[idx] = members - others_mean
+    return out
+
+
+def group_reward_stats(rewards: Tensor, group_index: Tensor) -> dict[str, float | int | dict[float, int]]:
+    """Per-rollout group statistics for metrics (pure; does not modify its inputs).
+
+    Returns:
+        ``num_groups``: number of distinct group ids.
+        ``zero_std_count``: groups whose rewards are all equal (zero advantage signal under GRPO); a group of
+            size 1 counts as zero-std.
+        ``zero_std_by_value``: ``{reward value: count}`` for those groups, the data behind slime's
+            ``rollout/zero_std/count_<r>`` metric.
+        ``mean_group_std``: mean over groups of size > 1 of the unbiased group std (0.0 if there are none).
+    """
+    _check_inputs(rewards, group_index)
+    num_groups = 0
+    zero_std_by_value: dict[float, int] = {}
+    stds: list[float] = []
+    for idx in _groups(group_index):
+        num_groups += 1
+        members = rewards[idx]
+        if bool((members == members[0]).all()):
+            value = float(members[0])
+            zero_std_by_value[value] = zero_std_by_value.get(value, 0) + 1
+        if members.numel() > 1:
+            stds.append(float(members.std()))
+    return {
+        "num_groups": num_groups,
+        "zero_std_count": sum(zero_std_by_value.values()),
+        "zero_std_by_value": zero_std_by_value,
+        "mean_group_std": sum(stds) / len(stds) if stds else 0.0,
+    }

@@ -1,0 +1,43 @@
+"""The trainer interface: one instance per data-parallel rank, each in its own Ray actor."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from artifacts.store import ArtifactRef
+
+
+class Trainer(Protocol):
+    """What every training backend provides."""
+
+    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        """Join the process group and build model, reference model and optimizer; returns info."""
+        ...
+
+    def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
+        """Old-policy (and reference) log-probs and entropy of every response token of the rollout.
+        Every rank computes its share; rank 0 writes the Parquet at `out_path` and returns its ref."""
+        ...
+
+    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> list[dict[str, float]]:
+        """All optimizer steps of one rollout; one metrics dict per step (identical on every rank).
+        Applying the same rollout twice is refused: a repeated call returns the first call's metrics."""
+        ...
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """CPU copies of every persistent weight, by HF name (what engines load)."""
+        ...
+
+    def save(self, directory: str, rollout_id: int) -> None:
+        """Write model, optimizer, scheduler and RNG state to `directory` (rank 0 writes)."""
+        ...
+
+    def load(self, directory: str) -> int:
+        """Restore everything `save` wrote; returns the rollout id saved there."""
+        ...
+
+    def model_hash(self) -> dict[str, str]:
+        """Per-layer SHA-256 of this rank's weights (see artifacts/hashing.py)."""
+        ...

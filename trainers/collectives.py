@@ -1,0 +1,38 @@
+"""Sum reductions of the training world, plain or deterministic.
+
+The deterministic variant (`--debug-deterministic-collective`, miles' method) all-gathers every
+rank's tensor and folds them in a fixed order (a pairwise tree when the world size is a power of
+two, ascending rank order otherwise), so the result is bitwise independent of how the backend
+would have ordered the additions. Slow: for debugging only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def fixed_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Fold `parts` (one per rank, rank order) in a fixed order: pairwise tree for 2^k, else ascending."""
+    n = len(parts)
+    if n & (n - 1) == 0:
+        level = list(parts)
+        while len(level) > 1:
+            level = [level[i] + level[i + 1] for i in range(0, len(level), 2)]
+        return level[0]
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+def all_reduce_sum(tensor: torch.Tensor, *, deterministic: bool = False) -> None:
+    """In-place SUM across the default process group (a no-op for a world of one)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    if not deterministic:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor.contiguous())
+    tensor.copy_(fixed_order_sum(parts))

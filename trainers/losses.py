@@ -1,0 +1,304 @@
+"""Pure policy-loss, KL and reduction functions shared by every trainer backend (slime / miles semantics).
+
+Conventions: token tensors are ``[B, T]`` over response tokens (``B`` samples of a micro-batch, ``T`` padded
+response length); ``loss_mask`` is ``[B, T]`` with 0/1 entries (float, int or bool) and marks the tokens that
+count. Values at masked-out positions are ignored, even when they are non-finite.
+
+Registries:
+    ``POLICY_LOSSES[name]``: ``fn(log_probs, old_log_probs, advantages, *, eps_clip, eps_clip_high,
+    eps_clip_c=None) -> (pg_loss_tok, clipfrac_tok, ppo_kl_tok)``, all ``[B, T]``.
+    ``KL_ESTIMATORS[name]``: ``fn(log_probs, ref_log_probs) -> kl_tok [B, T]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+PolicyLoss = Callable[..., tuple[Tensor, Tensor, Tensor]]
+KLEstimator = Callable[[Tensor, Tensor], Tensor]
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+KL_ESTIMATORS: dict[str, KLEstimator] = {}
+
+# slime clamps low_var_kl to this range so one wildly off-reference token cannot dominate the loss.
+LOW_VAR_KL_CLAMP = 10.0
+
+
+def _register(registry: dict, kind: str, name: str) -> Callable:
+    def decorator(fn: Callable) -> Callable:
+        if name in registry:
+            raise ValueError(f"{kind} {name!r} is already registered")
+        registry[name] = fn
+        return fn
+
+    return decorator
+
+
+def _lookup(registry: dict, kind: str, name: str) -> Callable:
+    try:
+        return registry[name]
+    except KeyError:
+        raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(registry))}") from None
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator registering a policy loss in :data:`POLICY_LOSSES` (duplicates are an error)."""
+    return _register(POLICY_LOSSES, "policy loss", name)
+
+
+def register_kl(name: str) -> Callable[[KLEstimator], KLEstimator]:
+    """Decorator registering a KL estimator in :data:`KL_ESTIMATORS` (duplicates are an error)."""
+    return _register(KL_ESTIMATORS, "KL estimator", name)
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """Return the policy loss registered as ``name``; ``ValueError`` naming the known ones otherwise."""
+    return _lookup(POLICY_LOSSES, "policy loss", name)
+
+
+def get_kl_estimator(name: str) -> KLEstimator:
+    """Return the KL estimator registered as ``name``; ``ValueError`` naming the known ones otherwise."""
+    return _lookup(KL_ESTIMATORS, "KL estimator", name)
+
+
+# ---------------------------------------------------------------------------------------------- KL estimators
+# All take log_ratio = log_probs - ref_log_probs (current policy vs reference), per token.
+
+
+@register_kl("k1")
+def kl_k1(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """k1 = log r, with log r = log_probs - ref_log_probs. [B, T] -> [B, T]."""
+    return log_probs - ref_log_probs
+
+
+@register_kl("k2")
+def kl_k2(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """k2 = 0.5 * (log r)^2. [B, T] -> [B, T]."""
+    log_ratio = log_probs - ref_log_probs
+    return 0.5 * log_ratio**2
+
+
+@register_kl("k3")
+def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """k3 = exp(-log r) - 1 + log r (Schulman's unbiased, non-negative estimator), unclamped. [B, T] -> [B, T]."""
+    log_ratio = log_probs - ref_log_probs
+    return torch.exp(-log_ratio) - 1 + log_ratio
+
+
+@register_kl("low_var_kl")
+def kl_low_var(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """low_var_kl = k3 clamped to [-10, 10] (slime's default ``--kl-loss-type``). [B, T] -> [B, T]."""
+    return kl_k3(log_probs, ref_log_probs).clamp(min=-LOW_VAR_KL_CLAMP, max=LOW_VAR_KL_CLAMP)
+
+
+# ------------------------------------------------------------------------------------------------ policy losses
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    *,
+    eps_clip: float,
+    eps_clip_high: float,
+    eps_clip_c: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO clipped surrogate, per token (slime ``compute_policy_loss``).
+
+    ``ppo_kl = old_log_probs - log_probs``; ``ratio = exp(-ppo_kl)``;
+    ``loss = max(-ratio * A, -clamp(ratio, 1 - eps_clip, 1 + eps_clip_high) * A)``;
+    ``clipfrac = 1`` where the clipped term was strictly larger (i.e. selected). With ``eps_clip_c`` (dual
+    clip, must be > 1) tokens with ``A < 0`` use ``min(loss, -eps_clip_c * A)``, bounding the loss when the
+    ratio explodes on a negative-advantage token.
+
+    Shapes: all inputs [B, T] -> (pg_loss_tok, clipfrac_tok, ppo_kl_tok), each [B, T].
+    """
+    if eps_clip_c is not None and not eps_clip_c > 1.0:
+        raise ValueError(f"eps_clip_c (dual-clip bound) must be > 1.0, got {eps_clip_c}")
+    ppo_kl = old_log_probs - log_probs
+    ratio = torch.exp(-ppo_kl)
+    pg_losses1 = -ratio * advantages
+    pg_losses2 = -ratio.clamp(1 - eps_clip, 1 + eps_clip_high) * advantages
+    clip_pg_losses = torch.maximum(pg_losses1, pg_losses2)
+    clipfrac = (pg_losses2 > pg_losses1).float()
+    if eps_clip_c is not None:
+        pg_losses3 = -eps_clip_c * advantages
+        dual_clipped = torch.minimum(clip_pg_losses, pg_losses3)
+        pg_losses = torch.where(advantages < 0, dual_clipped, clip_pg_losses)
+    else:
+        pg_losses = clip_pg_losses
+    return pg_losses, clipfrac, ppo_kl
+
+
+@register_policy_loss("vanilla_pg")
+def vanilla_pg(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    *,
+    eps_clip: float,
+    eps_clip_high: float,
+    eps_clip_c: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Plain policy gradient (REINFORCE): ``loss = -log_probs * A``; clipfrac is 0.
+
+    The clip parameters are accepted for the uniform signature and ignored. ``ppo_kl`` is still
+    ``old_log_probs - log_probs`` so the off-policy-ness metric stays comparable across losses.
+
+    Shapes: all inputs [B, T] -> (pg_loss_tok, clipfrac_tok, ppo_kl_tok), each [B, T].
+    """
+    del eps_clip, eps_clip_high, eps_clip_c
+    ppo_kl = old_log_probs - log_probs
+    return -log_probs * advantages, torch.zeros_like(log_probs, dtype=torch.float32), ppo_kl
+
+
+# ------------------------------------------------------------------------------------------ logits utilities
+
+
+def log_probs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
+    """Log-probability of each target token: ``log_softmax(logits.float())`` gathered at ``tokens``.
+
+    The caller aligns them: ``logits[b, t]`` must be the distribution that predicted ``tokens[b, t]``.
+    Shapes: logits [B, T, V] (any float dtype), tokens [B, T] int -> [B, T] float32.
+    """
+    if logits.dim() != 3 or tokens.shape != logits.shape[:2]:
+        raise ValueError(
+            f"expected logits [B, T, V] and tokens [B, T], got {tuple(logits.shape)} and {tuple(tokens.shape)}"
+        )
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return log_probs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy ``-sum_v p_v log p_v`` of each token's distribution, computed in float32 via log_softmax.
+
+    Logits of ``-inf`` (e.g. masked vocabulary entries) contribute 0 rather than NaN, with finite gradients.
+    Shapes: logits [B, T, V] -> [B, T] float32.
+    """
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    # p * log p is 0 * -inf = NaN for impossible tokens; clamping log p to the most negative finite float
+    # makes that term exactly 0 and the clamp blocks the NaN gradient.
+    log_p = log_p.clamp(min=torch.finfo(log_p.dtype).min)
+    return -(log_p.exp() * log_p).sum(dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------- reduction
+
+
+def masked_sample_mean(x: Tensor, loss_mask: Tensor) -> Tensor:
+    """Per-sample mean of ``x`` over the tokens where ``loss_mask`` is non-zero.
+
+    A sample with an all-zero mask gives 0 (denominator clamped to 1, as in slime), not NaN; masked-out
+    positions are excluded even if they hold NaN/inf. Shapes: x [B, T], loss_mask [B, T] (0/1) -> [B].
+    """
+    if x.shape != loss_mask.shape:
+        raise ValueError(f"x and loss_mask shapes differ: {tuple(x.shape)} vs {tuple(loss_mask.shape)}")
+    keep = loss_mask != 0
+    total = torch.where(keep, x, torch.zeros_like(x)).sum(dim=-1)
+    count = keep.sum(dim=-1).clamp(min=1).to(total.dtype)
+    return total / count
+
+
+def policy_objective(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages_tok: Tensor,
+    loss_mask: Tensor,
+    entropy_tok: Tensor,
+    ref_log_probs: Tensor | None = None,
+    *,
+    policy_loss: str = "ppo_clip",
+    eps_clip: float,
+    eps_clip_high: float,
+    eps_clip_c: float | None = None,
+    entropy_coef: float = 0.0,
+    use_kl_loss: bool = False,
+    kl_loss_coef: float = 0.0,
+    kl_loss_type: str = "low_var_kl",
+    rollout_log_probs: Tensor | None = None,
+    normaliser: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Total actor loss of one micro-batch and its metrics, assembled as slime does.
+
+    ``loss = pg_loss - entropy_coef * entropy_loss (+ kl_loss_coef * kl_loss if use_kl_loss)``.
+
+    Reduction: every token quantity ``q`` becomes ``sum_b masked_sample_mean(q, loss_mask)[b] / normaliser``.
+    The trainer passes the GLOBAL batch size (samples per optimizer step, over all accumulation steps and DP
+    ranks) as ``normaliser``, so summing this loss (and each metric) over micro-batches and all-reducing
+    (SUM) across DP ranks yields the global per-sample mean; gradients accumulate the same way.
+
+    Args:
+        log_probs: [B, T] current-policy log-probs (carries grad).
+        old_log_probs: [B, T] log-probs of the policy that produced the batch (recomputed or rollout).
+        advantages_tok: [B, T] per-token advantages (per-sample advantages broadcast over tokens).
+        loss_mask: [B, T] 0/1.
+        entropy_tok: [B, T] token entropies (from :func:`entropy_from_logits`; carries grad if entropy_coef).
+        ref_log_probs: [B, T] reference-model log-probs; required when ``use_kl_loss``.
+        policy_loss: name in :data:`POLICY_LOSSES`; eps_clip / eps_clip_high / eps_clip_c are passed to it.
+        entropy_coef, use_kl_loss, kl_loss_coef, kl_loss_type: as slime's flags of the same names.
+        rollout_log_probs: [B, T] inference-engine log-probs; adds ``train_rollout_logprob_abs_diff``.
+        normaliser: > 0, the global batch size (see Reduction).
+
+    Returns:
+        ``(loss, metrics)``: ``loss`` a 0-dim tensor with grad; ``metrics`` detached 0-dim tensors with keys
+        ``pg_loss, pg_clipfrac, ppo_kl, entropy_loss, loss``, plus ``kl_loss`` if ``use_kl_loss`` and
+        ``train_rollout_logprob_abs_diff`` if ``rollout_log_probs`` is given, all reduced by the same rule.
+    """
+    if not normaliser > 0:
+        raise ValueError(f"normaliser must be > 0, got {normaliser}")
+    tensors = {
+        "old_log_probs": old_log_probs,
+        "advantages_tok": advantages_tok,
+        "loss_mask": loss_mask,
+        "entropy_tok": entropy_tok,
+        "ref_log_probs": ref_log_probs,
+        "rollout_log_probs": rollout_log_probs,
+    }
+    if log_probs.dim() != 2:
+        raise ValueError(f"log_probs must be [B, T], got {tuple(log_probs.shape)}")
+    for name, t in tensors.items():
+        if t is not None and t.shape != log_probs.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != log_probs shape {tuple(log_probs.shape)}")
+    if use_kl_loss and ref_log_probs is None:
+        raise ValueError("use_kl_loss=True requires ref_log_probs")
+
+    def reduce(tok: Tensor) -> Tensor:
+        return masked_sample_mean(tok, loss_mask).sum() / normaliser
+
+    pg_fn = get_policy_loss(policy_loss)
+    pg_tok, clipfrac_tok, ppo_kl_tok = pg_fn(
+        log_probs,
+        old_log_probs,
+        advantages_tok,
+        eps_clip=eps_clip,
+        eps_clip_high=eps_clip_high,
+        eps_clip_c=eps_clip_c,
+    )
+    pg_loss = reduce(pg_tok)
+    entropy_loss = reduce(entropy_tok)
+
+    loss = pg_loss
+    # Skipping a zero entropy term keeps loss == pg_loss exactly and avoids backpropagating through the
+    # entropy graph for nothing.
+    if entropy_coef != 0.0:
+        loss = loss - entropy_coef * entropy_loss
+
+    metrics: dict[str, Tensor] = {
+        "pg_loss": pg_loss.detach(),
+        "pg_clipfrac": reduce(clipfrac_tok.detach()),
+        "ppo_kl": reduce(ppo_kl_tok.detach()),
+        "entropy_loss": entropy_loss.detach(),
+    }
+    if use_kl_loss and ref_log_probs is not None:  # None already rejected above; this narrows the type
+        kl_tok = get_kl_estimator(kl_loss_type)(log_probs, ref_log_probs)
+        kl_loss = reduce(kl_tok)
+        loss = loss + kl_loss_coef * kl_loss
+        metrics["kl_loss"] = kl_loss.detach()
+    if rollout_log_probs is not None:
+        metrics["train_rollout_logprob_abs_diff"] = reduce((old_log_probs.detach() - rollout_log_probs).abs())
+    metrics["loss"] = loss.detach()
+    return loss, metrics

@@ -1,0 +1,298 @@
+"""The torch trainer: one instance per data-parallel rank, gradients summed over a gloo/nccl group.
+
+Loss and advantages come from the registered pure functions in trainers/losses.py and
+trainers/advantages.py; the batch schedule from trainers/batching.py. Old-policy log-probs are
+computed with exactly the micro-batches the first optimizer step uses, so at that step the new
+and old log-probs are bitwise equal (ppo_kl == 0), which the --ci-test KL checker relies on.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from artifacts.atomic import atomic_write_json, atomic_write_text
+from artifacts.hashing import layer_hashes
+from artifacts.schema import Sample
+from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
+from flows.config import RunConfig
+from trainers.advantages import get_advantage_estimator
+from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
+from trainers.collectives import all_reduce_sum
+from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+
+
+class TorchTrainer:
+    """Implements `trainers.base.Trainer` for HF causal LMs in plain torch."""
+
+    def __init__(self, cfg: RunConfig, checkpoint: str, rank: int, world_size: int) -> None:
+        torch.set_num_threads(cfg.num_threads)
+        self.cfg, self.checkpoint, self.rank, self.world_size = cfg, checkpoint, rank, world_size
+        self.t = cfg.train
+        self.deterministic_collective = False
+        self.applied: dict[int, list[dict[str, float]]] = {}
+        self.last_applied_rollout = -1
+        self.global_step = 0
+
+    # -- set-up --------------------------------------------------------------------------------
+    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        """Join the process group, build model, reference model, optimizer and LR schedule."""
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}",
+                                    rank=self.rank, world_size=self.world_size)
+        torch.manual_seed(self.t.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32)
+        self.model.train()  # dropout is 0 in our models; train mode matches what the loss sees
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.ref_model = None
+        if self.t.use_kl_loss:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32)
+            self.ref_model.train()
+            self.ref_model.requires_grad_(False)
+        self.params = [p for _, p in self.model.named_parameters()]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=self.t.lr, betas=(self.t.adam_beta1, self.t.adam_beta2),
+            weight_decay=self.t.weight_decay)
+        total_steps = self.cfg.rollout.num_rollout * self.cfg.steps_per_rollout
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(self.cfg, total_steps))
+        return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
+                "params": sum(p.numel() for p in self.params)}
+
+    # -- forward -------------------------------------------------------------------------------
+    def _response_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """Temperature-scaled logits that predict each response token: [B, T, V]."""
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        idx = mb.response_index[:, :, None].expand(-1, -1, logits.shape[-1])
+        return logits.gather(1, idx).float() / self.cfg.rollout.rollout_temperature
+
+    def _my_micro_batches(self, samples: list[Sample]) -> list[list[list[int]]]:
+        return schedule(len(samples), self.cfg.global_batch_size, self.world_size, self.rank,
+                        self.cfg.micro_batch_size)
+
+    @torch.no_grad()
+    def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
+        """Old-policy / reference log-probs and entropy per response token (rank 0 writes)."""
+        samples = _ordered(read_rollout(rollout_ref))
+        rows: dict[int, dict[str, list[float]]] = {}
+        for step in self._my_micro_batches(samples):
+            for positions in step:
+                batch = [samples[p] for p in positions]
+                mb = make_micro_batch(batch, self.pad_id)
+                logits = self._response_logits(self.model, mb)
+                lp = log_probs_from_logits(logits, mb.response_tokens)
+                ent = entropy_from_logits(logits)
+                ref = (log_probs_from_logits(self._response_logits(self.ref_model, mb), mb.response_tokens)
+                       if self.ref_model is not None else None)
+                for i, s in enumerate(batch):
+                    n = s.response_length
+                    rows[s.sample_index] = {"log_probs": lp[i, :n].tolist(), "entropy": ent[i, :n].tolist()}
+                    if ref is not None:
+                        rows[s.sample_index]["ref_log_probs"] = ref[i, :n].tolist()
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, rows)
+        if self.rank != 0:
+            return None
+        merged = {k: v for part in gathered for k, v in part.items()}
+        order = sorted(merged)
+        cols: dict[str, Any] = {"sample_index": pa.array(order, pa.int64())}
+        for key in ("log_probs", "ref_log_probs", "entropy"):
+            if key in merged[order[0]]:
+                cols[key] = pa.array([merged[i][key] for i in order], pa.list_(pa.float32()))
+        return write_table(out_path, pa.table(cols), kind="logprobs",
+                           metadata={"rollout_sha256": rollout_ref.sha256})
+
+    # -- training ------------------------------------------------------------------------------
+    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> list[dict[str, float]]:
+        """All optimizer steps of one rollout; refuses to apply a rollout twice (see base.Trainer)."""
+        samples = _ordered(read_rollout(rollout_ref))
+        rollout_id = samples[0].rollout_id
+        if rollout_id in self.applied:
+            return self.applied[rollout_id]
+        if rollout_id <= self.last_applied_rollout:
+            raise RuntimeError(f"rollout {rollout_id} was already applied to these weights "
+                               f"(trainer is at rollout {self.last_applied_rollout}); refusing to train twice")
+        snapshot = self._snapshot()
+        try:
+            metrics = self._train_rollout(samples, read_table(logprob_ref).to_pylist())
+        except BaseException:
+            self._restore(snapshot)  # a failed step leaves the weights as they were, so a retry is safe
+            raise
+        self.applied[rollout_id] = metrics
+        self.last_applied_rollout = rollout_id
+        return metrics
+
+    def _train_rollout(self, samples: list[Sample], lp_rows: list[dict]) -> list[dict[str, float]]:
+        old = {r["sample_index"]: r for r in lp_rows}
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
+        advantages = get_advantage_estimator(self.t.advantage_estimator)(
+            rewards, groups, normalize_std=not self.t.disable_grpo_std_normalization)
+        use_rollout_lp = all(len(s.rollout_log_probs) == s.response_length for s in samples)
+        out = []
+        for step in self._my_micro_batches(samples):
+            self.optimizer.zero_grad(set_to_none=False)
+            sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float32))
+            for positions in step:
+                batch = [samples[p] for p in positions]
+                for k, v in self._micro_step(batch, advantages[positions], old, use_rollout_lp).items():
+                    sums[k] = sums[k] + v
+            for p in self.params:
+                if p.grad is not None:
+                    all_reduce_sum(p.grad, deterministic=self.deterministic_collective)
+            keys = sorted(sums)
+            vec = torch.stack([sums[k] for k in keys])
+            all_reduce_sum(vec, deterministic=self.deterministic_collective)
+            clip = self.t.clip_grad if self.t.clip_grad > 0 else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.optimizer.step()
+            self.scheduler.step()
+            record = {f"train/{k}": float(v) for k, v in zip(keys, vec, strict=True)}
+            record.update({"train/grad_norm": float(grad_norm), "train/lr-pg_0": lr,
+                           "train/step": self.global_step})
+            self.global_step += 1
+            out.append(record)
+        return out
+
+    def _micro_step(self, batch: list[Sample], adv: torch.Tensor, old: dict[int, dict],
+                    use_rollout_lp: bool) -> dict[str, torch.Tensor]:
+        mb = make_micro_batch(batch, self.pad_id)
+        width = mb.response_tokens.shape[1]
+        logits = self._response_logits(self.model, mb)
+        log_probs = log_probs_from_logits(logits, mb.response_tokens)
+        if self.t.entropy_coef:
+            entropy = entropy_from_logits(logits)
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits)
+        ref = pad_rows([old[s.sample_index]["ref_log_probs"] for s in batch], width) if self.t.use_kl_loss else None
+        loss, metrics = policy_objective(
+            log_probs, pad_rows([old[s.sample_index]["log_probs"] for s in batch], width),
+            adv[:, None].expand_as(log_probs), mb.loss_mask, entropy, ref,
+            policy_loss=self.t.policy_loss, eps_clip=self.t.eps_clip,
+            eps_clip_high=self.t.eps_clip_high or self.t.eps_clip, eps_clip_c=self.t.eps_clip_c,
+            entropy_coef=self.t.entropy_coef, use_kl_loss=self.t.use_kl_loss, kl_loss_coef=self.t.kl_loss_coef,
+            kl_loss_type=self.t.kl_loss_type,
+            rollout_log_probs=pad_rows([s.rollout_log_probs for s in batch], width) if use_rollout_lp else None,
+            normaliser=float(self.cfg.global_batch_size))
+        loss.backward()
+        return metrics
+
+    def _snapshot(self) -> tuple:
+        return (copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict()),
+                copy.deepcopy(self.scheduler.state_dict()), self.global_step)
+
+    def _restore(self, snap: tuple) -> None:
+        self.model.load_state_dict(snap[0])
+        self.optimizer.load_state_dict(snap[1])
+        self.scheduler.load_state_dict(snap[2])
+        self.global_step = snap[3]
+
+    # -- weights and checkpoints ---------------------------------------------------------------
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """CPU copies of every persistent weight by HF name."""
+        return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
+
+    def model_hash(self) -> dict[str, str]:
+        """Per-layer SHA-256 of this rank's weights."""
+        return layer_hashes(self.model.state_dict())
+
+    def save(self, directory: str, rollout_id: int) -> None:
+        """Write iter_{rollout_id:07d}/ (model in HF format, optimizer, scheduler, RNG); rank 0 only."""
+        if self.rank != 0:
+            return
+        final = Path(directory) / f"iter_{rollout_id:07d}"
+        tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        # clone() breaks the tied embedding/lm_head sharing that safetensors refuses to store
+        save_file({k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()},
+                  str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        self.model.config.save_pretrained(str(tmp))
+        opt = {}
+        names = [n for n, _ in self.model.named_parameters()]
+        for idx, state in self.optimizer.state_dict()["state"].items():
+            for key, value in state.items():
+                opt[f"{names[idx]}::{key}"] = torch.as_tensor(value).clone()
+        save_file(opt, str(tmp / "optimizer.safetensors"))
+        save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        sched = self.scheduler.state_dict()
+        atomic_write_json(tmp / "scheduler.json", {k: v for k, v in sched.items() if k != "lr_lambdas"})
+        atomic_write_json(tmp / "meta.json", {"rollout_id": rollout_id, "global_step": self.global_step,
+                                              "config_hash": self.cfg.config_hash()})
+        old = final.with_name(final.name + ".old")
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        atomic_write_text(Path(directory) / LATEST_FILE, str(rollout_id))
+
+    def load(self, directory: str) -> int:
+        """Restore the latest (or the given iter_ dir's) checkpoint; returns its rollout id."""
+        path = resolve_checkpoint(directory)
+        self.model.load_state_dict(load_file(str(path / "model.safetensors")))
+        opt = load_file(str(path / "optimizer.safetensors"))
+        if opt:
+            names = [n for n, _ in self.model.named_parameters()]
+            state: dict[int, dict[str, torch.Tensor]] = defaultdict(dict)
+            for key, value in opt.items():
+                name, _, field = key.partition("::")
+                state[names.index(name)][field] = value
+            sd = self.optimizer.state_dict()
+            sd["state"] = dict(state)
+            self.optimizer.load_state_dict(sd)
+        sched = json.loads((path / "scheduler.json").read_text())
+        self.scheduler.load_state_dict({**self.scheduler.state_dict(), **sched})
+        torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
+        meta = json.loads((path / "meta.json").read_text())
+        self.global_step = int(meta["global_step"])
+        self.last_applied_rollout = int(meta["rollout_id"])
+        return self.last_applied_rollout
+
+
+def resolve_checkpoint(directory: str | Path) -> Path:
+    """`directory` itself if it is an iter_ dir, else the latest one recorded in it."""
+    d = Path(directory)
+    if (d / "meta.json").is_file():
+        return d
+    latest = d / LATEST_FILE
+    if not latest.is_file():
+        raise FileNotFoundError(f"--load {directory}: no {LATEST_FILE} and not a checkpoint directory")
+    path = d / f"iter_{int(latest.read_text().strip()):07d}"
+    if not (path / "meta.json").is_file():
+        raise FileNotFoundError(f"--load {directory}: {path} is missing or incomplete")
+    return path
+
+
+def _ordered(samples: list[Sample]) -> list[Sample]:
+    return sorted(samples, key=lambda s: s.sample_index)
+
+
+def _lr_lambda(cfg: RunConfig, total_steps: int):
+    t = cfg.train
+    floor = t.min_lr / t.lr
+
+    def factor(step: int) -> float:
+        if t.lr_warmup_iters and step < t.lr_warmup_iters:
+            return (step + 1) / t.lr_warmup_iters
+        if t.lr_decay_style == "constant":
+            return 1.0
+        progress = min(1.0, (step - t.lr_warmup_iters) / max(1, total_steps - t.lr_warmup_iters))
+        decay = 1.0 - progress if t.lr_decay_style == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return floor + (1.0 - floor) * decay
+
+    return factor
