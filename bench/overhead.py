@@ -44,6 +44,7 @@ def bench_config(run_dir: Path, rollouts: int, batch_size: int, n_samples: int, 
         "rollout": {"num_rollout": rollouts, "rollout_batch_size": batch_size,
                     "n_samples_per_prompt": n_samples, "rollout_max_response_len": max_len},
         "eval": {"eval_interval": None},
+        "train": {"global_batch_size": batch_size * n_samples},
     })
 
 

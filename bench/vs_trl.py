@@ -46,7 +46,7 @@ def bench_config(args: argparse.Namespace, run_dir: Path) -> RunConfig:
         "rollout": {"num_rollout": args.steps, "rollout_batch_size": args.prompts,
                     "n_samples_per_prompt": args.generations, "rollout_max_response_len": args.completion_len},
         "eval": {"eval_interval": None},
-        "train": {"lr": LR},
+        "train": {"lr": LR, "global_batch_size": args.prompts * args.generations},
     })
 
 
@@ -144,7 +144,7 @@ def main() -> None:
 
     print(f"\n{args.prompts} prompts x {args.generations} generations, completion <= {args.completion_len} "
           f"tokens, {args.steps} steps (mean over steps 1..{args.steps - 1}), {args.threads} torch thread(s)")
-    print(table(["side", "s/step", "speed-up vs TRL"], rows))
+    print(table(["side", "s/step", "TRL s / this s (>1: faster than TRL)"], rows))
 
 
 if __name__ == "__main__":

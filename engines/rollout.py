@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from functools import lru_cache
 from typing import Any
 
 from artifacts.schema import Sample
@@ -33,10 +34,15 @@ def problems_for_rollout(pool: list[dict], cfg: RunConfig, rollout_id: int) -> l
     out = []
     for k in range(rollout_id * n, (rollout_id + 1) * n):
         epoch, pos = divmod(k, len(pool))
-        order = list(range(len(pool)))
-        random.Random(cfg.rollout.rollout_seed + epoch).shuffle(order)
-        out.append(pool[order[pos]])
+        out.append(pool[_epoch_order(len(pool), cfg.rollout.rollout_seed + epoch)[pos]])
     return out
+
+
+@lru_cache(maxsize=4)
+def _epoch_order(size: int, seed: int) -> tuple[int, ...]:
+    order = list(range(size))
+    random.Random(seed).shuffle(order)
+    return tuple(order)
 
 
 def build_requests(problems: list[dict], tokenizer: Any, recipe: Recipe, cfg: RunConfig, rollout_id: int,

@@ -31,7 +31,7 @@ class TorchEngine:
         self._version = 0
 
     # -- generation ----------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """Complete every request; outputs are in request order."""
         outputs: list[GenerateOutput] = []
@@ -41,52 +41,56 @@ class TorchEngine:
 
     def _generate_batch(self, reqs: list[GenerateRequest]) -> list[GenerateOutput]:
         b, width = len(reqs), max(len(r.prompt_tokens) for r in reqs)
-        ids = torch.full((b, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((b, width), dtype=torch.long)
-        for i, r in enumerate(reqs):  # left padding keeps every row's last prompt token at the end
-            ids[i, width - len(r.prompt_tokens):] = torch.tensor(r.prompt_tokens)
-            mask[i, width - len(r.prompt_tokens):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        # The full attention mask is allocated once and sliced per step (no concatenation per token).
+        # left padding keeps every row's last prompt token at the end; built as lists, one tensor each
+        ids = torch.tensor([[self.pad_id] * (width - len(r.prompt_tokens)) + list(r.prompt_tokens) for r in reqs],
+                           dtype=torch.long, device=self.device)
+        steps = max(r.params.max_new_tokens for r in reqs)
+        full_mask = torch.tensor([[0] * (width - len(r.prompt_tokens)) + [1] * (len(r.prompt_tokens) + steps)
+                                  for r in reqs], dtype=torch.long, device=self.device)
+        mask = full_mask[:, :width]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=self.device)
-        gens = [torch.Generator().manual_seed(r.seed) for r in reqs]
-        max_new = [r.params.max_new_tokens for r in reqs]
-        stops = [set(r.params.stop_token_ids) for r in reqs]
+        seeds = torch.tensor([r.seed for r in reqs], dtype=torch.long)
+        max_new = torch.tensor([r.params.max_new_tokens for r in reqs], device=self.device)
+        n_stop = max(1, max(len(r.params.stop_token_ids) for r in reqs))
+        stops = torch.tensor([list(r.params.stop_token_ids) + [-1] * (n_stop - len(r.params.stop_token_ids))
+                              for r in reqs], dtype=torch.long, device=self.device)
+        tokens = torch.full((b, steps), self.pad_id, dtype=torch.long, device=self.device)
+        logps = torch.zeros((b, steps), dtype=torch.float32, device=self.device)
+        lengths = torch.zeros(b, dtype=torch.long, device=self.device)
+        done = torch.zeros(b, dtype=torch.bool, device=self.device)
+        stopped = torch.zeros(b, dtype=torch.bool, device=self.device)
 
         cache = DynamicCache()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         cache=cache, use_cache=True)
+                         cache=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1, :]
         next_pos = positions[:, -1:] + 1
-        tokens: list[list[int]] = [[] for _ in reqs]
-        logps: list[list[float]] = [[] for _ in reqs]
-        done = [False] * b
-        for _ in range(max(max_new)):
+        for step in range(steps):
             logp = torch.log_softmax(logits.float() / temps[:, None], dim=-1)
             filtered = _filter_top_k_top_p(logp, reqs)
-            noise = torch.stack([torch.rand(logp.shape[-1], generator=g) for g in gens]).to(self.device)
-            gumbel = -torch.log(-torch.log(noise.clamp(min=1e-20, max=1.0 - 1e-7)))
-            picked = torch.argmax(filtered + gumbel, dim=-1)
-            picked_logp = logp.gather(-1, picked[:, None]).squeeze(-1)
-            for i in range(b):
-                if done[i]:
-                    continue
-                tok = int(picked[i])
-                tokens[i].append(tok)
-                logps[i].append(float(picked_logp[i]))
-                done[i] = tok in stops[i] or len(tokens[i]) >= max_new[i]
-            if all(done):
+            noise = counter_uniform(seeds, step, logp.shape[-1]).to(self.device)
+            picked = torch.argmax(filtered - torch.log(-torch.log(noise)), dim=-1)  # Gumbel-max sampling
+            active = ~done
+            tokens[active, step] = picked[active]
+            logps[active, step] = logp.gather(-1, picked[:, None]).squeeze(-1)[active]
+            lengths += active.long()
+            hit_stop = (picked[:, None] == stops).any(-1) & active
+            stopped |= hit_stop
+            done |= hit_stop | (lengths >= max_new)
+            if bool(done.all()):
                 break
-            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=self.device)], dim=-1)
-            out = self.model(input_ids=picked[:, None], attention_mask=mask, position_ids=next_pos,
+            out = self.model(input_ids=picked[:, None], attention_mask=full_mask[:, :width + step + 1], position_ids=next_pos,
                              cache=cache, use_cache=True)
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
+        tok_rows, lp_rows, lens = tokens.tolist(), logps.tolist(), lengths.tolist()
         return [
             GenerateOutput(
-                response_tokens=tuple(tokens[i]),
-                log_probs=tuple(logps[i]),
-                finish_reason="stop" if tokens[i] and tokens[i][-1] in stops[i] else "length",
+                response_tokens=tuple(tok_rows[i][:lens[i]]),
+                log_probs=tuple(lp_rows[i][:lens[i]]),
+                finish_reason="stop" if bool(stopped[i]) else "length",
                 weight_version=self._version,
             )
             for i in range(b)
@@ -135,6 +139,40 @@ class TorchEngine:
     def shutdown(self) -> None:
         """Drop the model."""
         del self.model
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(x: int) -> int:
+    """A uint64 constant as the int64 with the same bits (torch has no uint64 arithmetic)."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+
+
+def _srl(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def _splitmix64(z: torch.Tensor) -> torch.Tensor:
+    z = z + _GOLDEN
+    z = (z ^ _srl(z, 30)) * _MIX1
+    z = (z ^ _srl(z, 27)) * _MIX2
+    return z ^ _srl(z, 31)
+
+
+def counter_uniform(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+    """Uniform noise in (0, 1), [B, V] float32, a pure function of (seed, step, vocab index).
+
+    A counter-based generator (splitmix64 over the counter) instead of one torch.Generator per
+    request: the same bits per request whatever the batch, but computed for the whole batch at once.
+    """
+    counter = _splitmix64(seeds)[:, None] + (step * vocab + torch.arange(vocab, dtype=torch.long))[None, :] * _GOLDEN
+    bits = _srl(_splitmix64(counter), 40)  # top 24 bits: exact in float32
+    return (bits.to(torch.float32) + 0.5) / float(1 << 24)
 
 
 def _filter_top_k_top_p(logp: torch.Tensor, reqs: list[GenerateRequest]) -> torch.Tensor:

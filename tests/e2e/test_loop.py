@@ -31,28 +31,15 @@ def small_config(tmp_path, base_checkpoint, **sections) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
-async def _task_states(flow_run_ids, name):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterId,
-        TaskRunFilter,
-        TaskRunFilterName,
-    )
+async def _task_states(client, flow_run_ids) -> dict[str, list[str]]:
+    """{task name (without Prefect's run suffix): sorted state names} over the given flow runs."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    async with get_client() as client:
-        runs = await client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_run_ids)),
-            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])))
-    return sorted(r.state.name for r in runs)
-
-
-async def _child_runs(parent_name):
-    from prefect.client.orchestration import get_client
-
-    async with get_client() as client:
-        runs = await client.read_flow_runs()
-    return runs
+    runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_run_ids)))
+    out: dict[str, list[str]] = {}
+    for r in runs:
+        out.setdefault(r.name.rsplit("-", 1)[0], []).append(r.state.name)
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_server, base_checkpoint):
@@ -102,10 +89,24 @@ def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_s
             runs = await client.read_flow_runs()
             rollout_runs = [r for r in runs if r.name.startswith("rollout-")]
             latest = sorted(rollout_runs, key=lambda r: r.start_time)[-2:]
-            return {name: await _task_states([r.id for r in latest], name)
-                    for name in ("generate", "log-prob", "train-step")}
+            assert sorted(r.name for r in latest) == ["rollout-0", "rollout-1"]
+            return await _task_states(client, [r.id for r in latest])
 
     got = asyncio.run(states())
     assert got["generate"] == ["Cached", "Cached"]
     assert got["log-prob"] == ["Cached", "Cached"]
     assert got["train-step"] == ["Completed", "Completed"]
+    assert {"generate", "save-rollout", "log-prob", "train-step", "sync", "check", "eval"} <= set(got)
+
+
+def test_two_data_parallel_ranks_train_in_one_gloo_group(tmp_path, ray_session, prefect_server, base_checkpoint):
+    from flows.run import run_flow
+
+    cfg = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
+                       train={"data_parallel_size": 2})
+    asyncio.run(run_flow(cfg))
+    steps = [r for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics) if r["kind"] == "step"]
+    assert len(steps) == 2 and all(math.isfinite(v) for r in steps for v in r["metrics"].values())
+    base = load_file(f"{base_checkpoint}/model.safetensors")
+    trained = load_file(str(tmp_path / "ckpt" / "iter_0000000" / "model.safetensors"))
+    assert any(not torch.equal(base[k], trained[k]) for k in base)
