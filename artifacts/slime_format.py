@@ -59,6 +59,8 @@ ROLLFLOW_KEY = "rollflow"
 EVAL_PREFIX = "eval_"  # the anchors format eval dump paths with rollout_id="eval_<id>"
 
 # Sample-dict keys the loader maps to our columns; any other key is an "extra" (see loader).
+# The sample-level "rollout_id" is deliberately not here: it is slime's compact-rollout id, kept
+# as an extra when set; our rollout id comes from the payload (or our own metadata block).
 _KNOWN_KEYS = frozenset(
     {
         "group_index",
@@ -229,13 +231,16 @@ def _float_list(value: Any, name: str) -> list[float]:
 
 
 def _mask_list(value: Any) -> list[int]:
-    # Unlike token ids, masks may arrive as bools (or bool tensors); int() keeps 0/1 as is and
-    # leaves any other value for Sample.validate to reject.
+    # Unlike token ids, masks may arrive as bools (or bool tensors); 0/1 in any numeric form is
+    # accepted, anything else refused rather than rounded.
     if hasattr(value, "tolist"):
         value = value.tolist()
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"loss_mask must be a list, got {type(value).__name__}")
-    return [int(m) for m in value]
+    bad = [m for m in value if not (m == 0 or m == 1)]
+    if bad:
+        raise ValueError(f"loss_mask values must be 0 or 1, got {bad[:5]}")
+    return [1 if m == 1 else 0 for m in value]
 
 
 def _number(value: Any) -> float | None:
@@ -243,8 +248,12 @@ def _number(value: Any) -> float | None:
         return None
     if isinstance(value, (int, float)):
         return float(value)
-    if hasattr(value, "item") and isinstance(value.item(), (int, float)):  # 0-d tensor / numpy scalar
-        return float(value.item())
+    if hasattr(value, "item"):  # 0-d tensor / numpy scalar; .item() refuses anything bigger
+        try:
+            item = value.item()
+        except (RuntimeError, ValueError):
+            return None
+        return float(item) if isinstance(item, (int, float)) and not isinstance(item, bool) else None
     return None
 
 
@@ -448,7 +457,7 @@ def load_slime_dump(path: PathArg, *, trust_pickle: bool = False) -> tuple[int |
             reward_key = sample_meta.get("reward_key")
         try:
             samples.append(_slime_to_sample(d, rollout_id, reward_key, position))
-        except ValueError as e:
+        except (ValueError, TypeError) as e:  # TypeError: e.g. None inside a list of floats
             raise SlimeFormatError(f"{path}: sample {position} (index={d.get('index')!r}): {e}") from e
     return rollout_id, metadata, samples
 

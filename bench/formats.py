@@ -56,7 +56,7 @@ def make_rollout(n: int, long: int = 0, rollout_id: int = 3, seed: int = 0) -> l
     for i in range(n):
         a, b = rng.randrange(100), rng.randrange(100)
         prompt_tokens = [USER, *_digits(str(a)), PLUS, *_digits(str(b)), EQUALS, ASSISTANT]
-        answer = str(a + b + rng.choice((0, 0, 0, 1, -1)))
+        answer = str(max(0, a + b + rng.choice((0, 0, 0, 1, -1))))  # mostly right, sometimes off by one
         if long:
             response_tokens = [rng.randrange(4, 18) for _ in range(long - 1)] + [EOS]
         else:

@@ -15,6 +15,7 @@ Behaviour follows the anchors (slime / miles; reference: debug-features.md §1.4
 from __future__ import annotations
 
 import math
+import numbers
 import string
 from typing import Any
 
@@ -113,7 +114,7 @@ def subsample(samples: list[Sample], ratio: float) -> list[Sample]:
 
     ``ratio`` must satisfy ``0 < ratio <= 1``; otherwise ``ValueError``.
     """
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 < ratio <= 1:
         raise ValueError(
             f"--load-debug-rollout-data-subsample must be a number in (0, 1] (the fraction of loaded "
             f"samples to keep), got {ratio!r}"
@@ -158,7 +159,7 @@ def check_injection(fresh: list[Sample], recorded: list[Sample], min_ratio: floa
     Returns ``{"mean_match_ratio", "min_match_ratio" (the worst sample), "num_samples"}``.
     ``min_ratio`` must be in [0, 1) (a strict bound of 1 could never pass); miles' default is 0.9.
     """
-    if isinstance(min_ratio, bool) or not isinstance(min_ratio, (int, float)) or not 0 <= min_ratio < 1:
+    if isinstance(min_ratio, bool) or not isinstance(min_ratio, numbers.Real) or not 0 <= min_ratio < 1:
         raise ValueError(f"min_ratio must be a number in [0, 1), got {min_ratio!r}")
     fresh_by, recorded_by = _by_index(fresh, "fresh"), _by_index(recorded, "recorded")
     if fresh_by.keys() != recorded_by.keys():

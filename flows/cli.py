@@ -82,6 +82,22 @@ def make_parser() -> argparse.ArgumentParser:
     _add_model_flags(run, RunConfig, "")
     for name, model in SECTIONS.items():
         _add_model_flags(run, model, name)
+    replay = sub.add_parser("replay", help="re-run one stage of a past rollout and compare with the original")
+    replay.add_argument("run_dir", help="the run directory (holds config.yaml)")
+    replay.add_argument("--rollout-id", type=int, required=True)
+    replay.add_argument("--task", required=True, choices=["generate", "log-prob", "train-step", "sync", "check"])
+    replay.add_argument("--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="change the config for the replay (e.g. train.entropy_coef=0.01); repeatable")
+    inspect = sub.add_parser("inspect", help="print metrics and samples of a recording (.parquet or slime .pt)")
+    inspect.add_argument("path")
+    inspect.add_argument("--fields", default="sample_index,prompt,response,label,reward,status",
+                         help="comma-separated sample fields to print")
+    inspect.add_argument("--limit", type=int, default=8, help="samples to print")
+    inspect.add_argument("--trust-pickle", action="store_true", help="allow .pt files that need arbitrary unpickling")
+    convert = sub.add_parser("convert", help="convert a recording between .parquet and slime .pt")
+    convert.add_argument("src")
+    convert.add_argument("dst")
+    convert.add_argument("--trust-pickle", action="store_true", help="allow .pt files that need arbitrary unpickling")
     serve = sub.add_parser("serve", help="serve the run flow as a deployment (UI runs, schedules)")
     serve.add_argument("--config", help="YAML file with the deployment's default config")
     serve.add_argument("--cron", help="cron schedule (needs a real Prefect server)")
@@ -104,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "server":
         configure_prefect_env()
         os.execvp("prefect", ["prefect", "server", "start", "--port", str(args.port), "--analytics-off"])
+    if args.command in ("inspect", "convert"):
+        from flows.inspect import convert_command, inspect_command
+
+        return inspect_command(args) if args.command == "inspect" else convert_command(args)
+    if args.command == "replay":
+        configure_prefect_env()
+        return _replay(args)
     if args.command == "serve":
         configure_prefect_env()
         from deployments.serve import serve_run
@@ -129,6 +152,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"run finished: {result}")
     return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import yaml
+
+    from flows.replay import replay_flow
+
+    overrides = {}
+    for item in args.override:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"rollflow: error: --override {item!r}: expected SECTION.KEY=VALUE", file=sys.stderr)
+            return 2
+        overrides[key] = yaml.safe_load(value)
+    try:
+        result = asyncio.run(replay_flow(args.run_dir, args.rollout_id, args.task, overrides))
+    except (FileNotFoundError, ValueError) as e:
+        print(f"rollflow: error: {e}", file=sys.stderr)
+        return 2
+    print("identical" if result["identical"] else f"first difference: {result['difference']}")
+    return 0 if result["identical"] else 1
 
 
 if __name__ == "__main__":

@@ -23,9 +23,9 @@ class _Section(BaseModel):
 class RolloutConfig(_Section):
     """What to generate each rollout and how to sample it."""
 
-    num_rollout: int = Field(30, ge=1, description="Number of rollouts (RL iterations) in the run.")
+    num_rollout: int = Field(40, ge=1, description="Number of rollouts (RL iterations) in the run.")
     rollout_batch_size: int = Field(32, ge=1, description="Prompts per rollout.")
-    n_samples_per_prompt: int = Field(8, ge=1, description="Responses sampled per prompt (the GRPO group size).")
+    n_samples_per_prompt: int = Field(16, ge=1, description="Responses sampled per prompt (the GRPO group size).")
     rollout_max_response_len: int = Field(6, ge=1, description="Max new tokens per response.")
     rollout_temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
     rollout_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
@@ -51,12 +51,12 @@ class TrainConfig(_Section):
     train_backend: Literal["torch", "megatron"] = Field("torch", description="Trainer backend.")
     data_parallel_size: int = Field(1, ge=1, description="Trainer ranks (one Ray actor each, gloo on CPU).")
     global_batch_size: int | None = Field(
-        128, ge=1, description="Samples per optimizer step; None = the whole rollout (one step per rollout)."
+        256, ge=1, description="Samples per optimizer step; None = the whole rollout (one step per rollout)."
     )
     micro_batch_size: int | None = Field(
         None, ge=1, description="Samples per forward/backward on one rank; None = the rank's share of the step."
     )
-    lr: float = Field(1e-4, gt=0.0, description="Peak learning rate (AdamW).")
+    lr: float = Field(2e-4, gt=0.0, description="Peak learning rate (AdamW).")
     lr_decay_style: Literal["constant", "linear", "cosine"] = Field("constant", description="LR schedule.")
     lr_warmup_iters: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
     min_lr: float = Field(0.0, ge=0.0, description="Floor of the decayed LR.")
@@ -87,6 +87,33 @@ class CheckpointConfig(_Section):
     load: str | None = Field(None, description="Resume from the latest checkpoint in this directory.")
 
 
+class DebugConfig(_Section):
+    """Cutting the loop: rollout-only / train-only, record and replay (slime/miles flag names)."""
+
+    debug_rollout_only: bool = Field(False, description="Generate and save rollouts only; no trainer is created.")
+    debug_train_only: bool = Field(False, description="Train from recorded rollouts only; no engine is created.")
+    save_debug_rollout_data: str | None = Field(
+        None, description="Also write every rollout to TPL.format(rollout_id=...) (.parquet or slime .pt).")
+    load_debug_rollout_data: str | None = Field(
+        None, description="Train from recordings at TPL (.parquet or .pt); implies --debug-train-only.")
+    load_debug_rollout_data_subsample: float | None = Field(
+        None, gt=0.0, le=1.0, description="Keep this fraction of each loaded rollout (head + tail rule).")
+    trust_pickle: bool = Field(False, description="Allow .pt recordings that need arbitrary unpickling.")
+    dump_details: str | None = Field(
+        None, description="Write rollout_data/{id} and train_data/{id}_{rank} under this directory.")
+    save_debug_train_data: str | None = Field(
+        None, description="Write each rank's training batch to TPL.format(rollout_id=..., rank=...).")
+    ci_inject_rollout_data_path: str | None = Field(
+        None, description="From the start id on, train on these recordings and compare fresh generations to them.")
+    ci_inject_rollout_data_start_rollout_id: int = Field(0, ge=0, description="First rollout id injected.")
+    ci_inject_rollout_data_min_match_ratio: float = Field(
+        0.9, ge=0.0, le=1.0, description="Mean response-token match ratio that fresh generations must exceed.")
+    debug_skip_weight_update: bool = Field(
+        False, description="Keep the release/resume schedule of the sync but skip the weight transfer itself.")
+    load_forge_rollout_data: str | None = Field(
+        None, description="Replay recordings while engines stay alive and weights keep syncing.")
+
+
 class RunConfig(_Section):
     """One RL run: every concern plus where it lives."""
 
@@ -102,9 +129,11 @@ class RunConfig(_Section):
     eval: EvalConfig = EvalConfig()
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    debug: DebugConfig = DebugConfig()
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RunConfig:
+        _check_debug(self.debug)
         r, t, c = self.rollout, self.train, self.checkpoint
         total = r.rollout_batch_size * r.n_samples_per_prompt
         gbs = t.global_batch_size or total
@@ -127,6 +156,30 @@ class RunConfig(_Section):
         return self
 
     # -- derived values (one place) ---------------------------------------------------------------
+    @property
+    def train_only(self) -> bool:
+        """No engines: --debug-train-only, or implied by --load-debug-rollout-data."""
+        return self.debug.debug_train_only or self.debug.load_debug_rollout_data is not None
+
+    @property
+    def rollout_only(self) -> bool:
+        """No trainer: --debug-rollout-only."""
+        return self.debug.debug_rollout_only
+
+    @property
+    def rollout_template(self) -> str | None:
+        """Where every rollout is also recorded (--dump-details wins over --save-debug-rollout-data)."""
+        if self.debug.dump_details:
+            return str(Path(self.debug.dump_details) / "rollout_data" / "{rollout_id}.parquet")
+        return self.debug.save_debug_rollout_data
+
+    @property
+    def train_data_template(self) -> str | None:
+        """Where each rank's training batch is recorded."""
+        if self.debug.dump_details:
+            return str(Path(self.debug.dump_details) / "train_data" / "{rollout_id}_{rank}.parquet")
+        return self.debug.save_debug_train_data
+
     @property
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir or f"runs/{self.name}").resolve()
@@ -158,11 +211,56 @@ class RunConfig(_Section):
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
+RECORDING_FORMATS = (".parquet", ".pt")
+
+
+def _check_template(flag: str, template: str | None, *, need_id: bool, extra: tuple[str, ...] = ()) -> None:
+    if template is None:
+        return
+    if need_id and "{rollout_id}" not in template:
+        raise ValueError(f"{flag} {template!r} has no {{rollout_id}}: a literal path would be overwritten "
+                         f"by every rollout; use e.g. /tmp/rollout_{{rollout_id}}.parquet")
+    if not template.endswith(RECORDING_FORMATS):
+        raise ValueError(f"{flag} {template!r}: the extension picks the format; use one of {RECORDING_FORMATS}")
+    try:
+        template.format(rollout_id=0, **{k: 0 for k in extra})
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"{flag} {template!r}: bad template ({e}); fields: rollout_id{', ' + ', '.join(extra) if extra else ''}") from None
+
+
+def _check_debug(d: DebugConfig) -> None:
+    """The anchors' validation order: load implies train-only, then the mutual exclusions."""
+    train_only = d.debug_train_only or d.load_debug_rollout_data is not None
+    if train_only and d.debug_rollout_only:
+        why = "--load-debug-rollout-data (implies --debug-train-only)" if d.load_debug_rollout_data else "--debug-train-only"
+        raise ValueError(f"--debug-rollout-only and {why} are mutually exclusive")
+    if d.load_debug_rollout_data_subsample is not None and d.load_debug_rollout_data is None:
+        raise ValueError("--load-debug-rollout-data-subsample needs --load-debug-rollout-data")
+    if d.ci_inject_rollout_data_path and train_only:
+        raise ValueError("--ci-inject-rollout-data-path compares fresh generations, so it needs engines: "
+                         "drop --debug-train-only / --load-debug-rollout-data")
+    if d.ci_inject_rollout_data_path and d.debug_rollout_only:
+        raise ValueError("--ci-inject-rollout-data-path feeds training, so it cannot run with --debug-rollout-only")
+    if d.load_forge_rollout_data and (train_only or d.debug_rollout_only):
+        raise ValueError("--load-forge-rollout-data keeps engines and trainer running: it cannot be combined "
+                         "with --debug-train-only, --debug-rollout-only or --load-debug-rollout-data")
+    if d.load_forge_rollout_data and d.ci_inject_rollout_data_path:
+        raise ValueError("--load-forge-rollout-data and --ci-inject-rollout-data-path are mutually exclusive")
+    _check_template("--save-debug-rollout-data", d.save_debug_rollout_data, need_id=True)
+    _check_template("--save-debug-train-data", d.save_debug_train_data, need_id=True, extra=("rank",))
+    _check_template("--ci-inject-rollout-data-path", d.ci_inject_rollout_data_path, need_id=True)
+    _check_template("--load-debug-rollout-data", d.load_debug_rollout_data, need_id=False)
+    _check_template("--load-forge-rollout-data", d.load_forge_rollout_data, need_id=False)
+    if d.save_debug_rollout_data and d.save_debug_rollout_data == d.save_debug_train_data:
+        raise ValueError("--save-debug-rollout-data and --save-debug-train-data must differ")
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "rollout": RolloutConfig,
     "eval": EvalConfig,
     "train": TrainConfig,
     "checkpoint": CheckpointConfig,
+    "debug": DebugConfig,
 }
 
 

@@ -10,15 +10,17 @@ from prefect.artifacts import acreate_table_artifact
 from prefect.runtime import flow_run
 
 from artifacts.atomic import atomic_write_text
+from artifacts.hashing import weights_sha256
 from artifacts.store import RunPaths, read_metrics
 from flows.config import RunConfig, dump_yaml
 from recipes.registry import get_recipe
 from tasks import actors
+from tasks.recordings import inject, load_rollout
 from tasks.refs import WeightsRef
 from tasks.stages import check, evaluate, generate, log_prob, save_checkpoint, save_rollout, sync, train_step
 
 STAGES = {"generate": generate, "save-rollout": save_rollout, "log-prob": log_prob, "train-step": train_step,
-          "sync": sync, "check": check, "eval": evaluate}
+          "sync": sync, "check": check, "eval": evaluate, "load-rollout": load_rollout, "inject": inject}
 
 
 def _stages(refresh: list[str]) -> dict:
@@ -35,18 +37,34 @@ def _run_name() -> str:
 @flow(name="rollout", flow_run_name="rollout-{rollout_id}", log_prints=True)
 async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, session: str,
                        refresh: list[str] | None = None) -> WeightsRef:
-    """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval)."""
-    s = _stages(refresh or [])
-    if rollout_id == 0 and cfg.eval.eval_interval:
+    """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval).
+
+    --debug-rollout-only stops after save-rollout; --load-debug-rollout-data (train-only) loads a
+    recording instead of generating and never syncs; --ci-inject-rollout-data-path generates, then
+    checks the generation against the recording and trains on the recording."""
+    s, d = _stages(refresh or []), cfg.debug
+    has_engines = not cfg.train_only
+    if rollout_id == 0 and cfg.eval.eval_interval and has_engines:
         await s["eval"](cfg, 0, weights)
-    rollout = await s["generate"](cfg, rollout_id, weights)
-    await s["save-rollout"](cfg, rollout_id, rollout)
-    logprobs = await s["log-prob"](cfg, rollout_id, rollout, weights)
-    steps = await s["train-step"](cfg, rollout_id, rollout, logprobs, session)
-    weights = await s["sync"](cfg, rollout_id)
-    await s["check"](cfg, rollout_id, steps, weights)
-    if _eval_due(cfg, rollout_id):
-        await s["eval"](cfg, weights.version, weights)
+    recording = d.load_debug_rollout_data or d.load_forge_rollout_data
+    if recording:
+        rollout = await s["load-rollout"](cfg, rollout_id, recording, forge=bool(d.load_forge_rollout_data))
+    else:
+        injecting = bool(d.ci_inject_rollout_data_path) and rollout_id >= d.ci_inject_rollout_data_start_rollout_id
+        rollout = await s["generate"](cfg, rollout_id, weights, fresh=injecting)
+        if injecting:
+            rollout = await s["inject"](cfg, rollout_id, rollout)
+    await s["save-rollout"](cfg, rollout_id, rollout, loaded=bool(d.load_debug_rollout_data))
+    steps: list[dict] = []
+    if not cfg.rollout_only:
+        logprobs = await s["log-prob"](cfg, rollout_id, rollout, weights)
+        steps = await s["train-step"](cfg, rollout_id, rollout, logprobs, session)
+        if has_engines:
+            weights = await s["sync"](cfg, rollout_id)
+    synced = has_engines and not cfg.rollout_only
+    await s["check"](cfg, rollout_id, steps, weights if synced else None)
+    if _eval_due(cfg, rollout_id) and has_engines:
+        await s["eval"](cfg, rollout_id + 1, weights)
     await _publish_metrics_table(cfg, rollout_id)
     return weights
 
@@ -59,19 +77,24 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
     actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
     try:
         checkpoint = str(cfg.hf_checkpoint)
-        await actors.start_engines(cfg, checkpoint)
-        trainers = await actors.start_trainers(cfg, checkpoint)
+        engines = [] if cfg.train_only else await actors.start_engines(cfg, checkpoint)
+        trainers = [] if cfg.rollout_only else await actors.start_trainers(cfg, checkpoint)
         start = 0
-        if cfg.checkpoint.load:
+        if cfg.checkpoint.load and trainers:
             start = 1 + max([await t.load.remote(cfg.checkpoint.load) for t in trainers])
             print(f"resumed from {cfg.checkpoint.load} at rollout {start}")
-        weights = await sync(cfg, start - 1)  # type: ignore[misc]  # engines start from exactly the trainer's weights
+        if engines and trainers:
+            weights = await sync(cfg, start - 1)  # type: ignore[misc]  # engines start from the trainer's weights
+        elif engines:  # rollout-only: the engines keep the weights they loaded, version 0
+            weights = WeightsRef(version=0, sha256=await engines[0].weights_sha256.remote())
+        else:  # train-only: nothing to sync; identify the trainer's starting weights
+            weights = WeightsRef(version=start, sha256=weights_sha256(await trainers[0].export_weights.remote()))
         session = uuid.uuid4().hex
         for rollout_id in range(start, cfg.rollout.num_rollout):
             state = await rollout_flow(cfg, rollout_id, weights, session, refresh, return_state=True)
             weights = await state.result()  # type: ignore[misc]
             await _settle(state.state_details.flow_run_id)
-            if _save_due(cfg, rollout_id):
+            if _save_due(cfg, rollout_id) and trainers:
                 await save_checkpoint(cfg, rollout_id)
     finally:
         actors.stop_actors(cfg)

@@ -22,12 +22,16 @@ def namespace(cfg: RunConfig) -> str:
 
 
 def engines(cfg: RunConfig) -> list[Any]:
-    """The run's engine actors, in index order."""
+    """The run's engine actors, in index order (none in train-only mode)."""
+    if cfg.train_only:
+        return []
     return [ray.get_actor(f"engine-{i}", namespace=namespace(cfg)) for i in range(cfg.rollout.rollout_num_engines)]
 
 
 def trainers(cfg: RunConfig) -> list[Any]:
-    """The run's trainer actors, in rank order."""
+    """The run's trainer actors, in rank order (none in rollout-only mode)."""
+    if cfg.rollout_only:
+        return []
     return [ray.get_actor(f"trainer-{r}", namespace=namespace(cfg)) for r in range(cfg.train.data_parallel_size)]
 
 
@@ -78,7 +82,7 @@ async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
 def stop_actors(cfg: RunConfig) -> None:
     """Kill every actor of the run that is still alive."""
     for name in [f"engine-{i}" for i in range(cfg.rollout.rollout_num_engines)] + \
-                [f"trainer-{r}" for r in range(cfg.train.data_parallel_size)]:
+                [f"trainer-{r}" for r in range(cfg.train.data_parallel_size)]:  # all names: modes may differ
         try:
             ray.kill(ray.get_actor(name, namespace=namespace(cfg)))
         except ValueError:

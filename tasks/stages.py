@@ -25,6 +25,7 @@ from recipes.registry import get_recipe
 from tasks import actors
 from tasks.cache import RefCachePolicy
 from tasks.metrics import log_metrics, logprob_stats, non_finite, reward_stats
+from tasks.recordings import record_rollout
 from tasks.refs import WeightsRef
 
 
@@ -60,21 +61,28 @@ async def _generate(cfg: RunConfig, rollout_id: int, *, eval_mode: bool) -> tupl
 
 
 @task(name="generate", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "recipe")), persist_result=True, result_serializer="json", log_prints=True)
-async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> ArtifactRef:
-    """Sample `rollout_batch_size x n_samples_per_prompt` responses and write rollout_{id}.parquet."""
+async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: bool = False) -> ArtifactRef:
+    """Sample `rollout_batch_size x n_samples_per_prompt` responses and write rollout_{id}.parquet
+    (`fresh_{id}.parquet` when a recording will be injected in its place)."""
     samples, seconds = await _generate(cfg, rollout_id, eval_mode=False)
     tokens = sum(s.response_length for s in samples)
     log_metrics(cfg, "perf", rollout_id, {"perf/rollout_time": seconds, "perf/tokens_per_sec": tokens / seconds})
     # only content-determined metadata: the same samples must give the same bytes (and sha256)
     meta = {**sampling_metadata(cfg, cfg.rollout.rollout_temperature), "config_hash": cfg.config_hash(),
             "weights_sha256": weights.sha256, "tokenizer": cfg.hf_checkpoint or ""}
-    return write_rollout(_paths(cfg).rollout(rollout_id), samples, metadata=meta)
+    path = _paths(cfg).rollout(rollout_id)
+    return write_rollout(path.with_name(f"fresh_{rollout_id:06d}.parquet") if fresh else path, samples, metadata=meta)
 
 
 @task(name="save-rollout", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout",)), persist_result=True, result_serializer="json", log_prints=True)
-async def save_rollout(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef) -> dict[str, float]:
-    """Verify the rollout artifact and log its rollout-side metrics (`rollout N: {...}`)."""
+async def save_rollout(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, loaded: bool = False,
+                       ) -> dict[str, float]:
+    """Verify the rollout artifact, record it where --save-debug-rollout-data / --dump-details ask,
+    and log its rollout-side metrics (`rollout N: {...}`); loaded recordings skip the metrics, as in slime."""
     samples = read_rollout(rollout)
+    record_rollout(cfg, rollout_id, samples)
+    if loaded:
+        return {}
     stats = reward_stats(samples, cfg.rollout.n_samples_per_prompt)
     log_metrics(cfg, "rollout", rollout_id, stats)
     return stats
@@ -101,7 +109,8 @@ async def train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logp
     Training changes actor state, so its cache is scoped to the trainer `session` (the actors of one
     `rollflow run`): re-running a rollout flow against the same actors returns the cached metrics,
     while a fresh run with fresh actors trains for real."""
-    per_rank = await asyncio.gather(*[t.train_step.remote(rollout, logprobs) for t in actors.trainers(cfg)])
+    dump = cfg.train_data_template
+    per_rank = await asyncio.gather(*[t.train_step.remote(rollout, logprobs, dump) for t in actors.trainers(cfg)])
     steps = per_rank[0]
     for m in steps:
         log_metrics(cfg, "step", rollout_id, m, step=int(m["train/step"]))
@@ -114,17 +123,26 @@ async def sync(cfg: RunConfig, rollout_id: int) -> WeightsRef:
     engines, trainer0 = actors.engines(cfg), actors.trainers(cfg)[0]
     version = rollout_id + 1
     await asyncio.gather(*[e.resume_memory.remote() for e in engines])
+    if cfg.debug.debug_skip_weight_update:  # the schedule around the transfer still ran; the engines keep theirs
+        print(f"sync {rollout_id}: --debug-skip-weight-update: weight transfer skipped")
+        return WeightsRef(version=await engines[0].weight_version.remote(),
+                          sha256=await engines[0].weights_sha256.remote())
     weights = trainer0.export_weights.remote()  # one ObjectRef, fetched by every engine
     await asyncio.gather(*[e.update_weights.remote(weights, version) for e in engines])
     return WeightsRef(version=version, sha256=weights_sha256(await weights))
 
 
 @task(name="check", log_prints=True)
-async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: WeightsRef) -> dict[str, Any]:
-    """Invariants of one rollout: finite metrics; every engine holds the trainer's weights."""
+async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: WeightsRef | None) -> dict[str, Any]:
+    """Invariants of one rollout: finite metrics; every engine holds the trainer's weights
+    (`weights` is None when nothing was synced: rollout-only and train-only runs)."""
     bad = [f"step {m.get('train/step')}: {k}" for m in steps for k in non_finite(m)]
     if bad:
         raise RuntimeError(f"rollout {rollout_id}: non-finite training metrics: {bad}")
+    if weights is None:
+        result = {"check/finite_metrics": 1.0}
+        log_metrics(cfg, "check", rollout_id, result)
+        return result
     engines = actors.engines(cfg)
     versions = await asyncio.gather(*[e.weight_version.remote() for e in engines])
     shas = await asyncio.gather(*[e.weights_sha256.remote() for e in engines])
@@ -143,7 +161,9 @@ async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: Wei
 async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> float:
     """Accuracy on the recipe's held-out set with the weights of version `eval_id`."""
     samples, _ = await _generate(cfg, eval_id, eval_mode=True)
-    write_rollout(_paths(cfg).eval_rollout(eval_id), samples, metadata={"weights_sha256": weights.sha256})
+    write_rollout(_paths(cfg).eval_rollout(eval_id), samples, metadata={"weights_sha256": weights.sha256},
+                  kind="eval")
+    record_rollout(cfg, f"eval_{eval_id}", samples)
     accuracy = sum(s.reward for s in samples) / len(samples)
     log_metrics(cfg, "eval", eval_id, {f"eval/{cfg.recipe}": accuracy, "eval/step": eval_id})
     return accuracy

@@ -34,9 +34,10 @@ class TrainerActor:
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
         return self.trainer.compute_log_probs(rollout_ref, out_path)
 
-    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> list[dict[str, float]]:
+    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef,
+                   dump_template: str | None = None) -> list[dict[str, float]]:
         self.train_calls += 1
-        return self.trainer.train_step(rollout_ref, logprob_ref)
+        return self.trainer.train_step(rollout_ref, logprob_ref, dump_template)
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         return self.trainer.export_weights()

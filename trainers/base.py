@@ -21,9 +21,11 @@ class Trainer(Protocol):
         Every rank computes its share; rank 0 writes the Parquet at `out_path` and returns its ref."""
         ...
 
-    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> list[dict[str, float]]:
+    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef,
+                   dump_template: str | None = None) -> list[dict[str, float]]:
         """All optimizer steps of one rollout; one metrics dict per step (identical on every rank).
-        Applying the same rollout twice is refused: a repeated call returns the first call's metrics."""
+        Applying the same rollout twice is refused: a repeated call returns the first call's metrics.
+        `dump_template` ({rollout_id}, {rank}) receives this rank's trained batch as Parquet."""
         ...
 
     def export_weights(self) -> dict[str, torch.Tensor]:

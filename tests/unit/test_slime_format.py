@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from pathlib import Path
 
@@ -73,6 +74,13 @@ class FakeSlimeSample:
     status: str
     prompt: str = ""
     response: str = ""
+
+
+class FakeStatus(enum.Enum):
+    """Stands in for slime's ``Sample.Status``."""
+
+    COMPLETED = "completed"
+    PENDING = "pending"
 
 
 def _real_slime_dict(index: int, **changes: object) -> dict:
@@ -178,6 +186,21 @@ def test_dump_of_objects_needs_trust_pickle(tmp_path: Path) -> None:
     assert sample.loss_mask == [1, 1] and sample.rollout_log_probs == []
 
 
+def test_trusted_dump_with_enum_status_and_arrays(tmp_path: Path) -> None:
+    rows = [
+        _real_slime_dict(
+            0, status=FakeStatus.COMPLETED, tokens=np.array([1, 2, 3, 4]), reward=np.float64(0.5)
+        ),
+        _real_slime_dict(1, status=FakeStatus.PENDING, loss_mask=np.array([True, False, True])),
+    ]
+    torch.save({"rollout_id": 4, "samples": rows}, tmp_path / "4.pt")
+    with pytest.raises(SlimeFormatError, match="--trust-pickle"):
+        load_slime_dump(tmp_path / "4.pt")
+    _, _, (a, b) = load_slime_dump(tmp_path / "4.pt", trust_pickle=True)
+    assert (a.status, a.prompt_tokens, a.response_tokens, a.reward) == ("completed", [1], [2, 3, 4], 0.5)
+    assert (b.status, b.metadata["slime_status"], b.loss_mask) == ("failed", "pending", [1, 0, 1])
+
+
 def test_garbage_file_is_a_format_error(tmp_path: Path) -> None:
     (tmp_path / "bad.pt").write_bytes(b"not a torch file at all")
     for trust in (False, True):
@@ -255,6 +278,9 @@ def test_dict_reward_without_reward_key_is_an_error(tmp_path: Path) -> None:
         ({"loss_mask": [1, 1]}, "loss_mask has 2 entries"),
         ({"rollout_log_probs": [-1.0]}, "rollout_log_probs has 1 entries"),
         ({"status": None}, "no status"),
+        ({"loss_mask": [1, 2, 0]}, r"loss_mask values must be 0 or 1, got \[2\]"),
+        ({"rollout_log_probs": [-1.0, None, -1.0]}, "NoneType"),
+        ({"tokens": [1, 2, "3"]}, "tokens must hold ints"),
     ],
 )
 def test_unmappable_slime_samples_are_named(tmp_path: Path, changes: dict, message: str) -> None:

@@ -116,8 +116,10 @@ class TorchTrainer:
                            metadata={"rollout_sha256": rollout_ref.sha256})
 
     # -- training ------------------------------------------------------------------------------
-    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> list[dict[str, float]]:
-        """All optimizer steps of one rollout; refuses to apply a rollout twice (see base.Trainer)."""
+    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef,
+                   dump_template: str | None = None) -> list[dict[str, float]]:
+        """All optimizer steps of one rollout; refuses to apply a rollout twice (see base.Trainer).
+        `dump_template` (with {rollout_id} and {rank}) receives this rank's batch after training."""
         samples = _ordered(read_rollout(rollout_ref))
         rollout_id = samples[0].rollout_id
         if rollout_id in self.applied:
@@ -127,7 +129,7 @@ class TorchTrainer:
                                f"(trainer is at rollout {self.last_applied_rollout}); refusing to train twice")
         snapshot = self._snapshot()
         try:
-            metrics = self._train_rollout(samples, read_table(logprob_ref).to_pylist())
+            metrics = self._train_rollout(samples, read_table(logprob_ref).to_pylist(), dump_template)
         except BaseException:
             self._restore(snapshot)  # a failed step leaves the weights as they were, so a retry is safe
             raise
@@ -135,7 +137,8 @@ class TorchTrainer:
         self.last_applied_rollout = rollout_id
         return metrics
 
-    def _train_rollout(self, samples: list[Sample], lp_rows: list[dict]) -> list[dict[str, float]]:
+    def _train_rollout(self, samples: list[Sample], lp_rows: list[dict],
+                       dump_template: str | None) -> list[dict[str, float]]:
         old = {r["sample_index"]: r for r in lp_rows}
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
@@ -166,7 +169,30 @@ class TorchTrainer:
                            "train/step": self.global_step})
             self.global_step += 1
             out.append(record)
+        if dump_template:
+            mine = [p for step in self._my_micro_batches(samples) for mb in step for p in mb]
+            self._dump_batch(dump_template, samples, mine, advantages, old)
         return out
+
+    def _dump_batch(self, template: str, samples: list[Sample], positions: list[int], advantages: torch.Tensor,
+                    old: dict[int, dict]) -> None:
+        """This rank's share of the rollout as trained: joins back to the rollout by sample_index."""
+        rows = [samples[p] for p in positions]
+        cols: dict[str, Any] = {
+            "rollout_id": pa.array([s.rollout_id for s in rows], pa.int64()),
+            "rank": pa.array([self.rank] * len(rows), pa.int64()),
+            "sample_index": pa.array([s.sample_index for s in rows], pa.int64()),
+            "advantage": pa.array([float(advantages[p]) for p in positions], pa.float32()),
+            "reward": pa.array([s.reward for s in rows], pa.float64()),
+            "log_probs": pa.array([old[s.sample_index]["log_probs"] for s in rows], pa.list_(pa.float32())),
+        }
+        if all(old[s.sample_index].get("ref_log_probs") is not None for s in rows):
+            cols["ref_log_probs"] = pa.array([old[s.sample_index]["ref_log_probs"] for s in rows],
+                                             pa.list_(pa.float32()))
+        path = template.format(rollout_id=rows[0].rollout_id, rank=self.rank)
+        if not path.endswith(".parquet"):
+            path = str(Path(path).with_suffix(".parquet"))  # the train batch is always our columnar format
+        write_table(path, pa.table(cols), kind="train_data")
 
     def _micro_step(self, batch: list[Sample], adv: torch.Tensor, old: dict[int, dict],
                     use_rollout_lp: bool) -> dict[str, torch.Tensor]:

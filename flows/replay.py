@@ -1,0 +1,143 @@
+"""Task-level replay: re-run one stage of one past rollout as a new Prefect flow run, from the
+artifacts it read the first time, and report the first difference from what it produced then.
+
+Inputs of rollout N: its config (config.yaml), its rollout and log-prob Parquet, the weights
+before it (checkpoint iter_{N-1}, or the base model for N = 0) and, to compare weights after
+training, iter_N. So a run is replayable at every rollout when it saved a checkpoint after each
+one (`--save DIR --save-interval 1`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from artifacts.compare import first_layer_difference, first_metric_difference, first_table_difference
+from artifacts.hashing import layer_hashes, weights_sha256
+from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_table
+from flows.config import RunConfig, load_yaml
+from tasks import actors
+from tasks.refs import WeightsRef
+from tasks.stages import check, generate, log_prob, sync, train_step
+
+REPLAYABLE = ("generate", "log-prob", "train-step", "sync", "check")
+
+
+def load_run_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The resolved config of a past run, with dotted-key overrides (e.g. {"train.lr": 1e-3})."""
+    data = load_yaml(Path(run_dir) / "config.yaml")
+    for key, value in (overrides or {}).items():
+        *sections, name = key.split(".")
+        target = data
+        for s in sections:
+            target = target.setdefault(s, {})
+        target[name] = value
+    return RunConfig.model_validate(data)
+
+
+def checkpoint_before(cfg: RunConfig, rollout_id: int) -> Path | None:
+    """The weights the rollout started from: iter_{N-1} under --save, None (= base model) for N = 0."""
+    if rollout_id == 0:
+        return None
+    return _iter_dir(cfg, rollout_id - 1)
+
+
+def _iter_dir(cfg: RunConfig, iteration: int) -> Path:
+    if not cfg.checkpoint.save:
+        raise FileNotFoundError("the run saved no checkpoints; re-run it with --save DIR --save-interval 1 "
+                                "to make every rollout replayable")
+    path = Path(cfg.checkpoint.save) / f"iter_{iteration:07d}"
+    if not (path / "meta.json").is_file():
+        raise FileNotFoundError(f"checkpoint {path} is missing; re-run with --save-interval 1 to make every "
+                                f"rollout replayable")
+    return path
+
+
+def _ref(path: Path, kind: str) -> ArtifactRef:
+    from artifacts.atomic import sha256_file
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: nothing to replay from")
+    return ArtifactRef(path=str(path), sha256=sha256_file(path), rows=read_table(path).num_rows,
+                       schema_version=1, kind=kind)
+
+
+def _checkpoint_hashes(path: Path) -> dict[str, str]:
+    from safetensors.torch import load_file
+
+    return layer_hashes(load_file(str(path / "model.safetensors")))
+
+
+@flow(name="replay", flow_run_name="replay-{task}-{rollout_id}", log_prints=True)
+async def replay_flow(run_dir: str, rollout_id: int, task: str, overrides: dict[str, Any] | None = None) -> dict:
+    """Re-run `task` of rollout `rollout_id` of the run in `run_dir`; returns {"identical", "difference"}."""
+    if task not in REPLAYABLE:
+        raise ValueError(f"--task {task!r}: replayable stages are {REPLAYABLE}")
+    original = load_run_config(run_dir, overrides)
+    paths = RunPaths(original.resolved_run_dir)
+    out_dir = Path(run_dir) / "replays" / f"{task}_{rollout_id:06d}_{uuid.uuid4().hex[:8]}"
+    cfg = original.model_copy(update={"name": f"{original.name}-replay-{uuid.uuid4().hex[:6]}", "run_dir": str(out_dir)})
+    (out_dir / "rollouts").mkdir(parents=True, exist_ok=True)
+    before = checkpoint_before(original, rollout_id)
+    base = str(cfg.hf_checkpoint)
+    actors.ensure_ray(cfg)
+    try:
+        difference = await _replay(cfg, original, paths, rollout_id, task, before, base)
+    finally:
+        actors.stop_actors(cfg)
+    verdict = "identical" if difference is None else f"first difference: {difference}"
+    print(f"replay of {task} for rollout {rollout_id}: {verdict}")
+    return {"identical": difference is None, "difference": difference, "replay_dir": str(out_dir)}
+
+
+async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_id: int, task: str,
+                  before: Path | None, base: str) -> str | None:
+    rollout = _ref(paths.rollout(rollout_id), "rollout")
+    if task == "generate":
+        engines = await actors.start_engines(cfg, str(before or base))
+        for e in engines:  # the engines held weight version N when rollout N was generated
+            await e.update_weights.remote(await e.get_weights.remote(), rollout_id)
+        weights = WeightsRef(version=rollout_id, sha256=await engines[0].weights_sha256.remote())
+        fresh = await generate.with_options(refresh_cache=True)(cfg, rollout_id, weights)
+        return first_table_difference(read_table(rollout), read_table(fresh))
+    if task in ("log-prob", "train-step"):  # no engines in these replays
+        cfg = cfg.model_copy(update={"debug": cfg.debug.model_copy(update={"debug_train_only": True})})
+    trainers = await actors.start_trainers(cfg, base)
+    if before is not None:
+        for t in trainers:
+            await t.load.remote(str(before))
+    if task == "log-prob":
+        weights = WeightsRef(version=rollout_id, sha256=weights_sha256(await trainers[0].export_weights.remote()))
+        fresh = await log_prob.with_options(refresh_cache=True)(cfg, rollout_id, rollout, weights)
+        return first_table_difference(read_table(paths.logprobs(rollout_id)), read_table(fresh))
+    logprobs = _ref(paths.logprobs(rollout_id), "logprobs")
+    recorded = [r["metrics"] for r in read_metrics(paths.metrics) if r["kind"] == "step" and r["rollout_id"] == rollout_id]
+    if task == "train-step":
+        steps = await train_step.with_options(refresh_cache=True)(cfg, rollout_id, rollout, logprobs, uuid.uuid4().hex)
+        diff = first_metric_difference(recorded, steps)
+        if diff is None and original.checkpoint.save:
+            after = Path(original.checkpoint.save) / f"iter_{rollout_id:07d}"
+            if (after / "model.safetensors").is_file():
+                diff = first_layer_difference(_checkpoint_hashes(after), await trainers[0].model_hash.remote())
+        return diff
+    # sync / check: the trainer holds the weights after rollout N; engines receive them
+    after = _iter_dir(original, rollout_id)
+    for t in trainers:
+        await t.load.remote(str(after))
+    await actors.start_engines(cfg, str(before or base))
+    weights = await sync.with_options(refresh_cache=True)(cfg, rollout_id)
+    expected = weights_sha256(_load_weights(after))
+    if weights.sha256 != expected:
+        return f"engine weights after sync: sha {weights.sha256[:12]} vs checkpoint iter_{rollout_id:07d} {expected[:12]}"
+    if task == "check":
+        await check(cfg, rollout_id, recorded, weights)
+    return None
+
+
+def _load_weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))

@@ -1,0 +1,70 @@
+"""Recording and replaying rollouts: --save-debug-rollout-data, --load-debug-rollout-data,
+--load-forge-rollout-data and --ci-inject-rollout-data-path (slime/miles semantics, either format)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from prefect import task
+
+from artifacts.schema import Sample
+from artifacts.slime_format import read_any, write_any
+from artifacts.store import ArtifactRef, RunPaths, read_rollout, write_rollout
+from engines.replay import check_injection, subsample
+from flows.config import RunConfig
+from tasks.metrics import log_metrics
+
+
+def record_rollout(cfg: RunConfig, rollout_id: int | str, samples: list[Sample]) -> str | None:
+    """Write `samples` to the rollout template (eval rollouts pass "eval_<id>"); returns the path."""
+    template = cfg.rollout_template
+    if template is None:
+        return None
+    path = template.format(rollout_id=rollout_id)
+    write_any(path, rollout_id, samples, metadata={"config_hash": cfg.config_hash()})
+    return path
+
+
+def recording_path(template: str, rollout_id: int, *, fallback_to_zero: bool) -> Path:
+    """The recording of `rollout_id`: a literal path is reused every rollout; a template is
+    formatted per rollout and, for forge replay, falls back to rollout 0's recording."""
+    path = Path(template.format(rollout_id=rollout_id))
+    if not path.exists() and fallback_to_zero and "{rollout_id}" in template:
+        path = Path(template.format(rollout_id=0))
+    if not path.exists():
+        raise FileNotFoundError(f"recording for rollout {rollout_id} not found: {path}")
+    return path
+
+
+def _as_rollout(samples: list[Sample], rollout_id: int) -> list[Sample]:
+    """Samples relabelled as rollout `rollout_id` (the recorded id is kept in metadata)."""
+    return [s if s.rollout_id == rollout_id else
+            replace(s, rollout_id=rollout_id, metadata={**s.metadata, "recorded_rollout_id": s.rollout_id})
+            for s in samples]
+
+
+@task(name="load-rollout", retries=2, retry_delay_seconds=1, log_prints=True)
+async def load_rollout(cfg: RunConfig, rollout_id: int, template: str, forge: bool = False) -> ArtifactRef:
+    """Read a recorded rollout (`.parquet` or slime `.pt`) and publish it as this rollout's artifact."""
+    path = recording_path(template, rollout_id, fallback_to_zero=forge)
+    samples = read_any(path, trust_pickle=cfg.debug.trust_pickle)
+    if cfg.debug.load_debug_rollout_data_subsample is not None:
+        samples = subsample(samples, cfg.debug.load_debug_rollout_data_subsample)
+    print(f"rollout {rollout_id}: loaded {len(samples)} samples from {path}")
+    return write_rollout(RunPaths(cfg.resolved_run_dir).rollout(rollout_id), _as_rollout(samples, rollout_id),
+                         metadata={"recorded_from": str(path)})
+
+
+@task(name="inject", log_prints=True)
+async def inject(cfg: RunConfig, rollout_id: int, fresh: ArtifactRef) -> ArtifactRef:
+    """Compare the fresh generation with the recording (prompts identical, mean response match ratio
+    above --ci-inject-rollout-data-min-match-ratio), then train on the recording instead."""
+    d = cfg.debug
+    assert d.ci_inject_rollout_data_path is not None
+    path = recording_path(d.ci_inject_rollout_data_path, rollout_id, fallback_to_zero=False)
+    recorded = read_any(path, trust_pickle=d.trust_pickle)
+    result = check_injection(read_rollout(fresh), recorded, d.ci_inject_rollout_data_min_match_ratio)
+    log_metrics(cfg, "check", rollout_id, {f"check/inject_{k}": float(v) for k, v in result.items()})
+    return write_rollout(RunPaths(cfg.resolved_run_dir).rollout(rollout_id), _as_rollout(recorded, rollout_id),
+                         metadata={"recorded_from": str(path)})
