@@ -43,14 +43,20 @@ def test_record_rollout_only_then_train_only_from_slime_pt(tmp_path, ray_session
         RunPaths(record.resolved_run_dir).rollout(1))]
 
     train = small_config(tmp_path / "b", base_checkpoint, rollout={"num_rollout": 3}, eval={"eval_interval": None},
-                         debug={"load_debug_rollout_data": template,
+                         train={"global_batch_size": 8},
+                         debug={"load_debug_rollout_data": template, "load_debug_rollout_data_subsample": 0.5,
                                 "dump_details": str(tmp_path / "dump")}, checkpoint={})
     with monkeypatch.context() as m:
         _forbid(m, "start_engines")  # no engine process during training from recordings
         asyncio.run(run_flow(train))
-    assert len(_records(train, "step")) == 6
+    assert len(_records(train, "step")) == 3  # subsample 0.5 keeps 8 of 16 samples: one step of 8 per rollout
     assert not [r for r in _records(train, "rollout") if "rollout/raw_reward" in r["metrics"]]  # loaded: no rollout metrics
-    assert (tmp_path / "dump" / "train_data" / "2_0.parquet").exists()
+    from artifacts.store import read_table
+
+    dumped = read_table(tmp_path / "dump" / "train_data" / "2_0.parquet").to_pylist()
+    kept = read_rollout(RunPaths(train.resolved_run_dir).rollout(2))
+    assert sorted(r["sample_index"] for r in dumped) == sorted(s.sample_index for s in kept)  # joins by index
+    assert [s.sample_index for s in kept] == [0, 1, 2, 3, 12, 13, 14, 15]  # head + tail
     assert (tmp_path / "dump" / "rollout_data" / "2.parquet").exists()
 
 
