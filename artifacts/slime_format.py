@@ -334,9 +334,10 @@ def _slime_to_sample(d: dict[str, Any], payload_rollout_id: Any, reward_key: Any
                     f"reward is a dict with keys {sorted(raw_reward)} and the dump names no reward_key "
                     "(metadata['reward_key']) to pick one"
                 )
-            if _number(raw_reward.get(reward_key)) is None:
+            picked = _number(raw_reward.get(reward_key))
+            if picked is None:
                 raise ValueError(f"reward dict has no number under reward_key {reward_key!r}: {raw_reward}")
-            reward = _number(raw_reward[reward_key])
+            reward = picked
             notes["slime_reward"] = raw_reward if _json_value(raw_reward) else str(raw_reward)
         else:  # slime itself cannot train on it either (get_reward_value -> None)
             raise ValueError(f"reward must be a number or a dict, got {raw_reward!r}")

@@ -88,6 +88,9 @@ def make_parser() -> argparse.ArgumentParser:
     replay.add_argument("--task", required=True, choices=["generate", "log-prob", "train-step", "sync", "check"])
     replay.add_argument("--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="change the config for the replay (e.g. train.entropy_coef=0.01); repeatable")
+    diff = sub.add_parser("diff", help="the first divergence between two runs (samples, metrics, layer hashes)")
+    diff.add_argument("run_a")
+    diff.add_argument("run_b")
     inspect = sub.add_parser("inspect", help="print metrics and samples of a recording (.parquet or slime .pt)")
     inspect.add_argument("path")
     inspect.add_argument("--fields", default="sample_index,prompt,response,label,reward,status",
@@ -120,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "server":
         configure_prefect_env()
         os.execvp("prefect", ["prefect", "server", "start", "--port", str(args.port), "--analytics-off"])
+    if args.command == "diff":
+        from flows.diff import diff_command
+
+        return diff_command(args.run_a, args.run_b)
     if args.command in ("inspect", "convert"):
         from flows.inspect import convert_command, inspect_command
 

@@ -85,6 +85,9 @@ class CheckpointConfig(_Section):
     save: str | None = Field(None, description="Directory for iter_XXXXXXX checkpoints.")
     save_interval: int | None = Field(None, ge=1, description="Save after every K rollouts (and the last one).")
     load: str | None = Field(None, description="Resume from the latest checkpoint in this directory.")
+    ci_save_model_hash: bool = Field(False, description="Write per-layer SHA-256 hashes next to every checkpoint.")
+    ci_check_model_hash: bool = Field(
+        False, description="After --load, check the loaded weights against the checkpoint's per-layer hashes.")
 
 
 class DebugConfig(_Section):
@@ -110,6 +113,12 @@ class DebugConfig(_Section):
         0.9, ge=0.0, le=1.0, description="Mean response-token match ratio that fresh generations must exceed.")
     debug_skip_weight_update: bool = Field(
         False, description="Keep the release/resume schedule of the sync but skip the weight transfer itself.")
+    debug_disable_optimizer: bool = Field(
+        False, description="Build no optimizer or LR scheduler; forward/backward still run, weights never change.")
+    debug_exit_after_rollout: int | None = Field(
+        None, ge=1, description="End cleanly after this many rollouts of this run (for resume tests).")
+    debug_deterministic_collective: bool = Field(
+        False, description="Sum reductions by all-gather + fixed-order fold: bitwise across DP topologies (slow).")
     load_forge_rollout_data: str | None = Field(
         None, description="Replay recordings while engines stay alive and weights keep syncing.")
 
@@ -153,6 +162,10 @@ class RunConfig(_Section):
             raise ValueError("--kl-loss-coef is set but --use-kl-loss is not")
         if c.save_interval is not None and c.save is None:
             raise ValueError("--save-interval needs --save DIR")
+        if c.ci_save_model_hash and c.save is None:
+            raise ValueError("--ci-save-model-hash needs --save DIR")
+        if c.ci_check_model_hash and c.load is None:
+            raise ValueError("--ci-check-model-hash needs --load DIR")
         return self
 
     # -- derived values (one place) ---------------------------------------------------------------

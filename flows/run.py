@@ -90,12 +90,17 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
         else:  # train-only: nothing to sync; identify the trainer's starting weights
             weights = WeightsRef(version=start, sha256=weights_sha256(await trainers[0].export_weights.remote()))
         session = uuid.uuid4().hex
-        for rollout_id in range(start, cfg.rollout.num_rollout):
+        end = cfg.rollout.num_rollout
+        if cfg.debug.debug_exit_after_rollout is not None:  # the knife: stop cleanly, e.g. to test resume
+            end = min(end, start + cfg.debug.debug_exit_after_rollout)
+        for rollout_id in range(start, end):
             state = await rollout_flow(cfg, rollout_id, weights, session, refresh, return_state=True)
             weights = await state.result()  # type: ignore[misc]
             await _settle(state.state_details.flow_run_id)
-            if _save_due(cfg, rollout_id) and trainers:
+            if trainers and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == end)):
                 await save_checkpoint(cfg, rollout_id)
+        if end < cfg.rollout.num_rollout:
+            print(f"--debug-exit-after-rollout: stopping after rollout {end - 1}")
     finally:
         actors.stop_actors(cfg)
     evals = [r for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics) if r["kind"] == "eval"]

@@ -38,6 +38,9 @@ def test_slime_flag_names_map_to_sections():
     (["--micro-batch-size", "5"], "--micro-batch-size 5"),
     (["--kl-loss-coef", "0.1"], "--use-kl-loss"),
     (["--save-interval", "2"], "--save DIR"),
+    (["--ci-save-model-hash"], "--ci-save-model-hash needs --save"),
+    (["--ci-check-model-hash"], "--ci-check-model-hash needs --load"),
+    (["--debug-exit-after-rollout", "0"], "--debug-exit-after-rollout"),
 ])
 def test_invalid_values_name_the_flag(argv, needle):
     with pytest.raises(ValueError, match=needle.replace("-", r"\-")):

@@ -43,7 +43,7 @@ class TorchTrainer:
         torch.set_num_threads(cfg.num_threads)
         self.cfg, self.checkpoint, self.rank, self.world_size = cfg, checkpoint, rank, world_size
         self.t = cfg.train
-        self.deterministic_collective = False
+        self.deterministic_collective = cfg.debug.debug_deterministic_collective
         self.applied: dict[int, list[dict[str, float]]] = {}
         self.last_applied_rollout = -1
         self.global_step = 0
@@ -64,11 +64,14 @@ class TorchTrainer:
             self.ref_model.train()
             self.ref_model.requires_grad_(False)
         self.params = [p for _, p in self.model.named_parameters()]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=self.t.lr, betas=(self.t.adam_beta1, self.t.adam_beta2),
-            weight_decay=self.t.weight_decay)
-        total_steps = self.cfg.rollout.num_rollout * self.cfg.steps_per_rollout
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(self.cfg, total_steps))
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        if not self.cfg.debug.debug_disable_optimizer:  # the knife: no optimizer state, no scheduler, no step
+            self.optimizer = torch.optim.AdamW(
+                self.params, lr=self.t.lr, betas=(self.t.adam_beta1, self.t.adam_beta2),
+                weight_decay=self.t.weight_decay)
+            total_steps = self.cfg.rollout.num_rollout * self.cfg.steps_per_rollout
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(self.cfg, total_steps))
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
                 "params": sum(p.numel() for p in self.params)}
 
@@ -147,26 +150,30 @@ class TorchTrainer:
         use_rollout_lp = all(len(s.rollout_log_probs) == s.response_length for s in samples)
         out = []
         for step in self._my_micro_batches(samples):
-            self.optimizer.zero_grad(set_to_none=False)
+            # set_to_none: the first micro-batch's gradient is assigned, not added to zeros, so one rank
+            # accumulating two micro-batches and two ranks summing one each do the same float additions
+            for p in self.params:
+                p.grad = None
             sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float32))
             for positions in step:
                 batch = [samples[p] for p in positions]
                 for k, v in self._micro_step(batch, advantages[positions], old, use_rollout_lp).items():
                     sums[k] = sums[k] + v
             for p in self.params:
-                if p.grad is not None:
-                    all_reduce_sum(p.grad, deterministic=self.deterministic_collective)
+                if p.grad is None:  # every rank must join every collective
+                    p.grad = torch.zeros_like(p)
+                all_reduce_sum(p.grad, deterministic=self.deterministic_collective)
             keys = sorted(sums)
             vec = torch.stack([sums[k] for k in keys])
             all_reduce_sum(vec, deterministic=self.deterministic_collective)
             clip = self.t.clip_grad if self.t.clip_grad > 0 else math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
-            lr = self.optimizer.param_groups[0]["lr"]
-            self.optimizer.step()
-            self.scheduler.step()
             record = {f"train/{k}": float(v) for k, v in zip(keys, vec, strict=True)}
-            record.update({"train/grad_norm": float(grad_norm), "train/lr-pg_0": lr,
-                           "train/step": self.global_step})
+            record.update({"train/grad_norm": float(grad_norm), "train/step": self.global_step})
+            if self.optimizer is not None and self.scheduler is not None:
+                record["train/lr-pg_0"] = self.optimizer.param_groups[0]["lr"]
+                self.optimizer.step()
+                self.scheduler.step()
             self.global_step += 1
             out.append(record)
         if dump_template:
@@ -219,13 +226,15 @@ class TorchTrainer:
         return metrics
 
     def _snapshot(self) -> tuple:
-        return (copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict()),
-                copy.deepcopy(self.scheduler.state_dict()), self.global_step)
+        opt = copy.deepcopy(self.optimizer.state_dict()) if self.optimizer else None
+        sched = copy.deepcopy(self.scheduler.state_dict()) if self.scheduler else None
+        return copy.deepcopy(self.model.state_dict()), opt, sched, self.global_step
 
     def _restore(self, snap: tuple) -> None:
         self.model.load_state_dict(snap[0])
-        self.optimizer.load_state_dict(snap[1])
-        self.scheduler.load_state_dict(snap[2])
+        if self.optimizer is not None and self.scheduler is not None:
+            self.optimizer.load_state_dict(snap[1])
+            self.scheduler.load_state_dict(snap[2])
         self.global_step = snap[3]
 
     # -- weights and checkpoints ---------------------------------------------------------------
@@ -239,6 +248,9 @@ class TorchTrainer:
 
     def save(self, directory: str, rollout_id: int) -> None:
         """Write iter_{rollout_id:07d}/ (model in HF format, optimizer, scheduler, RNG); rank 0 only."""
+        hashes: list[Any] = [None] * self.world_size
+        if self.cfg.checkpoint.ci_save_model_hash:  # one file per rank, each from that rank's own weights
+            dist.all_gather_object(hashes, self.model_hash())
         if self.rank != 0:
             return
         final = Path(directory) / f"iter_{rollout_id:07d}"
@@ -251,13 +263,17 @@ class TorchTrainer:
         self.model.config.save_pretrained(str(tmp))
         opt = {}
         names = [n for n, _ in self.model.named_parameters()]
-        for idx, state in self.optimizer.state_dict()["state"].items():
-            for key, value in state.items():
-                opt[f"{names[idx]}::{key}"] = torch.as_tensor(value).clone()
+        if self.optimizer is not None:
+            for idx, state in self.optimizer.state_dict()["state"].items():
+                for key, value in state.items():
+                    opt[f"{names[idx]}::{key}"] = torch.as_tensor(value).clone()
         save_file(opt, str(tmp / "optimizer.safetensors"))
         save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-        sched = self.scheduler.state_dict()
+        sched = self.scheduler.state_dict() if self.scheduler is not None else {}
         atomic_write_json(tmp / "scheduler.json", {k: v for k, v in sched.items() if k != "lr_lambdas"})
+        for rank, layer_hash in enumerate(hashes):
+            if layer_hash is not None:
+                atomic_write_json(tmp / f"model_hash_tp0_pp0_dp{rank}_cp0.json", layer_hash)
         atomic_write_json(tmp / "meta.json", {"rollout_id": rollout_id, "global_step": self.global_step,
                                               "config_hash": self.cfg.config_hash()})
         old = final.with_name(final.name + ".old")
@@ -271,8 +287,10 @@ class TorchTrainer:
         """Restore the latest (or the given iter_ dir's) checkpoint; returns its rollout id."""
         path = resolve_checkpoint(directory)
         self.model.load_state_dict(load_file(str(path / "model.safetensors")))
+        if self.cfg.checkpoint.ci_check_model_hash:
+            self._check_model_hash(path)
         opt = load_file(str(path / "optimizer.safetensors"))
-        if opt:
+        if opt and self.optimizer is not None:
             names = [n for n, _ in self.model.named_parameters()]
             state: dict[int, dict[str, torch.Tensor]] = defaultdict(dict)
             for key, value in opt.items():
@@ -282,12 +300,29 @@ class TorchTrainer:
             sd["state"] = dict(state)
             self.optimizer.load_state_dict(sd)
         sched = json.loads((path / "scheduler.json").read_text())
-        self.scheduler.load_state_dict({**self.scheduler.state_dict(), **sched})
+        if self.scheduler is not None and sched:
+            self.scheduler.load_state_dict({**self.scheduler.state_dict(), **sched})
         torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
         meta = json.loads((path / "meta.json").read_text())
         self.global_step = int(meta["global_step"])
         self.last_applied_rollout = int(meta["rollout_id"])
         return self.last_applied_rollout
+
+
+    def _check_model_hash(self, path: Path) -> None:
+        """--ci-check-model-hash: the loaded weights must match the hashes saved with them, layer by layer."""
+        saved = path / f"model_hash_tp0_pp0_dp{self.rank}_cp0.json"
+        if not saved.is_file():
+            saved = path / "model_hash_tp0_pp0_dp0_cp0.json"
+        if not saved.is_file():
+            raise FileNotFoundError(f"--ci-check-model-hash: {path} has no model_hash_*.json "
+                                    f"(was it saved with --ci-save-model-hash?)")
+        expected = json.loads(saved.read_text())
+        got = self.model_hash()
+        bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
+        if bad:
+            raise RuntimeError(f"--ci-check-model-hash: rank {self.rank} loaded weights differ from {saved.name} "
+                               f"in layers {bad}")
 
 
 def resolve_checkpoint(directory: str | Path) -> Path:
