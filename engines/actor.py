@@ -15,9 +15,11 @@ from engines.registry import get_engine_class
 class EngineActor:
     """Hosts one engine; every method forwards to it. Created by name per run (see flows/actors.py)."""
 
-    def __init__(self, backend: str, checkpoint: str, num_threads: int, engine_index: int) -> None:
+    def __init__(self, backend: str, checkpoint: str, num_threads: int, engine_index: int,
+                 fault_drop_weight: str | None = None) -> None:
         torch.set_num_threads(num_threads)
         self.index = engine_index
+        self.fault_drop_weight = fault_drop_weight  # --ci-fault-drop-weight: a planted sync bug
         self.engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
         self.generate_calls = 0
 
@@ -26,7 +28,16 @@ class EngineActor:
         return self.engine.generate(requests)
 
     def update_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
+        if self.fault_drop_weight in named_tensors:
+            name = self.fault_drop_weight
+            named_tensors = {**named_tensors, name: self.engine.get_weights([name])[name]}
         self.engine.update_weights(named_tensors, version)
+
+    def snapshot_and_scramble(self) -> int:
+        return self.engine.snapshot_and_scramble(seed=self.index)
+
+    def compare_weights(self, expected: dict[str, torch.Tensor], skip: list[str] | None = None) -> list[str]:
+        return self.engine.compare_weights(expected, skip)
 
     def get_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
         return self.engine.get_weights(names)

@@ -59,6 +59,14 @@ class Engine(Protocol):
         """Version of the weights now held (the rollout id whose training produced them)."""
         ...
 
+    def snapshot_and_scramble(self, seed: int = 0) -> int:
+        """Overwrite every persistent weight with noise (before a checked sync); returns how many."""
+        ...
+
+    def compare_weights(self, expected: dict[str, torch.Tensor], skip: list[str] | None = None) -> list[str]:
+        """Names of the persistent weights not bitwise equal to `expected` (minus `skip`)."""
+        ...
+
     def release_memory(self) -> None:
         """Free accelerator memory before the trainer runs (a no-op on CPU)."""
         ...

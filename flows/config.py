@@ -123,6 +123,33 @@ class DebugConfig(_Section):
         None, description="Replay recordings while engines stay alive and weights keep syncing.")
 
 
+class CIConfig(_Section):
+    """The --ci-test assertion harness (miles' checkers), each with its escape hatch."""
+
+    ci_test: bool = Field(False, description="Turn on the in-process checkers below.")
+    ci_disable_kl_checker: bool = Field(False, description="Skip the step-0 KL / clipfrac / kl_loss checks.")
+    ci_disable_logprobs_checker: bool = Field(False, description="Skip the log-prob / entropy checks.")
+    ci_disable_weight_update_checker: bool = Field(False, description="Skip the first-sync weight check.")
+    check_weight_update_equal: bool = Field(
+        False, description="Scramble engine weights, sync once, require every tensor bitwise equal (also without --ci-test).")
+    check_weight_update_skip_list: str | None = Field(
+        None, description="Comma-separated weight names the weight-update check ignores.")
+    ci_logprobs_checker_abs_tol: float = Field(0.03, gt=0.0, description="Trainer vs engine log-prob tolerance.")
+    ci_entropy_max: float = Field(0.7, gt=0.0, description="Upper bound of rollout/entropy (miles: 0.7).")
+    ci_metric_checker_key: str | None = Field(None, description="Eval metric the accuracy gate reads.")
+    ci_metric_checker_threshold: float | None = Field(None, description="The gate passes when key >= threshold.")
+    ci_metric_checker_expect_num: int | None = Field(
+        None, ge=1, description="Require exactly N evals, all passing (default: at least one passing).")
+    ci_save_grad_norm: str | None = Field(None, description="Write grad norms to TPL ({role}, {rollout_id}, {step_id}).")
+    ci_load_grad_norm: str | None = Field(None, description="Compare grad norms with TPL (rel = abs = 0.03).")
+    ci_fault_drop_weight: str | None = Field(
+        None, description="Fault injection: engines silently skip this tensor on every weight update.")
+
+    @property
+    def weight_check(self) -> bool:
+        return self.check_weight_update_equal or (self.ci_test and not self.ci_disable_weight_update_checker)
+
+
 class RunConfig(_Section):
     """One RL run: every concern plus where it lives."""
 
@@ -139,6 +166,8 @@ class RunConfig(_Section):
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     debug: DebugConfig = DebugConfig()
+    ci: CIConfig = CIConfig()
+    ref_load: str | None = Field(None, description="Reference model dir (HF); None = the base checkpoint.")
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RunConfig:
@@ -166,6 +195,17 @@ class RunConfig(_Section):
             raise ValueError("--ci-save-model-hash needs --save DIR")
         if c.ci_check_model_hash and c.load is None:
             raise ValueError("--ci-check-model-hash needs --load DIR")
+        ci = self.ci
+        if (ci.ci_metric_checker_key is None) != (ci.ci_metric_checker_threshold is None):
+            raise ValueError("--ci-metric-checker-key and --ci-metric-checker-threshold go together")
+        if ci.ci_metric_checker_expect_num is not None and ci.ci_metric_checker_key is None:
+            raise ValueError("--ci-metric-checker-expect-num needs --ci-metric-checker-key")
+        for flag, tpl in (("--ci-save-grad-norm", ci.ci_save_grad_norm), ("--ci-load-grad-norm", ci.ci_load_grad_norm)):
+            if tpl is not None:
+                try:
+                    tpl.format(role="actor", rollout_id=0, step_id=0)
+                except (KeyError, IndexError, ValueError) as e:
+                    raise ValueError(f"{flag} {tpl!r}: bad template ({e}); fields: role, rollout_id, step_id") from None
         return self
 
     # -- derived values (one place) ---------------------------------------------------------------
@@ -274,6 +314,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "train": TrainConfig,
     "checkpoint": CheckpointConfig,
     "debug": DebugConfig,
+    "ci": CIConfig,
 }
 
 

@@ -15,6 +15,8 @@ from artifacts.store import RunPaths, read_metrics
 from flows.config import RunConfig, dump_yaml
 from recipes.registry import get_recipe
 from tasks import actors
+from tasks.checks import metric_gate, raise_if_any
+from tasks.metrics import log_metrics
 from tasks.recordings import inject, load_rollout
 from tasks.refs import WeightsRef
 from tasks.stages import check, evaluate, generate, log_prob, save_checkpoint, save_rollout, sync, train_step
@@ -84,7 +86,8 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
             start = 1 + max([await t.load.remote(cfg.checkpoint.load) for t in trainers])
             print(f"resumed from {cfg.checkpoint.load} at rollout {start}")
         if engines and trainers:
-            weights = await sync(cfg, start - 1)  # type: ignore[misc]  # engines start from the trainer's weights
+            check_first_sync = cfg.ci.weight_check and not (cfg.train_only or cfg.rollout_only)
+            weights = await sync(cfg, start - 1, verify_equal=check_first_sync)  # type: ignore[misc]
         elif engines:  # rollout-only: the engines keep the weights they loaded, version 0
             weights = WeightsRef(version=0, sha256=await engines[0].weights_sha256.remote())
         else:  # train-only: nothing to sync; identify the trainer's starting weights
@@ -104,6 +107,10 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
     finally:
         actors.stop_actors(cfg)
     evals = [r for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics) if r["kind"] == "eval"]
+    gate = metric_gate(cfg, evals)  # the accuracy gate is disposed at the end of the run, as in miles
+    if cfg.ci.ci_metric_checker_key:
+        log_metrics(cfg, "check", cfg.rollout.num_rollout, {"check/metric_gate": 0.0 if gate else 1.0})
+    raise_if_any(gate)
     return {"run_dir": str(cfg.resolved_run_dir), "weight_version": weights.version,
             "evals": {r["rollout_id"]: r["metrics"][f"eval/{cfg.recipe}"] for r in evals}}
 

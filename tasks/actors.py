@@ -55,7 +55,7 @@ async def start_engines(cfg: RunConfig, checkpoint: str) -> list[Any]:
     actors = [
         EngineActor.options(  # type: ignore[attr-defined]
             name=f"engine-{i}", namespace=namespace(cfg)).remote(
-            cfg.rollout.rollout_backend, checkpoint, cfg.num_threads, i)
+            cfg.rollout.rollout_backend, checkpoint, cfg.num_threads, i, cfg.ci.ci_fault_drop_weight)
         for i in range(cfg.rollout.rollout_num_engines)
     ]
     _ALIVE.setdefault(namespace(cfg), []).extend(actors)

@@ -9,10 +9,11 @@ from functools import cache
 from typing import Any
 
 from prefect import task
+from prefect.artifacts import acreate_markdown_artifact
 from transformers import AutoTokenizer
 
 from artifacts.hashing import weights_sha256
-from artifacts.store import ArtifactRef, RunPaths, read_rollout, read_table, write_rollout
+from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_rollout, read_table, write_rollout
 from engines.rollout import (
     build_requests,
     problems_for_rollout,
@@ -24,6 +25,7 @@ from flows.config import RunConfig
 from recipes.registry import get_recipe
 from tasks import actors
 from tasks.cache import RefCachePolicy
+from tasks.checks import CheckFailed, Violation, grad_norm_checker, kl_checker, logprob_checker, raise_if_any
 from tasks.metrics import log_metrics, logprob_stats, non_finite, reward_stats
 from tasks.recordings import record_rollout
 from tasks.refs import WeightsRef
@@ -118,10 +120,15 @@ async def train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logp
 
 
 @task(name="sync", retries=2, retry_delay_seconds=1, log_prints=True)
-async def sync(cfg: RunConfig, rollout_id: int) -> WeightsRef:
-    """Push the trainer's weights to every engine as version `rollout_id + 1`."""
+async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> WeightsRef:
+    """Push the trainer's weights to every engine as version `rollout_id + 1`.
+
+    `verify_equal` (the weight-update checker, on the first sync): engines scramble every weight
+    first, and after the sync every tensor must equal the trainer's bitwise."""
     engines, trainer0 = actors.engines(cfg), actors.trainers(cfg)[0]
     version = rollout_id + 1
+    if verify_equal:
+        await asyncio.gather(*[e.snapshot_and_scramble.remote() for e in engines])
     await asyncio.gather(*[e.resume_memory.remote() for e in engines])
     if cfg.debug.debug_skip_weight_update:  # the schedule around the transfer still ran; the engines keep theirs
         print(f"sync {rollout_id}: --debug-skip-weight-update: weight transfer skipped")
@@ -129,6 +136,15 @@ async def sync(cfg: RunConfig, rollout_id: int) -> WeightsRef:
                           sha256=await engines[0].weights_sha256.remote())
     weights = trainer0.export_weights.remote()  # one ObjectRef, fetched by every engine
     await asyncio.gather(*[e.update_weights.remote(weights, version) for e in engines])
+    if verify_equal:
+        skip = [s for s in (cfg.ci.check_weight_update_skip_list or "").split(",") if s]
+        wrong = await asyncio.gather(*[e.compare_weights.remote(weights, skip) for e in engines])
+        bad = {i: names for i, names in enumerate(wrong) if names}
+        log_metrics(cfg, "check", rollout_id + 1, {"check/weight_update_equal": 0.0 if bad else 1.0})
+        if bad:
+            raise CheckFailed("; ".join(
+                f"[weight-update checker] engine {i}: {len(names)} tensor(s) differ from the trainer's after the "
+                f"first sync (tolerance: bitwise equal): {names[:8]}" for i, names in bad.items()))
     return WeightsRef(version=version, sha256=weights_sha256(await weights))
 
 
@@ -139,6 +155,15 @@ async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: Wei
     bad = [f"step {m.get('train/step')}: {k}" for m in steps for k in non_finite(m)]
     if bad:
         raise RuntimeError(f"rollout {rollout_id}: non-finite training metrics: {bad}")
+    violations = _ci_violations(cfg, rollout_id, steps)
+    if cfg.ci.ci_test or violations:
+        body = "\n".join(f"- {v}" for v in violations) or "- KL, log-prob and grad-norm checkers: all passed"
+        await acreate_markdown_artifact(f"## Checks of rollout {rollout_id}\n\n{body}",
+                                        key=f"{_slug(cfg.name)}-rollout-{rollout_id}-checks",
+                                        description=f"--ci-test checks of rollout {rollout_id}")
+    if violations:
+        log_metrics(cfg, "check", rollout_id, {"check/violations": float(len(violations))})
+        raise_if_any(violations)
     if weights is None:
         result = {"check/finite_metrics": 1.0}
         log_metrics(cfg, "check", rollout_id, result)
@@ -154,6 +179,26 @@ async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: Wei
     result = {"check/finite_metrics": 1.0, "check/engines_in_sync": 1.0, "check/weight_version": weights.version}
     log_metrics(cfg, "check", rollout_id, result)
     return result
+
+
+def _slug(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _ci_violations(cfg: RunConfig, rollout_id: int, steps: list[dict]) -> list[Violation]:
+    """The --ci-test checkers that live in the check task (KL, log-probs, grad norm)."""
+    ci, out = cfg.ci, []
+    if ci.ci_test and not ci.ci_disable_kl_checker:
+        out += kl_checker(steps, rollout_id, first_step_of_run=0)
+    if ci.ci_test and not ci.ci_disable_logprobs_checker and not cfg.rollout_only:
+        stats: dict[str, float] = {}
+        for r in read_metrics(_paths(cfg).metrics):
+            if r["kind"] == "rollout" and r["rollout_id"] == rollout_id:
+                stats.update(r["metrics"])
+        out += logprob_checker(stats, rollout_id, rollout_id == 0, ci.ci_logprobs_checker_abs_tol, ci.ci_entropy_max)
+    if ci.ci_save_grad_norm or ci.ci_load_grad_norm:
+        out += grad_norm_checker(cfg, steps, rollout_id)
+    return out
 
 
 @task(name="eval", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "eval", "recipe")),

@@ -115,6 +115,23 @@ class TorchEngine:
         state = self.model.state_dict()
         return {n: state[n].detach().clone().cpu() for n in (names or list(state))}
 
+    @torch.no_grad()
+    def snapshot_and_scramble(self, seed: int = 0) -> int:
+        """Keep a copy of every persistent weight, then overwrite each with noise (the weight-update
+        check: only a complete, correct sync can restore them). Returns the number of tensors."""
+        self._snapshot = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        gen = torch.Generator().manual_seed(seed)
+        for t in self.model.state_dict().values():
+            t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype))
+        return len(self._snapshot)
+
+    def compare_weights(self, expected: dict[str, torch.Tensor], skip: list[str] | None = None) -> list[str]:
+        """Names of the persistent weights that differ bitwise from `expected` (those in `skip` excepted).
+        Non-persistent buffers (rotary caches) are not in the state dict, so they are exempt."""
+        state = self.model.state_dict()
+        return sorted(n for n in state if n not in (skip or [])
+                      and (n not in expected or not torch.equal(state[n].cpu(), expected[n].cpu())))
+
     def weight_version(self) -> int:
         """Version of the weights now held."""
         return self._version

@@ -59,8 +59,10 @@ class TorchTrainer:
         self.model.train()  # dropout is 0 in our models; train mode matches what the loss sees
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.ref_model = None
-        if self.t.use_kl_loss:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32)
+        ci = self.cfg.ci
+        if self.t.use_kl_loss or (ci.ci_test and not ci.ci_disable_logprobs_checker):  # the checker compares with it
+            ref = self.cfg.ref_load or self.checkpoint
+            self.ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
             self.ref_model.train()
             self.ref_model.requires_grad_(False)
         self.params = [p for _, p in self.model.named_parameters()]

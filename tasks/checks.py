@@ -1,0 +1,117 @@
+"""The --ci-test checkers (miles' semantics and tolerances), as pure functions over logged metrics.
+
+Each returns a list of violations; the `check` task (or the run flow, for the accuracy gate) raises
+`CheckFailed` with all of them, naming checker, metric, value, tolerance, rollout and step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flows.config import RunConfig
+
+
+class CheckFailed(AssertionError):
+    """An invariant of the run does not hold."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    checker: str
+    metric: str
+    value: float | str
+    tolerance: str
+    rollout_id: int | None = None
+    step: int | None = None
+
+    def __str__(self) -> str:
+        where = "".join([f" at rollout {self.rollout_id}" if self.rollout_id is not None else "",
+                         f" step {self.step}" if self.step is not None else ""])
+        return f"[{self.checker} checker] {self.metric} = {self.value} violates {self.tolerance}{where}"
+
+
+def kl_checker(steps: list[dict], rollout_id: int, first_step_of_run: int | None) -> list[Violation]:
+    """First step of the rollout: |ppo_kl| < 1e-9 and |pg_clipfrac| < 1e-10; first step of the run:
+    |kl_loss| < 1e-9 (old == new == reference weights there)."""
+    if not steps:
+        return []
+    first, out = steps[0], []
+    step = int(first["train/step"])
+    if abs(first.get("train/ppo_kl", 0.0)) >= 1e-9:
+        out.append(Violation("KL", "train/ppo_kl", first["train/ppo_kl"], "|x| < 1e-9", rollout_id, step))
+    if abs(first.get("train/pg_clipfrac", 0.0)) >= 1e-10:
+        out.append(Violation("KL", "train/pg_clipfrac", first["train/pg_clipfrac"], "|x| < 1e-10", rollout_id, step))
+    if step == first_step_of_run and "train/kl_loss" in first and abs(first["train/kl_loss"]) >= 1e-9:
+        out.append(Violation("KL", "train/kl_loss", first["train/kl_loss"], "|x| < 1e-9 at the first step", rollout_id,
+                             step))
+    return out
+
+
+def logprob_checker(stats: dict[str, float], rollout_id: int, first_rollout: bool, abs_tol: float,
+                    entropy_max: float) -> list[Violation]:
+    """Rollout 0: trainer log-probs == reference log-probs within 1e-8; every rollout: trainer vs engine
+    log-probs within `abs_tol`, and 0 < entropy < `entropy_max`."""
+    out = []
+    lp, ref, eng, ent = (stats.get(k) for k in ("rollout/log_probs", "rollout/ref_log_probs",
+                                                "rollout/rollout_log_probs", "rollout/entropy"))
+    if first_rollout and lp is not None and ref is not None and abs(lp - ref) >= 1e-8:
+        out.append(Violation("log-probs", "rollout/log_probs - rollout/ref_log_probs", lp - ref, "|x| < 1e-8",
+                             rollout_id))
+    if lp is not None and eng is not None and abs(lp - eng) >= abs_tol:
+        out.append(Violation("log-probs", "rollout/log_probs - rollout/rollout_log_probs", lp - eng,
+                             f"|x| < {abs_tol}", rollout_id))
+    if ent is not None and not 0.0 < ent < entropy_max:
+        out.append(Violation("log-probs", "rollout/entropy", ent, f"0 < x < {entropy_max}", rollout_id))
+    return out
+
+
+def grad_norm_checker(cfg: RunConfig, steps: list[dict], rollout_id: int) -> list[Violation]:
+    """--ci-save-grad-norm writes each step's grad norm; --ci-load-grad-norm compares (rel = abs = 0.03)."""
+    ci, out = cfg.ci, []
+    for m in steps:
+        step_id = int(m["train/step"])
+        fields: dict[str, Any] = {"role": "actor", "rollout_id": rollout_id, "step_id": step_id}
+        value = float(m["train/grad_norm"])
+        if ci.ci_save_grad_norm:
+            path = Path(ci.ci_save_grad_norm.format(**fields))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"grad_norm": value}))
+        elif ci.ci_load_grad_norm:  # saving wins over loading, as in miles
+            path = Path(ci.ci_load_grad_norm.format(**fields))
+            if not path.is_file():
+                out.append(Violation("grad-norm", "train/grad_norm", value, f"a recording at {path}", rollout_id, step_id))
+                continue
+            expected = float(json.loads(path.read_text())["grad_norm"])
+            if not math.isclose(value, expected, rel_tol=0.03, abs_tol=0.03):
+                out.append(Violation("grad-norm", "train/grad_norm", value,
+                                     f"isclose to recorded {expected} (rel = abs = 0.03)", rollout_id, step_id))
+    return out
+
+
+def metric_gate(cfg: RunConfig, evals: list[dict[str, Any]]) -> list[Violation]:
+    """End of run: at least one eval with key >= threshold, or exactly N evals all passing; no eval fails."""
+    ci = cfg.ci
+    if ci.ci_metric_checker_key is None or ci.ci_metric_checker_threshold is None:
+        return []
+    key, threshold = ci.ci_metric_checker_key, ci.ci_metric_checker_threshold
+    values = [(r["rollout_id"], r["metrics"].get(key)) for r in evals]
+    if not values:
+        return [Violation("metric", key, "no eval ran", f">= {threshold} in at least one eval")]
+    passing = [v is not None and v >= threshold for _, v in values]
+    if ci.ci_metric_checker_expect_num is not None:
+        if len(values) != ci.ci_metric_checker_expect_num or not all(passing):
+            return [Violation("metric", key, str(values), f"exactly {ci.ci_metric_checker_expect_num} evals, "
+                                                           f"all >= {threshold}")]
+        return []
+    if not any(passing):
+        return [Violation("metric", key, str(values), f">= {threshold} in at least one eval")]
+    return []
+
+
+def raise_if_any(violations: list[Violation]) -> None:
+    if violations:
+        raise CheckFailed("; ".join(str(v) for v in violations))
