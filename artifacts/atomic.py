@@ -59,9 +59,8 @@ def _fsync_dir(directory: Path) -> None:
     except OSError:  # e.g. platforms where directories cannot be opened
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory; the rename stands
+            os.fsync(fd)
     finally:
         os.close(fd)
 

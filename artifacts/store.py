@@ -168,7 +168,7 @@ class _HashSink:
         return len(data)
 
     def flush(self) -> None:
-        pass
+        """Nothing is buffered: every write already went into the digest."""
 
     def close(self) -> None:
         self.closed = True

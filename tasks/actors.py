@@ -7,6 +7,7 @@ so any task, in any process connected to the cluster, finds them with `ray.get_a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import ray
@@ -83,8 +84,6 @@ def stop_actors(cfg: RunConfig) -> None:
     """Kill every actor of the run that is still alive."""
     for name in [f"engine-{i}" for i in range(cfg.rollout.rollout_num_engines)] + \
                 [f"trainer-{r}" for r in range(cfg.train.data_parallel_size)]:  # all names: modes may differ
-        try:
+        with contextlib.suppress(ValueError):  # no such actor: already gone, or never created in this mode
             ray.kill(ray.get_actor(name, namespace=namespace(cfg)))
-        except ValueError:
-            pass
     _ALIVE.pop(namespace(cfg), None)
