@@ -97,6 +97,9 @@ def trl_steps(args: argparse.Namespace, out_dir: Path) -> list[float]:
 def run_trl_subprocess(args: argparse.Namespace, out_dir: Path) -> list[float]:
     """Run `--side trl` in a child process and read its per-step seconds back."""
     python = sys.executable if importlib.util.find_spec("trl") else args.trl_python
+    if python is None:
+        raise SystemExit("trl is not installed here: `ROLLFLOW_EXTRAS=dev,bench scripts/setup` installs the bench "
+                         "extra into .venv, or pass --trl-python PATH to an interpreter that has it")
     out = out_dir / "trl.json"
     cmd = [python, str(Path(__file__).resolve()), "--side", "trl", "--json-out", str(out),
            "--prompts", str(args.prompts), "--generations", str(args.generations),
@@ -115,7 +118,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6, help="steps per side (step 0 is the warm-up)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
     p.add_argument("--with-flow", action="store_true", help="also time the real Prefect flow per rollout")
-    p.add_argument("--trl-python", default="/tmp/venvtest/bin/python",
+    p.add_argument("--trl-python", default=None,
                    help="interpreter for the TRL half when this one cannot import trl")
     p.add_argument("--side", choices=["both", "trl"], default="both", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
