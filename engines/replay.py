@@ -1,10 +1,7 @@
-"""Pure helpers for record/replay: dump-path templates, replay subsampling, the injection guard.
+"""Pure helpers for record/replay: replay subsampling and the injection guard.
 
 Behaviour follows the anchors (slime / miles; reference: debug-features.md §1.4, §1.5, §2):
 
-- Templates are expanded with ``str.format(rollout_id=str(id))``; eval rollouts use the id
-  ``"eval_<id>"``. Unlike the anchors we *require* ``{rollout_id}`` (as miles' later help texts
-  say): a literal path would be overwritten by every rollout without a word.
 - ``subsample`` keeps a head and a tail of the flat sample list, with the anchors' quirk that a
   ratio too small to keep one sample keeps everything.
 - ``check_injection`` is miles' guard for ``--ci-inject-rollout-data-path``: fresh generations
@@ -16,7 +13,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import string
 from typing import Any
 
 from artifacts.schema import Sample
@@ -24,74 +20,13 @@ from artifacts.schema import Sample
 __all__ = [
     "InjectionMismatch",
     "check_injection",
-    "eval_rollout_id",
-    "format_template",
     "response_match_ratio",
     "subsample",
-    "validate_template",
 ]
 
 
 class InjectionMismatch(RuntimeError):
     """Freshly generated samples do not match the injected recording (see ``check_injection``)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Path templates
-# --------------------------------------------------------------------------------------------
-
-
-def eval_rollout_id(rollout_id: int) -> str:
-    """The id an eval rollout's dump path is formatted with: ``"eval_<id>"`` (anchors' §1.4)."""
-    return f"eval_{rollout_id}"
-
-
-def format_template(template: str, rollout_id: int | str) -> str:
-    """``template.format(rollout_id=str(rollout_id))``: the dump path of one rollout.
-
-    The id is passed as a string, as the anchors do, so train and eval ids (``"eval_3"``) format
-    alike; a format spec such as ``{rollout_id:06d}`` therefore fails (``validate_template``
-    catches it up front). Any placeholder other than ``{rollout_id}``, or a malformed template,
-    raises ``ValueError`` naming the template.
-    """
-    try:
-        return template.format(rollout_id=str(rollout_id))
-    except KeyError as e:
-        raise ValueError(
-            f"path template {template!r} has placeholder {{{e.args[0]}}}; only {{rollout_id}} is filled in"
-        ) from e
-    except (IndexError, ValueError) as e:
-        raise ValueError(
-            f"path template {template!r} cannot be formatted with rollout_id={rollout_id!r}: {e}"
-        ) from e
-
-
-def validate_template(template: str, flag: str) -> None:
-    """Check a dump-path template given to ``flag`` before anything runs; ``ValueError`` if bad.
-
-    The template must contain ``{rollout_id}`` (without it the literal path would be silently
-    overwritten every rollout), no other placeholder, and must format with a string id.
-    """
-    if not isinstance(template, str) or not template:
-        raise ValueError(f"{flag}: expected a path template containing {{rollout_id}}, got {template!r}")
-    try:
-        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
-    except ValueError as e:
-        raise ValueError(f"{flag}: malformed path template {template!r}: {e}") from e
-    if "rollout_id" not in fields:
-        raise ValueError(
-            f"{flag}: path template {template!r} has no {{rollout_id}} placeholder; a literal path would "
-            "be silently overwritten every rollout. Use e.g. 'dumps/rollout_{rollout_id}.pt'"
-        )
-    others = sorted({name for name in fields if name != "rollout_id"})
-    if others:
-        raise ValueError(
-            f"{flag}: path template {template!r} has placeholder(s) {others}; only {{rollout_id}} is filled in"
-        )
-    try:
-        format_template(template, "0")
-    except ValueError as e:
-        raise ValueError(f"{flag}: {e} (the id is a string, e.g. '3' or 'eval_3')") from e
 
 
 # --------------------------------------------------------------------------------------------

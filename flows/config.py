@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import string
 from pathlib import Path
 from typing import Any, Literal
 
@@ -270,15 +271,18 @@ RECORDING_FORMATS = (".parquet", ".pt")
 def _check_template(flag: str, template: str | None, *, need_id: bool, extra: tuple[str, ...] = ()) -> None:
     if template is None:
         return
-    if need_id and "{rollout_id}" not in template:
+    fields = ", ".join(("rollout_id",) + extra)
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        for rid in ("0", "eval_0"):  # ids are formatted as strings at run time, so specs like :06d fail here
+            template.format(rollout_id=rid, **{k: "0" for k in extra})
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"{flag} {template!r}: bad template ({e}); fields: {fields}") from None
+    if need_id and "rollout_id" not in names:
         raise ValueError(f"{flag} {template!r} has no {{rollout_id}}: a literal path would be overwritten "
                          f"by every rollout; use e.g. /tmp/rollout_{{rollout_id}}.parquet")
     if not template.endswith(RECORDING_FORMATS):
         raise ValueError(f"{flag} {template!r}: the extension picks the format; use one of {RECORDING_FORMATS}")
-    try:
-        template.format(rollout_id=0, **{k: 0 for k in extra})
-    except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"{flag} {template!r}: bad template ({e}); fields: rollout_id{', ' + ', '.join(extra) if extra else ''}") from None
 
 
 def _check_debug(d: DebugConfig) -> None:

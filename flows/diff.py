@@ -22,10 +22,13 @@ def _rollout_ids(run: Path) -> list[int]:
     return sorted(int(p.stem.split("_")[1]) for p in (run / "rollouts").glob("rollout_*.parquet"))
 
 
-def _metrics(run: Path, rollout_id: int) -> list[dict]:
-    return [{"kind": r["kind"], "step": r.get("step"), **r["metrics"]}
-            for r in read_metrics(RunPaths(run).metrics)
-            if r["rollout_id"] == rollout_id and r["kind"] not in _TIMING_KINDS]
+def _metrics_by_rollout(run: Path) -> dict[int, list[dict]]:
+    """Every non-timing record of a run, grouped by rollout id (one read of metrics.jsonl)."""
+    out: dict[int, list[dict]] = {}
+    for r in read_metrics(RunPaths(run).metrics):
+        if r["kind"] not in _TIMING_KINDS:
+            out.setdefault(r["rollout_id"], []).append({"kind": r["kind"], "step": r.get("step"), **r["metrics"]})
+    return out
 
 
 def _checkpoint(run: Path, rollout_id: int) -> Path | None:
@@ -42,12 +45,13 @@ def first_divergence(run_a: str | Path, run_b: str | Path) -> str | None:
     ids_a, ids_b = _rollout_ids(a), _rollout_ids(b)
     if ids_a != ids_b:
         return f"rollout ids differ: {ids_a} vs {ids_b}"
+    metrics_a, metrics_b = _metrics_by_rollout(a), _metrics_by_rollout(b)
     for rid in ids_a:
         paths_a, paths_b = RunPaths(a), RunPaths(b)
         diff = first_table_difference(read_table(paths_a.rollout(rid)), read_table(paths_b.rollout(rid)))
         if diff:
             return f"rollout {rid} samples: {diff}"
-        diff = first_metric_difference(_metrics(a, rid), _metrics(b, rid))
+        diff = first_metric_difference(metrics_a.get(rid, []), metrics_b.get(rid, []))
         if diff:
             return f"rollout {rid} metrics: {diff}"
         ckpt_a, ckpt_b = _checkpoint(a, rid), _checkpoint(b, rid)

@@ -42,11 +42,7 @@ from artifacts import (
     write_rollout,
     write_table,
 )
-
-
-def _float32_list(values: list[float]) -> list[float]:
-    """Python floats holding exact float32 values, as ``tensor.tolist()`` returns them."""
-    return np.asarray(values, dtype=np.float32).tolist()
+from tests.helpers import float32_list
 
 
 def _make_sample(index: int = 0, n: int = 4, **changes: object) -> Sample:
@@ -64,7 +60,7 @@ def _make_sample(index: int = 0, n: int = 4, **changes: object) -> Sample:
         reward=float(index % 2),
         status="completed",
         loss_mask=[1] * n,
-        rollout_log_probs=_float32_list((-rng.random(n) * 5).tolist()),
+        rollout_log_probs=float32_list((-rng.random(n) * 5).tolist()),
         weight_version=3,
         seed=1234 + index,
         metadata={"source": "tiny-arith", "turn": index},
@@ -74,7 +70,7 @@ def _make_sample(index: int = 0, n: int = 4, **changes: object) -> Sample:
 
 def _edge_samples() -> list[Sample]:
     """Unicode, empty lists, extreme ints and awkward float32 values (-0.0, -inf, subnormal)."""
-    awkward = _float32_list([-0.0, -math.inf, -1e-45, -3.4028234663852886e38, -1.0000001, -0.1])
+    awkward = float32_list([-0.0, -math.inf, -1e-45, -3.4028234663852886e38, -1.0000001, -0.1])
     return [
         _make_sample(0),
         _make_sample(

@@ -35,6 +35,6 @@ def test_metric_gate_rules():
     assert metric_gate(cfg, []) and "no eval ran" in str(metric_gate(cfg, [])[0])
     exact = RunConfig.model_validate({"ci": {"ci_metric_checker_key": "eval/x", "ci_metric_checker_threshold": 0.5,
                                              "ci_metric_checker_expect_num": 2}})
-    assert metric_gate(exact, evals)  # exactly 2 evals but not all pass
+    assert metric_gate(exact, evals)  # exactly 2 evals, but the first is below the threshold
     with pytest.raises(CheckFailed, match=r"\[metric checker\]"):
         raise_if_any(metric_gate(exact, evals))

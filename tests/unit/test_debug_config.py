@@ -18,6 +18,8 @@ def parse(*argv: str):
     (["--save-debug-rollout-data", "/tmp/r_{rollout_id}.json"], "extension"),
     (["--save-debug-rollout-data", "/tmp/r_{rollout_id}_{rank}.pt"], "bad template"),
     (["--save-debug-train-data", "/tmp/t.parquet"], "no {rollout_id}"),
+    (["--save-debug-rollout-data", "/tmp/r_{rollout_id:06d}.pt"], "bad template"),  # ids are strings (eval_3)
+    (["--save-debug-rollout-data", "/tmp/r_{rollout_id.pt"], "bad template"),
     (["--load-debug-rollout-data-subsample", "0.5"], "needs --load-debug-rollout-data"),
     (["--load-debug-rollout-data", "/r_{rollout_id}.pt", "--load-debug-rollout-data-subsample", "0"],
      "--load-debug-rollout-data-subsample"),

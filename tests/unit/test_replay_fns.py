@@ -1,4 +1,4 @@
-"""Record/replay helpers: subsample rule, response match ratio, injection guard, path templates."""
+"""Record/replay helpers: subsample rule, response match ratio, injection guard (templates: test_debug_config)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,8 @@ from artifacts import Sample
 from engines.replay import (
     InjectionMismatch,
     check_injection,
-    eval_rollout_id,
-    format_template,
     response_match_ratio,
     subsample,
-    validate_template,
 )
 
 
@@ -148,40 +145,3 @@ def test_check_injection_ignores_everything_but_tokens() -> None:
     recorded = [_sample(0, [1, 2])]
     fresh = [dataclasses.replace(recorded[0], reward=1.0, response="other", seed=99)]
     assert check_injection(fresh, recorded, 0.9)["mean_match_ratio"] == 1.0
-
-
-# --------------------------------------------------------------------------------------------
-# Templates
-# --------------------------------------------------------------------------------------------
-
-
-def test_format_template_train_and_eval() -> None:
-    assert format_template("d/rollout_{rollout_id}.pt", 3) == "d/rollout_3.pt"
-    assert format_template("d/{rollout_id}.pt", eval_rollout_id(3)) == "d/eval_3.pt"
-    assert format_template("d/literal.pt", 3) == "d/literal.pt"  # format() ignores unused kwargs
-    with pytest.raises(ValueError, match=r"placeholder \{rank\}"):
-        format_template("d/{rollout_id}_{rank}.pt", 3)
-
-
-def test_validate_template_requires_rollout_id() -> None:
-    validate_template("dumps/rollout_{rollout_id}.pt", "--save-debug-rollout-data")
-    with pytest.raises(
-        ValueError,
-        match=r"--save-debug-rollout-data: .*no \{rollout_id\}.*silently overwritten every rollout",
-    ):
-        validate_template("dumps/rollout.pt", "--save-debug-rollout-data")
-
-
-@pytest.mark.parametrize(
-    ("template", "message"),
-    [
-        ("d/{rollout_id}_{rank}.pt", r"placeholder\(s\) \['rank'\]"),
-        ("d/{rollout_id}_{}.pt", r"placeholder\(s\) \[''\]"),
-        ("d/{rollout_id:06d}.pt", "the id is a string"),
-        ("d/{rollout_id.pt", "malformed"),
-        ("", "expected a path template"),
-    ],
-)
-def test_validate_template_rejects_bad_templates(template: str, message: str) -> None:
-    with pytest.raises(ValueError, match=rf"--load-debug-rollout-data: .*{message}"):
-        validate_template(template, "--load-debug-rollout-data")

@@ -21,10 +21,7 @@ from artifacts.slime_format import (
     save_slime_dump,
     write_any,
 )
-
-
-def _float32_list(values: list[float]) -> list[float]:
-    return np.asarray(values, dtype=np.float32).tolist()
+from tests.helpers import float32_list
 
 
 def _sample(index: int, n: int = 4, **changes: object) -> Sample:
@@ -42,7 +39,7 @@ def _sample(index: int, n: int = 4, **changes: object) -> Sample:
         reward=float(index % 2),
         status="completed",
         loss_mask=[1] * n,
-        rollout_log_probs=_float32_list((-rng.random(n) * 5).tolist()),
+        rollout_log_probs=float32_list((-rng.random(n) * 5).tolist()),
         weight_version=3,
         seed=2**62 + index,
         metadata={"finish_reason": "stop", "nested": {"k": [1, None]}},
@@ -52,7 +49,7 @@ def _sample(index: int, n: int = 4, **changes: object) -> Sample:
 
 def _samples() -> list[Sample]:
     """Ordinary rows plus the awkward ones: empty response, no log-probs, odd float32s, unicode."""
-    awkward = _float32_list([-0.0, -math.inf, -1e-45, -3.4028234663852886e38, -1.0000001, -0.1])
+    awkward = float32_list([-0.0, -math.inf, -1e-45, -3.4028234663852886e38, -1.0000001, -0.1])
     return [
         _sample(0),
         _sample(1, n=6, rollout_log_probs=awkward, loss_mask=[0, 1, 1, 0, 1, 1], prompt="Ünï 😀 中文"),
