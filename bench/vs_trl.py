@@ -4,6 +4,10 @@ One step = P prompts x G samples (the GRPO group), at most L new tokens, sampled
 then one optimizer step (AdamW, lr 1e-5, no KL / reference model on either side).
   rollflow  `bench/_plain_loop.plain_rollouts` in this process: engine generate + write rollout +
             trainer log-probs + train step + weight update (no Prefect, no Ray); timed per rollout.
+            Twice: as configured by default (the trainer recomputes old log-probs in a separate forward,
+            which the --ci-test KL checker relies on) and with --use-rollout-logprobs (the engine's
+            log-probs are the old policy's: no extra forward, like TRL, whose single step per
+            generation uses the detached current log-probs).
             `--with-flow` also runs the real Prefect flow (bench/overhead.py's `flow_rollouts`).
   TRL       `GRPOTrainer` with per_device_train_batch_size = P*G, num_generations = G,
             max_completion_length = L, use_cpu, a `datasets.Dataset` of the same chat-formatted
@@ -39,14 +43,17 @@ from recipes.registry import get_recipe  # noqa: E402
 LR = 1e-5
 
 
-def bench_config(args: argparse.Namespace, run_dir: Path) -> RunConfig:
-    """The rollflow side: one rollout = one optimizer step over P x G samples; eval off."""
+def bench_config(args: argparse.Namespace, run_dir: Path, use_rollout_logprobs: bool = False) -> RunConfig:
+    """The rollflow side: one rollout = one optimizer step over P x G samples; eval off.
+    `use_rollout_logprobs`: the engine's log-probs are the old policy's (no trainer log-prob pass), which
+    is TRL's work here: with one step per generation TRL uses the detached current log-probs."""
     return RunConfig.model_validate({
         "name": "bench-vs-trl", "run_dir": str(run_dir), "num_threads": args.threads,
         "rollout": {"num_rollout": args.steps, "rollout_batch_size": args.prompts,
                     "n_samples_per_prompt": args.generations, "rollout_max_response_len": args.completion_len},
         "eval": {"eval_interval": None},
-        "train": {"lr": LR, "global_batch_size": args.prompts * args.generations},
+        "train": {"lr": LR, "global_batch_size": args.prompts * args.generations,
+                  "use_rollout_logprobs": use_rollout_logprobs},
     })
 
 
@@ -133,11 +140,15 @@ def main() -> None:
 
     plain = plain_rollouts(bench_config(args, tmp / "plain"), args.steps)
     print("rollflow plain s/step:", " ".join(f"{s:.3f}" for s in plain), flush=True)
+    no_recompute = plain_rollouts(bench_config(args, tmp / "plain-rollout-lp", use_rollout_logprobs=True), args.steps)
+    print("rollflow plain --use-rollout-logprobs s/step:", " ".join(f"{s:.3f}" for s in no_recompute), flush=True)
     trl = run_trl_subprocess(args, tmp)
     print("TRL GRPOTrainer s/step:", " ".join(f"{s:.3f}" for s in trl), flush=True)
     base = mean(trl[1:])
     rows = [["TRL GRPOTrainer", f"{base:.3f}", "1.00x"],
-            ["rollflow plain loop", f"{mean(plain[1:]):.3f}", f"{base / mean(plain[1:]):.2f}x"]]
+            ["rollflow plain loop", f"{mean(plain[1:]):.3f}", f"{base / mean(plain[1:]):.2f}x"],
+            ["rollflow plain loop, --use-rollout-logprobs", f"{mean(no_recompute[1:]):.3f}",
+             f"{base / mean(no_recompute[1:]):.2f}x"]]
     if args.with_flow:
         from bench.overhead import flow_rollouts  # sets Prefect/Ray env vars on import
 

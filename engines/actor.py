@@ -7,6 +7,7 @@ from typing import Any
 import ray
 import torch
 
+from artifacts.wire import WireWeights, from_wire, to_wire
 from engines.base import GenerateOutput, GenerateRequest
 from engines.registry import get_engine_class
 
@@ -27,7 +28,9 @@ class EngineActor:
         self.generate_calls += 1
         return self.engine.generate(requests)
 
-    def update_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
+    def update_weights(self, weights: WireWeights, version: int) -> None:
+        """Load the trainer's weights (as sent by TrainerActor.export_weights) as `version`."""
+        named_tensors = from_wire(weights)
         if self.fault_drop_weight in named_tensors:
             name = self.fault_drop_weight
             named_tensors = {**named_tensors, name: self.engine.get_weights([name])[name]}
@@ -36,11 +39,12 @@ class EngineActor:
     def snapshot_and_scramble(self) -> int:
         return self.engine.snapshot_and_scramble(seed=self.index)
 
-    def compare_weights(self, expected: dict[str, torch.Tensor], skip: list[str] | None = None) -> list[str]:
-        return self.engine.compare_weights(expected, skip)
+    def compare_weights(self, expected: WireWeights, skip: list[str] | None = None) -> list[str]:
+        return self.engine.compare_weights(from_wire(expected), skip)
 
-    def get_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-        return self.engine.get_weights(names)
+    def get_weights(self, names: list[str] | None = None) -> WireWeights:
+        """The engine's weights in the same wire format update_weights takes."""
+        return to_wire(self.engine.get_weights(names))
 
     def weight_version(self) -> int:
         return self.engine.weight_version()

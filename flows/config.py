@@ -77,6 +77,9 @@ class TrainConfig(_Section):
     use_kl_loss: bool = Field(False, description="Add a KL(actor || reference) loss; loads a reference model.")
     kl_loss_coef: float = Field(0.0, ge=0.0, description="Weight of the KL loss.")
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = Field("low_var_kl", description="KL estimator.")
+    use_rollout_logprobs: bool = Field(
+        False, description="Old-policy log-probs = the engine's rollout_log_probs: the trainer skips its own "
+                           "log-prob forward (the reference forward still runs when needed).")
     seed: int = Field(1234, description="Trainer seed (torch RNG of every rank).")
 
 

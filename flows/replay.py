@@ -110,7 +110,7 @@ async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_
         for t in trainers:
             await t.load.remote(str(before))
     if task == "log-prob":
-        weights = WeightsRef(version=rollout_id, sha256=weights_sha256(await trainers[0].export_weights.remote()))
+        weights = WeightsRef(version=rollout_id, sha256=await trainers[0].weights_sha256.remote())
         fresh = await log_prob.with_options(refresh_cache=True)(cfg, rollout_id, rollout, weights)
         return first_table_difference(read_table(paths.logprobs(rollout_id)), read_table(fresh))
     logprobs = _ref(paths.logprobs(rollout_id), "logprobs")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 
 @dataclass(frozen=True)
@@ -18,13 +19,20 @@ class Recipe:
     reward: Callable[[str, str], float]              # (response text, label) -> reward
 
 
+@cache
+def _tiny_arith_pool() -> tuple[dict, ...]:
+    from recipes.tiny_arith import data
+
+    return tuple(data.make_problems(4096, seed=0, split="train"))  # built once per process: every rollout reads it
+
+
 def _tiny_arith() -> Recipe:
     from recipes.tiny_arith import bootstrap, data, reward
 
     return Recipe(
         name="tiny-arith",
         ensure_checkpoint=bootstrap.ensure_checkpoint,
-        train_problems=lambda: data.make_problems(4096, seed=0, split="train"),
+        train_problems=lambda: list(_tiny_arith_pool()),
         eval_problems=data.eval_problems,
         format_prompt=data.format_prompt,  # type: ignore[arg-type]
         reward=reward.reward,

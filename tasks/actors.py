@@ -14,8 +14,10 @@ import ray
 
 from flows.config import RunConfig
 
-# Non-detached named actors die when their creator drops the last handle: keep them here for the run.
-_ALIVE: dict[str, list[Any]] = {}
+# (namespace, actor name) -> handle created by this process. Non-detached named actors die when their
+# creator drops the last handle, so this keeps them alive for the run; stages also reuse these handles
+# instead of looking the name up in the cluster on every call.
+_HANDLES: dict[tuple[str, str], Any] = {}
 
 
 def namespace(cfg: RunConfig) -> str:
@@ -26,14 +28,20 @@ def engines(cfg: RunConfig) -> list[Any]:
     """The run's engine actors, in index order (none in train-only mode)."""
     if cfg.train_only:
         return []
-    return [ray.get_actor(f"engine-{i}", namespace=namespace(cfg)) for i in range(cfg.rollout.rollout_num_engines)]
+    return [_get(cfg, f"engine-{i}") for i in range(cfg.rollout.rollout_num_engines)]
 
 
 def trainers(cfg: RunConfig) -> list[Any]:
     """The run's trainer actors, in rank order (none in rollout-only mode)."""
     if cfg.rollout_only:
         return []
-    return [ray.get_actor(f"trainer-{r}", namespace=namespace(cfg)) for r in range(cfg.train.data_parallel_size)]
+    return [_get(cfg, f"trainer-{r}") for r in range(cfg.train.data_parallel_size)]
+
+
+def _get(cfg: RunConfig, name: str) -> Any:
+    """The named actor: the handle this process created, else a lookup in the cluster (a GCS round trip)."""
+    handle = _HANDLES.get((namespace(cfg), name))
+    return handle if handle is not None else ray.get_actor(name, namespace=namespace(cfg))
 
 
 def ensure_ray(cfg: RunConfig) -> None:
@@ -43,6 +51,9 @@ def ensure_ray(cfg: RunConfig) -> None:
     import os
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray nices its workers to 15 by default; here the workers (engines, trainers) are the run's real
+    # work and should not wait behind the orchestrating process and the Prefect server.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, log_to_driver=True)
     else:
@@ -59,7 +70,7 @@ async def start_engines(cfg: RunConfig, checkpoint: str) -> list[Any]:
             cfg.rollout.rollout_backend, checkpoint, cfg.num_threads, i, cfg.ci.ci_fault_drop_weight)
         for i in range(cfg.rollout.rollout_num_engines)
     ]
-    _ALIVE.setdefault(namespace(cfg), []).extend(actors)
+    _keep(cfg, {f"engine-{i}": a for i, a in enumerate(actors)})
     await asyncio.gather(*[a.health.remote() for a in actors])
     return actors
 
@@ -74,7 +85,7 @@ async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
             name=f"trainer-{r}", namespace=namespace(cfg)).remote(cfg, checkpoint, r, world)
         for r in range(world)
     ]
-    _ALIVE.setdefault(namespace(cfg), []).extend(actors)
+    _keep(cfg, {f"trainer-{r}": a for r, a in enumerate(actors)})
     port = await actors[0].free_port.remote()
     await asyncio.gather(*[a.setup.remote("127.0.0.1", port) for a in actors])
     return actors
@@ -86,4 +97,9 @@ def stop_actors(cfg: RunConfig) -> None:
                 [f"trainer-{r}" for r in range(cfg.train.data_parallel_size)]:  # all names: modes may differ
         with contextlib.suppress(ValueError):  # no such actor: already gone, or never created in this mode
             ray.kill(ray.get_actor(name, namespace=namespace(cfg)))
-    _ALIVE.pop(namespace(cfg), None)
+    for key in [k for k in _HANDLES if k[0] == namespace(cfg)]:
+        del _HANDLES[key]
+
+
+def _keep(cfg: RunConfig, named: dict[str, Any]) -> None:
+    _HANDLES.update({(namespace(cfg), name): a for name, a in named.items()})

@@ -34,16 +34,19 @@ class Violation:
         return f"[{self.checker} checker] {self.metric} = {self.value} violates {self.tolerance}{where}"
 
 
-def kl_checker(steps: list[dict], rollout_id: int, first_step_of_run: int | None) -> list[Violation]:
+def kl_checker(steps: list[dict], rollout_id: int, first_step_of_run: int | None,
+               recomputed_old: bool = True) -> list[Violation]:
     """First step of the rollout: |ppo_kl| < 1e-9 and |pg_clipfrac| < 1e-10; first step of the run:
-    |kl_loss| < 1e-9 (old == new == reference weights there)."""
+    |kl_loss| < 1e-9 (old == new == reference weights there). With `recomputed_old=False`
+    (--use-rollout-logprobs: the old log-probs are the engine's) ratio == 1 does not hold at the first
+    step, so only the kl_loss check applies."""
     if not steps:
         return []
     first, out = steps[0], []
     step = int(first["train/step"])
-    if abs(first.get("train/ppo_kl", 0.0)) >= 1e-9:
+    if recomputed_old and abs(first.get("train/ppo_kl", 0.0)) >= 1e-9:
         out.append(Violation("KL", "train/ppo_kl", first["train/ppo_kl"], "|x| < 1e-9", rollout_id, step))
-    if abs(first.get("train/pg_clipfrac", 0.0)) >= 1e-10:
+    if recomputed_old and abs(first.get("train/pg_clipfrac", 0.0)) >= 1e-10:
         out.append(Violation("KL", "train/pg_clipfrac", first["train/pg_clipfrac"], "|x| < 1e-10", rollout_id, step))
     if step == first_step_of_run and "train/kl_loss" in first and abs(first["train/kl_loss"]) >= 1e-9:
         out.append(Violation("KL", "train/kl_loss", first["train/kl_loss"], "|x| < 1e-9 at the first step", rollout_id,

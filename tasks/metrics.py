@@ -26,11 +26,6 @@ def _mean(xs: list[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
-def _masked_mean(values: list[float], mask: list[int]) -> float:
-    kept = [v for v, m in zip(values, mask, strict=False) if m]
-    return _mean(kept)
-
-
 def reward_stats(samples: list[Sample], n_per_prompt: int) -> dict[str, float]:
     """Rollout-side stats of one rollout (reward, lengths, truncation, zero-std groups)."""
     lengths = [float(s.response_length) for s in samples]
@@ -47,20 +42,6 @@ def reward_stats(samples: list[Sample], n_per_prompt: int) -> dict[str, float]:
         "rollout/response_len/median": float(statistics.median(lengths)),
         "rollout/zero_std/count": float(zero_std),
     }
-
-
-def logprob_stats(samples: list[Sample], rows: list[dict]) -> dict[str, float]:
-    """Trainer-side rollout stats: per-sample loss-mask means, averaged over samples."""
-    by_index = {r["sample_index"]: r for r in rows}
-    out: dict[str, list[float]] = {}
-    for s in samples:
-        r = by_index[s.sample_index]
-        for key in ("log_probs", "ref_log_probs", "entropy"):
-            if r.get(key) is not None:
-                out.setdefault(f"rollout/{key}", []).append(_masked_mean(r[key], s.loss_mask))
-        if len(s.rollout_log_probs) == s.response_length:
-            out.setdefault("rollout/rollout_log_probs", []).append(_masked_mean(s.rollout_log_probs, s.loss_mask))
-    return {k: _mean(v) for k, v in out.items()}
 
 
 def non_finite(metrics: dict[str, Any]) -> list[str]:

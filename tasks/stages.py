@@ -12,8 +12,7 @@ from prefect import task
 from prefect.artifacts import acreate_markdown_artifact
 from transformers import AutoTokenizer
 
-from artifacts.hashing import weights_sha256
-from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_rollout, read_table, write_rollout
+from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_rollout, write_rollout
 from engines.rollout import (
     build_requests,
     problems_for_rollout,
@@ -26,7 +25,7 @@ from recipes.registry import get_recipe
 from tasks import actors
 from tasks.cache import RefCachePolicy
 from tasks.checks import CheckFailed, Violation, grad_norm_checker, kl_checker, logprob_checker, raise_if_any
-from tasks.metrics import log_metrics, logprob_stats, non_finite, reward_stats
+from tasks.metrics import log_metrics, non_finite, reward_stats
 from tasks.recordings import record_rollout
 from tasks.refs import WeightsRef
 
@@ -98,7 +97,7 @@ async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weight
     out = _paths(cfg).logprobs(rollout_id)
     refs = await asyncio.gather(*[t.compute_log_probs.remote(rollout, str(out)) for t in trainers])
     logprobs: ArtifactRef = refs[0]
-    log_metrics(cfg, "rollout", rollout_id, logprob_stats(read_rollout(rollout), read_table(logprobs).to_pylist()))
+    log_metrics(cfg, "rollout", rollout_id, await trainers[0].rollout_stats.remote(rollout, logprobs))
     return logprobs
 
 
@@ -135,6 +134,7 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
         return WeightsRef(version=await engines[0].weight_version.remote(),
                           sha256=await engines[0].weights_sha256.remote())
     weights = trainer0.export_weights.remote()  # one ObjectRef, fetched by every engine
+    sha256 = trainer0.weights_sha256.remote()  # hashed where the weights are: they never reach this process
     await asyncio.gather(*[e.update_weights.remote(weights, version) for e in engines])
     if verify_equal:
         skip = [s for s in (cfg.ci.check_weight_update_skip_list or "").split(",") if s]
@@ -145,7 +145,7 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
             raise CheckFailed("; ".join(
                 f"[weight-update checker] engine {i}: {len(names)} tensor(s) differ from the trainer's after the "
                 f"first sync (tolerance: bitwise equal): {names[:8]}" for i, names in bad.items()))
-    return WeightsRef(version=version, sha256=weights_sha256(await weights))
+    return WeightsRef(version=version, sha256=await sha256)
 
 
 @task(name="check", log_prints=True)
@@ -189,7 +189,7 @@ def _ci_violations(cfg: RunConfig, rollout_id: int, steps: list[dict]) -> list[V
     """The --ci-test checkers that live in the check task (KL, log-probs, grad norm)."""
     ci, out = cfg.ci, []
     if ci.ci_test and not ci.ci_disable_kl_checker:
-        out += kl_checker(steps, rollout_id, first_step_of_run=0)
+        out += kl_checker(steps, rollout_id, first_step_of_run=0, recomputed_old=not cfg.train.use_rollout_logprobs)
     if ci.ci_test and not ci.ci_disable_logprobs_checker and not cfg.rollout_only:
         stats: dict[str, float] = {}
         for r in read_metrics(_paths(cfg).metrics):

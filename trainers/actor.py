@@ -8,6 +8,7 @@ import ray
 import torch
 
 from artifacts.store import ArtifactRef
+from artifacts.wire import WireWeights, to_wire
 from flows.config import RunConfig
 from trainers.registry import get_trainer_class
 
@@ -34,13 +35,20 @@ class TrainerActor:
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
         return self.trainer.compute_log_probs(rollout_ref, out_path)
 
+    def rollout_stats(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> dict[str, float]:
+        return self.trainer.rollout_stats(rollout_ref, logprob_ref)
+
     def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef,
                    dump_template: str | None = None) -> list[dict[str, float]]:
         self.train_calls += 1
         return self.trainer.train_step(rollout_ref, logprob_ref, dump_template)
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        return self.trainer.export_weights()
+    def export_weights(self) -> WireWeights:
+        """The trainer's weights as numpy arrays (artifacts.wire): zero-copy in Ray's object store."""
+        return to_wire(self.trainer.export_weights())
+
+    def weights_sha256(self) -> str:
+        return self.trainer.weights_sha256()
 
     def model_hash(self) -> dict[str, str]:
         return self.trainer.model_hash()

@@ -21,6 +21,11 @@ class Trainer(Protocol):
         Every rank computes its share; rank 0 writes the Parquet at `out_path` and returns its ref."""
         ...
 
+    def rollout_stats(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> dict[str, float]:
+        """Trainer-side `rollout/*` stats (loss-mask means of log_probs, ref_log_probs, entropy and
+        the engine's rollout_log_probs) of a rollout and its log-prob artifact."""
+        ...
+
     def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef,
                    dump_template: str | None = None) -> list[dict[str, float]]:
         """All optimizer steps of one rollout; one metrics dict per step (identical on every rank).
@@ -30,6 +35,10 @@ class Trainer(Protocol):
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """CPU copies of every persistent weight, by HF name (what engines load)."""
+        ...
+
+    def weights_sha256(self) -> str:
+        """Identity of this rank's weights (artifacts.hashing.weights_sha256 of the exported tensors)."""
         ...
 
     def save(self, directory: str, rollout_id: int) -> None:

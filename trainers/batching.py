@@ -42,28 +42,20 @@ def make_micro_batch(samples: list[Sample], pad_id: int) -> MicroBatch:
     seqs = [list(s.prompt_tokens) + list(s.response_tokens) for s in samples]
     width = max(len(x) for x in seqs)
     t = max(max(s.response_length for s in samples), 1)
-    b = len(samples)
-    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, width), dtype=torch.long)
-    response_index = torch.zeros((b, t), dtype=torch.long)
-    response_tokens = torch.full((b, t), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((b, t), dtype=torch.float32)
-    for i, (s, seq) in enumerate(zip(samples, seqs, strict=True)):
-        input_ids[i, :len(seq)] = torch.tensor(seq)
-        attention[i, :len(seq)] = 1
+    # one torch.tensor call per field (not per sample): this runs on every trainer micro-batch
+    input_ids = torch.tensor([x + [pad_id] * (width - len(x)) for x in seqs], dtype=torch.long)
+    attention = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in seqs], dtype=torch.long)
+    response_index, response_tokens, loss_mask = [], [], []
+    for s in samples:
         p, r = len(s.prompt_tokens), s.response_length
-        if r:
-            response_index[i, :r] = torch.arange(p - 1, p - 1 + r)
-            response_tokens[i, :r] = torch.tensor(s.response_tokens)
-            loss_mask[i, :r] = torch.tensor(s.loss_mask, dtype=torch.float32)
-    return MicroBatch(input_ids, attention, response_index, response_tokens, loss_mask,
-                      [s.sample_index for s in samples])
+        response_index.append(list(range(p - 1, p - 1 + r)) + [0] * (t - r))
+        response_tokens.append(list(s.response_tokens) + [pad_id] * (t - r))
+        loss_mask.append([float(m) for m in s.loss_mask] + [0.0] * (t - r))
+    return MicroBatch(input_ids, attention, torch.tensor(response_index, dtype=torch.long),
+                      torch.tensor(response_tokens, dtype=torch.long),
+                      torch.tensor(loss_mask, dtype=torch.float32), [s.sample_index for s in samples])
 
 
 def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:
-    """[B, width] float32 from ragged rows, zero padded."""
-    out = torch.zeros((len(rows), width), dtype=torch.float32)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, :len(r)] = torch.tensor(r, dtype=torch.float32)
-    return out
+    """[B, width] float32 from ragged rows (each at most `width` long), zero padded."""
+    return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32).reshape(len(rows), width)

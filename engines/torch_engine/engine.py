@@ -29,6 +29,7 @@ class TorchEngine:
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.max_batch_size = max_batch_size
         self._version = 0
+        self._sha256: str | None = None  # of the weights now held; None = not computed since the last change
 
     # -- generation ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -108,7 +109,7 @@ class TorchEngine:
                            f"unknown={unknown[:5]}")
         for name, tensor in named_tensors.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-        self._version = version
+        self._version, self._sha256 = version, None
 
     def get_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """Copies of the named persistent weights (all when `names` is None)."""
@@ -120,6 +121,7 @@ class TorchEngine:
         """Keep a copy of every persistent weight, then overwrite each with noise (the weight-update
         check: only a complete, correct sync can restore them). Returns the number of tensors."""
         self._snapshot = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self._sha256 = None
         gen = torch.Generator().manual_seed(seed)
         for t in self.model.state_dict().values():
             t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype))
@@ -137,8 +139,11 @@ class TorchEngine:
         return self._version
 
     def weights_sha256(self) -> str:
-        """Identity of the weights now held (artifacts.hashing.weights_sha256)."""
-        return weights_sha256(self.model.state_dict())
+        """Identity of the weights now held (artifacts.hashing.weights_sha256); computed once per change
+        of weights (they change only through update_weights and snapshot_and_scramble)."""
+        if self._sha256 is None:
+            self._sha256 = weights_sha256(self.model.state_dict())
+        return self._sha256
 
     def release_memory(self) -> None:
         """Free accelerator memory (empties the CUDA cache; nothing to do on CPU)."""

@@ -16,6 +16,8 @@ def test_kl_checker_bounds():
         ["train/ppo_kl", "train/pg_clipfrac", "train/kl_loss"]
     later = [{"train/step": 4, "train/ppo_kl": 0.0, "train/pg_clipfrac": 0.0, "train/kl_loss": 0.5}]
     assert kl_checker(later, 2, first_step_of_run=0) == []  # kl_loss only at the run's first step
+    # --use-rollout-logprobs: old log-probs are the engine's, so only kl_loss is checked
+    assert [v.metric for v in kl_checker(bad, 0, first_step_of_run=0, recomputed_old=False)] == ["train/kl_loss"]
 
 
 def test_logprob_checker_bounds():

@@ -95,3 +95,87 @@ def test_trainer_logprobs_match_engine_and_step_is_applied_once(engine, base_che
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert trainer.train_step(ref, lp_ref) is metrics  # a retry never applies the rollout twice
     assert all(torch.equal(after[k], v) for k, v in trainer.export_weights().items())
+
+
+def _trainer(cfg, checkpoint):
+    from trainers.torch_trainer.trainer import TorchTrainer
+
+    trainer = TorchTrainer(cfg, checkpoint, rank=0, world_size=1)
+    trainer.setup("127.0.0.1", _free_port())
+    return trainer
+
+
+def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkpoint, tmp_path):
+    from artifacts.store import read_rollout
+    from trainers.rollout_stats import logprob_stats
+
+    cfg = RunConfig.model_validate({
+        "hf_checkpoint": base_checkpoint, "run_dir": str(tmp_path), "rollout": {"rollout_batch_size": 4,
+                                                                             "n_samples_per_prompt": 4},
+        "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3, "lr_decay_style": "cosine"}})
+    _, ref = _rollout(engine, cfg, tmp_path)
+    clean = _trainer(cfg, base_checkpoint)
+    expected = clean.train_step(ref, clean.compute_log_probs(ref, str(tmp_path / "lp0.parquet")))
+
+    trainer = _trainer(cfg, base_checkpoint)
+    lp_ref = trainer.compute_log_probs(ref, str(tmp_path / "lp.parquet"))
+    # the trainer-side rollout stats come from memory and equal the ones computed from the files
+    assert trainer.rollout_stats(ref, lp_ref) == logprob_stats(read_rollout(ref), read_table(lp_ref).to_pylist())
+    initial = {k: v.clone() for k, v in trainer.export_weights().items()}
+    real_step, calls = trainer.scheduler.step, []
+
+    def failing_step():  # the second optimizer step dies after AdamW already moved weights and moments
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("planted failure")
+        real_step()
+
+    trainer.scheduler.step = failing_step
+    with pytest.raises(RuntimeError, match="planted failure"):
+        trainer.train_step(ref, lp_ref)
+    assert all(torch.equal(initial[k], v) for k, v in trainer.export_weights().items())
+    assert not trainer.optimizer.state and trainer.global_step == 0
+    assert trainer.optimizer.param_groups[0]["lr"] == clean.cfg.train.lr and trainer.scheduler.last_epoch == 0
+
+    trainer.scheduler.step = real_step  # the retry trains exactly as if nothing had failed
+    assert trainer.train_step(ref, lp_ref) == expected
+    assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())
+    assert trainer.optimizer.param_groups[0]["lr"] == clean.optimizer.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.float16])
+def test_wire_format_round_trips_bits(dtype):
+    from artifacts.wire import from_wire, to_wire
+
+    named = {"a": (torch.randn(3, 5) * 100).to(dtype), "b.weight": torch.arange(7).to(dtype).reshape(7, 1)[::2]}
+    back = from_wire(to_wire(named))
+    for name, t in named.items():
+        assert back[name].dtype == dtype and back[name].shape == t.shape
+        assert torch.equal(back[name].view(torch.uint8) if dtype != torch.int64 else back[name],
+                           t.contiguous().view(torch.uint8) if dtype != torch.int64 else t)
+        assert back[name].is_contiguous()
+
+
+def test_use_rollout_logprobs_trains_on_the_engine_log_probs(engine, base_checkpoint, tmp_path):
+    from artifacts.store import read_rollout
+
+    def cfg_for(flag: bool) -> RunConfig:
+        return RunConfig.model_validate({
+            "hf_checkpoint": base_checkpoint, "run_dir": str(tmp_path),
+            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
+            "train": {"global_batch_size": 16, "lr": 1e-3, "use_kl_loss": True, "kl_loss_coef": 0.01,
+                      "use_rollout_logprobs": flag}})
+
+    samples, ref = _rollout(engine, cfg_for(True), tmp_path)
+    trainer = _trainer(cfg_for(True), base_checkpoint)
+    lp_ref = trainer.compute_log_probs(ref, str(tmp_path / "lp.parquet"))
+    assert read_table(lp_ref).column_names == ["sample_index", "ref_log_probs"]  # no actor forward ran
+    before = trainer.export_weights()
+    trainer.train_step(ref, lp_ref, str(tmp_path / "train_{rollout_id}_{rank}.parquet"))
+    dumped = {r["sample_index"]: r["log_probs"] for r in read_table(tmp_path / "train_0_0.parquet").to_pylist()}
+    assert all(dumped[s.sample_index] == s.rollout_log_probs for s in read_rollout(ref))
+    assert any(not torch.equal(before[k], v) for k, v in trainer.export_weights().items())
+
+    plain = _trainer(cfg_for(False), base_checkpoint)  # a trainer that recomputes refuses such an artifact
+    with pytest.raises(ValueError, match="no trainer log_probs"):
+        plain.train_step(ref, lp_ref)

@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from artifacts.atomic import atomic_write_json, atomic_write_text
-from artifacts.hashing import layer_hashes
+from artifacts.hashing import layer_hashes, weights_sha256
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
 from flows.config import RunConfig
@@ -32,8 +33,20 @@ from trainers.advantages import get_advantage_estimator
 from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
 from trainers.collectives import all_reduce_sum
 from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
+from trainers.rollout_stats import logprob_stats
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+
+
+@dataclass
+class _Snapshot:
+    """Trainer state before a rollout's steps (see TorchTrainer._snapshot)."""
+
+    weights: list[torch.Tensor]
+    opt_state: dict[Any, dict[str, Any]]
+    groups: list[dict[str, Any]]
+    sched: dict[str, Any]
+    global_step: int
 
 
 class TorchTrainer:
@@ -47,6 +60,11 @@ class TorchTrainer:
         self.applied: dict[int, list[dict[str, float]]] = {}
         self.last_applied_rollout = -1
         self.global_step = 0
+        # Content-addressed caches (keyed by the artifact's sha256): the log-prob pass and the train
+        # step of one rollout read the same rollout, build the same micro-batches, and the train step
+        # reads back the log-probs this rank just wrote. Only the latest rollout is kept.
+        self._samples: tuple[str, list[Sample], dict[tuple[int, ...], MicroBatch]] | None = None
+        self._written_logprobs: tuple[str, list[dict]] | None = None
 
     # -- set-up --------------------------------------------------------------------------------
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
@@ -84,29 +102,52 @@ class TorchTrainer:
         idx = mb.response_index[:, :, None].expand(-1, -1, logits.shape[-1])
         return logits.gather(1, idx).float() / self.cfg.rollout.rollout_temperature
 
+    def _rollout(self, ref: ArtifactRef) -> list[Sample]:
+        """The rollout's samples ordered by sample_index (read once per rollout, by content hash)."""
+        if self._samples is None or self._samples[0] != ref.sha256:
+            self._samples = (ref.sha256, _ordered(read_rollout(ref)), {})
+        return self._samples[1]
+
+    def _micro_batch(self, samples: list[Sample], positions: list[int]) -> MicroBatch:
+        """Padded tensors of `positions` of the cached rollout `samples` (built once per rollout)."""
+        assert self._samples is not None and self._samples[1] is samples
+        cache, key = self._samples[2], tuple(positions)
+        if key not in cache:
+            cache[key] = make_micro_batch([samples[p] for p in positions], self.pad_id)
+        return cache[key]
+
+    def _logprob_rows(self, ref: ArtifactRef) -> list[dict]:
+        """Rows of a log-prob artifact; the one this rank just wrote comes from memory."""
+        if self._written_logprobs is not None and self._written_logprobs[0] == ref.sha256:
+            return self._written_logprobs[1]
+        return read_table(ref).to_pylist()
+
     def _my_micro_batches(self, samples: list[Sample]) -> list[list[list[int]]]:
         return schedule(len(samples), self.cfg.global_batch_size, self.world_size, self.rank,
                         self.cfg.micro_batch_size)
 
     @torch.no_grad()
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
-        """Old-policy / reference log-probs and entropy per response token (rank 0 writes)."""
-        samples = _ordered(read_rollout(rollout_ref))
+        """Old-policy / reference log-probs and entropy per response token (rank 0 writes).
+        With --use-rollout-logprobs only the reference log-probs (if any) are computed."""
+        samples = self._rollout(rollout_ref)
         rows: dict[int, dict[str, list[float]]] = {}
         for step in self._my_micro_batches(samples):
             for positions in step:
                 batch = [samples[p] for p in positions]
-                mb = make_micro_batch(batch, self.pad_id)
-                logits = self._response_logits(self.model, mb)
-                lp = log_probs_from_logits(logits, mb.response_tokens)
-                ent = entropy_from_logits(logits)
-                ref = (log_probs_from_logits(self._response_logits(self.ref_model, mb), mb.response_tokens)
-                       if self.ref_model is not None else None)
-                for i, s in enumerate(batch):
-                    n = s.response_length
-                    rows[s.sample_index] = {"log_probs": lp[i, :n].tolist(), "entropy": ent[i, :n].tolist()}
-                    if ref is not None:
-                        rows[s.sample_index]["ref_log_probs"] = ref[i, :n].tolist()
+                mb = self._micro_batch(samples, positions)
+                for s in batch:
+                    rows[s.sample_index] = {}
+                if not self.t.use_rollout_logprobs:  # else the engine's log-probs are the old policy's
+                    logits = self._response_logits(self.model, mb)
+                    lp, ent = log_probs_from_logits(logits, mb.response_tokens), entropy_from_logits(logits)
+                    for i, s in enumerate(batch):
+                        n = s.response_length
+                        rows[s.sample_index].update(log_probs=lp[i, :n].tolist(), entropy=ent[i, :n].tolist())
+                if self.ref_model is not None:
+                    ref = log_probs_from_logits(self._response_logits(self.ref_model, mb), mb.response_tokens)
+                    for i, s in enumerate(batch):
+                        rows[s.sample_index]["ref_log_probs"] = ref[i, :s.response_length].tolist()
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, rows)
         if self.rank != 0:
@@ -117,15 +158,21 @@ class TorchTrainer:
         for key in ("log_probs", "ref_log_probs", "entropy"):
             if key in merged[order[0]]:
                 cols[key] = pa.array([merged[i][key] for i in order], pa.list_(pa.float32()))
-        return write_table(out_path, pa.table(cols), kind="logprobs",
-                           metadata={"rollout_sha256": rollout_ref.sha256})
+        table = pa.table(cols)
+        written = write_table(out_path, table, kind="logprobs", metadata={"rollout_sha256": rollout_ref.sha256})
+        self._written_logprobs = (written.sha256, table.to_pylist())  # == read_table(written).to_pylist()
+        return written
+
+    def rollout_stats(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> dict[str, float]:
+        """Trainer-side `rollout/*` stats (log_probs, ref_log_probs, entropy, rollout_log_probs)."""
+        return logprob_stats(self._rollout(rollout_ref), self._logprob_rows(logprob_ref))
 
     # -- training ------------------------------------------------------------------------------
     def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef,
                    dump_template: str | None = None) -> list[dict[str, float]]:
         """All optimizer steps of one rollout; refuses to apply a rollout twice (see base.Trainer).
         `dump_template` (with {rollout_id} and {rank}) receives this rank's batch after training."""
-        samples = _ordered(read_rollout(rollout_ref))
+        samples = self._rollout(rollout_ref)
         rollout_id = samples[0].rollout_id
         if rollout_id in self.applied:
             return self.applied[rollout_id]
@@ -134,7 +181,7 @@ class TorchTrainer:
                                f"(trainer is at rollout {self.last_applied_rollout}); refusing to train twice")
         snapshot = self._snapshot()
         try:
-            metrics = self._train_rollout(samples, read_table(logprob_ref).to_pylist(), dump_template)
+            metrics = self._train_rollout(samples, self._logprob_rows(logprob_ref), dump_template)
         except BaseException:
             self._restore(snapshot)  # a failed step leaves the weights as they were, so a retry is safe
             raise
@@ -145,6 +192,15 @@ class TorchTrainer:
     def _train_rollout(self, samples: list[Sample], lp_rows: list[dict],
                        dump_template: str | None) -> list[dict[str, float]]:
         old = {r["sample_index"]: r for r in lp_rows}
+        if self.t.use_rollout_logprobs:
+            missing = [s.sample_index for s in samples if len(s.rollout_log_probs) != s.response_length]
+            if missing:
+                raise ValueError(f"--use-rollout-logprobs: rollout {samples[0].rollout_id} has samples without "
+                                 f"engine log-probs (rollout_log_probs), e.g. sample_index {missing[:5]}")
+            old = {s.sample_index: {**old[s.sample_index], "log_probs": list(s.rollout_log_probs)} for s in samples}
+        elif any(r.get("log_probs") is None for r in lp_rows):
+            raise ValueError(f"rollout {samples[0].rollout_id}: the log-prob artifact has no trainer log_probs "
+                             "(computed with --use-rollout-logprobs?); train with that flag or recompute them")
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
         advantages = get_advantage_estimator(self.t.advantage_estimator)(
@@ -159,7 +215,8 @@ class TorchTrainer:
             sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float32))
             for positions in step:
                 batch = [samples[p] for p in positions]
-                for k, v in self._micro_step(batch, advantages[positions], old, use_rollout_lp).items():
+                mb = self._micro_batch(samples, positions)
+                for k, v in self._micro_step(batch, mb, advantages[positions], old, use_rollout_lp).items():
                     sums[k] = sums[k] + v
             for p in self.params:
                 if p.grad is None:  # every rank must join every collective
@@ -203,9 +260,8 @@ class TorchTrainer:
             path = str(Path(path).with_suffix(".parquet"))  # the train batch is always our columnar format
         write_table(path, pa.table(cols), kind="train_data")
 
-    def _micro_step(self, batch: list[Sample], adv: torch.Tensor, old: dict[int, dict],
+    def _micro_step(self, batch: list[Sample], mb: MicroBatch, adv: torch.Tensor, old: dict[int, dict],
                     use_rollout_lp: bool) -> dict[str, torch.Tensor]:
-        mb = make_micro_batch(batch, self.pad_id)
         width = mb.response_tokens.shape[1]
         logits = self._response_logits(self.model, mb)
         log_probs = log_probs_from_logits(logits, mb.response_tokens)
@@ -227,22 +283,39 @@ class TorchTrainer:
         loss.backward()
         return metrics
 
-    def _snapshot(self) -> tuple:
-        opt = copy.deepcopy(self.optimizer.state_dict()) if self.optimizer else None
-        sched = copy.deepcopy(self.scheduler.state_dict()) if self.scheduler else None
-        return copy.deepcopy(self.model.state_dict()), opt, sched, self.global_step
-
-    def _restore(self, snap: tuple) -> None:
-        self.model.load_state_dict(snap[0])
+    def _snapshot(self) -> _Snapshot:
+        """Copies of everything a train step mutates: weights, optimizer state, LR schedule, step.
+        Plain tensor clones (not a deepcopy of the state dicts): this runs before every rollout."""
+        weights = [t.detach().clone() for t in self.model.state_dict().values()]
+        opt_state: dict[Any, dict[str, Any]] = {}
+        groups: list[dict[str, Any]] = []
+        sched: dict[str, Any] = {}
         if self.optimizer is not None and self.scheduler is not None:
-            self.optimizer.load_state_dict(snap[1])
-            self.scheduler.load_state_dict(snap[2])
-        self.global_step = snap[3]
+            opt_state = {p: {k: v.clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in st.items()}
+                         for p, st in self.optimizer.state.items()}
+            groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+            sched = copy.deepcopy(self.scheduler.state_dict())
+        return _Snapshot(weights, opt_state, groups, sched, self.global_step)
+
+    @torch.no_grad()
+    def _restore(self, snap: _Snapshot) -> None:
+        for t, saved in zip(self.model.state_dict().values(), snap.weights, strict=True):
+            t.copy_(saved)
+        if self.optimizer is not None and self.scheduler is not None:
+            self.optimizer.state = defaultdict(dict, snap.opt_state)
+            for group, saved_group in zip(self.optimizer.param_groups, snap.groups, strict=True):
+                group.update(saved_group)
+            self.scheduler.load_state_dict(snap.sched)
+        self.global_step = snap.global_step
 
     # -- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self) -> dict[str, torch.Tensor]:
         """CPU copies of every persistent weight by HF name."""
         return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
+
+    def weights_sha256(self) -> str:
+        """Identity of this rank's weights; equal to weights_sha256(export_weights())."""
+        return weights_sha256(self.model.state_dict())
 
     def model_hash(self) -> dict[str, str]:
         """Per-layer SHA-256 of this rank's weights."""
