@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -104,15 +105,19 @@ def main() -> None:
     print("flow  per-rollout s:", " ".join(f"{s:.3f}" for s in durations), flush=True)
     print("flow  cadence s:    ", " ".join(f"{s:.3f}" for s in cadence), flush=True)
 
-    base = mean(plain[1:])
-    rows = [["plain loop (no Prefect, no Ray)", f"{base:.3f}", "-"]]
+    base, base_median = mean(plain[1:]), statistics.median(plain[1:])
+    rows = [["plain loop (no Prefect, no Ray)", f"{base:.3f}", "-", f"{base_median:.3f}", "-"]]
     for label, xs in (("flow: rollout-* flow run", durations[1:]), ("flow: start-to-start cadence", cadence[1:])):
-        rows.append([label, f"{mean(xs):.3f}", f"{mean(xs) - base:+.3f}"])
-    rows.append(["flow: gap between child runs", f"{mean(gaps[1:]):.3f}", "(part of cadence)"])
+        med = statistics.median(xs)
+        rows.append([label, f"{mean(xs):.3f}", f"{mean(xs) - base:+.3f}", f"{med:.3f}", f"{med - base_median:+.3f}"])
+    rows.append(["flow: gap between child runs", f"{mean(gaps[1:]):.3f}", "(part of cadence)",
+                 f"{statistics.median(gaps[1:]):.3f}", ""])
     print(f"\n{args.rollouts} rollouts x {args.batch_size} prompts x {args.n_samples} samples, "
           f"max {args.max_response_len} new tokens, 1 torch thread; means over rollouts 1..{args.rollouts - 1} "
           f"(cadence: 1..{args.rollouts - 2}); run_flow wall incl. start-up {wall:.1f} s")
-    print(table(["per rollout", "mean s", "overhead s (vs plain)"], rows))
+    print(table(["per rollout", "mean s", "overhead s (vs plain)", "median s", "overhead (medians)"], rows))
+    print("A cadence far above the median is Prefect's SQLite answering 503 (database is locked) to the next "
+          "flow-run creation and the client backing off 2 s.")
 
 
 if __name__ == "__main__":
