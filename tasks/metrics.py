@@ -9,6 +9,7 @@ from typing import Any
 from artifacts.schema import Sample
 from artifacts.store import RunPaths, append_metrics
 from flows.config import RunConfig
+from trainers.rollout_stats import mean as _mean
 
 
 def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, Any], step: int | None = None) -> dict:
@@ -20,10 +21,6 @@ def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, A
     append_metrics(RunPaths(cfg.resolved_run_dir).metrics, record)
     print(f"{kind} {step if kind == 'step' else rollout_id}: {metrics}", flush=True)
     return record
-
-
-def _mean(xs: list[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else 0.0
 
 
 def reward_stats(samples: list[Sample], n_per_prompt: int) -> dict[str, float]:

@@ -6,13 +6,14 @@ from __future__ import annotations
 from artifacts.schema import Sample
 
 
-def _mean(xs: list[float]) -> float:
+def mean(xs: list[float]) -> float:
+    """Arithmetic mean; 0.0 for no values (a metric of an empty selection)."""
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
 def _masked_mean(values: list[float], mask: list[int]) -> float:
     kept = [v for v, m in zip(values, mask, strict=False) if m]
-    return _mean(kept)
+    return mean(kept)
 
 
 def logprob_stats(samples: list[Sample], rows: list[dict]) -> dict[str, float]:
@@ -26,4 +27,4 @@ def logprob_stats(samples: list[Sample], rows: list[dict]) -> dict[str, float]:
                 out.setdefault(f"rollout/{key}", []).append(_masked_mean(r[key], s.loss_mask))
         if len(s.rollout_log_probs) == s.response_length:
             out.setdefault("rollout/rollout_log_probs", []).append(_masked_mean(s.rollout_log_probs, s.loss_mask))
-    return {k: _mean(v) for k, v in out.items()}
+    return {k: mean(v) for k, v in out.items()}

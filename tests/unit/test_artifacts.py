@@ -42,38 +42,15 @@ from artifacts import (
     write_rollout,
     write_table,
 )
-from tests.helpers import float32_list
-
-
-def _make_sample(index: int = 0, n: int = 4, **changes: object) -> Sample:
-    rng = np.random.default_rng(index)
-    sample = Sample(
-        rollout_id=7,
-        group_index=index // 2,
-        sample_index=index,
-        prompt=f"What is {index} + 1?",
-        prompt_tokens=list(range(10, 20)),
-        response="x" * n,
-        response_tokens=rng.integers(0, 50_000, n).tolist(),
-        response_length=n,
-        label=str(index + 1),
-        reward=float(index % 2),
-        status="completed",
-        loss_mask=[1] * n,
-        rollout_log_probs=float32_list((-rng.random(n) * 5).tolist()),
-        weight_version=3,
-        seed=1234 + index,
-        metadata={"source": "tiny-arith", "turn": index},
-    )
-    return dataclasses.replace(sample, **changes)
+from tests.helpers import float32_list, make_sample
 
 
 def _edge_samples() -> list[Sample]:
     """Unicode, empty lists, extreme ints and awkward float32 values (-0.0, -inf, subnormal)."""
     awkward = float32_list([-0.0, -math.inf, -1e-45, -3.4028234663852886e38, -1.0000001, -0.1])
     return [
-        _make_sample(0),
-        _make_sample(
+        make_sample(0),
+        make_sample(
             1,
             n=6,
             prompt="Ünïcödé ✓ 中文 😀 e\u0301 \x00 nul",
@@ -85,10 +62,10 @@ def _edge_samples() -> list[Sample]:
             weight_version=-1,
             metadata={"ключ": ["ü", {"nested": None}], "f": 0.1, "big": 2**62},
         ),
-        _make_sample(
+        make_sample(
             2, n=0, prompt="", prompt_tokens=[], rollout_log_probs=[], status="aborted", metadata={}
         ),
-        _make_sample(3, rollout_log_probs=[], status="truncated", seed=-(2**63), reward=-0.5),
+        make_sample(3, rollout_log_probs=[], status="truncated", seed=-(2**63), reward=-0.5),
     ]
 
 
@@ -208,7 +185,7 @@ def test_metadata_is_json_encoded_and_reserved_keys_rejected(tmp_path: Path) -> 
         "n": 8,
         "t": 0.5,
     }
-    ref = write_rollout(tmp_path / "r.parquet", [_make_sample()], metadata=user)
+    ref = write_rollout(tmp_path / "r.parquet", [make_sample()], metadata=user)
 
     raw = pq.ParquetFile(ref.path).schema_arrow.metadata
     assert json.loads(raw[b"rollflow.sampling"]) == user["sampling"]
@@ -222,9 +199,9 @@ def test_metadata_is_json_encoded_and_reserved_keys_rejected(tmp_path: Path) -> 
     }
 
     with pytest.raises(ValueError, match="'kind' is reserved"):
-        write_rollout(tmp_path / "bad.parquet", [_make_sample()], metadata={"kind": "x"})
+        write_rollout(tmp_path / "bad.parquet", [make_sample()], metadata={"kind": "x"})
     with pytest.raises(ValueError, match="not JSON-serialisable"):
-        write_rollout(tmp_path / "bad.parquet", [_make_sample()], metadata={"obj": object()})
+        write_rollout(tmp_path / "bad.parquet", [make_sample()], metadata={"obj": object()})
     assert not (tmp_path / "bad.parquet").exists()
 
 
@@ -244,7 +221,7 @@ def test_newer_schema_version_is_rejected(tmp_path: Path, monkeypatch: pytest.Mo
     path = tmp_path / "future.parquet"
     with monkeypatch.context() as m:
         m.setattr(store, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
-        ref = write_rollout(path, [_make_sample()])
+        ref = write_rollout(path, [make_sample()])
     assert ref.schema_version == SCHEMA_VERSION + 1
 
     message = f"schema version {SCHEMA_VERSION + 1}.*reads schema version {SCHEMA_VERSION}"
@@ -256,19 +233,19 @@ def test_newer_schema_version_is_rejected(tmp_path: Path, monkeypatch: pytest.Mo
 def test_older_schema_version_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as m:
         m.setattr(store, "SCHEMA_VERSION", 0)
-        ref = write_rollout(tmp_path / "old.parquet", [_make_sample()])
-    assert read_rollout(ref) == [_make_sample()]
+        ref = write_rollout(tmp_path / "old.parquet", [make_sample()])
+    assert read_rollout(ref) == [make_sample()]
 
 
 def test_plain_parquet_is_not_an_artifact(tmp_path: Path) -> None:
     path = tmp_path / "plain.parquet"
-    pq.write_table(samples_to_table([_make_sample()]), path)
+    pq.write_table(samples_to_table([make_sample()]), path)
     with pytest.raises(ArtifactError, match=r"plain\.parquet: not a rollflow artifact"):
         read_rollout(path)
 
 
 def test_missing_column_is_named(tmp_path: Path) -> None:
-    table = samples_to_table([_make_sample()]).drop_columns(["reward", "seed"])
+    table = samples_to_table([make_sample()]).drop_columns(["reward", "seed"])
     ref = write_table(tmp_path / "r.parquet", table, kind="rollout")
     with pytest.raises(
         ArtifactError, match=r"r\.parquet: .*missing required column\(s\) \['reward', 'seed'\]"
@@ -286,13 +263,13 @@ def test_unknown_extra_columns_are_ignored(tmp_path: Path) -> None:
 
 
 def test_widened_columns_are_cast_and_nulls_rejected() -> None:
-    table = samples_to_table([_make_sample()])
+    table = samples_to_table([make_sample()])
     widened = table.set_column(
         table.schema.get_field_index("response_tokens"),
         "response_tokens",
         table.column("response_tokens").cast(pa.list_(pa.int64())),
     )
-    assert table_to_samples(widened) == [_make_sample()]
+    assert table_to_samples(widened) == [make_sample()]
 
     too_wide = table.set_column(
         table.schema.get_field_index("response_length"), "response_length", pa.array([2**40], pa.int64())
@@ -313,7 +290,7 @@ def test_widened_columns_are_cast_and_nulls_rejected() -> None:
 
 
 def test_flipped_bytes_in_the_middle_are_detected(tmp_path: Path) -> None:
-    ref = write_rollout(tmp_path / "r.parquet", [_make_sample(i, n=64) for i in range(8)])
+    ref = write_rollout(tmp_path / "r.parquet", [make_sample(i, n=64) for i in range(8)])
     data = Path(ref.path).read_bytes()
     start, end = _data_region(data)
     middle = (start + end) // 2
@@ -333,7 +310,7 @@ def test_no_single_byte_flip_returns_wrong_samples(tmp_path: Path) -> None:
     """Sweep single-byte flips over the whole file: the reader either fails loudly or (for bytes
     that do not encode data, e.g. unused header fields) returns exactly the original samples;
     with the ref, every flip is caught."""
-    samples = [_make_sample(i, n=8) for i in range(3)]
+    samples = [make_sample(i, n=8) for i in range(3)]
     path = tmp_path / "r.parquet"
     ref = write_rollout(path, samples)
     data = path.read_bytes()
@@ -348,7 +325,7 @@ def test_no_single_byte_flip_returns_wrong_samples(tmp_path: Path) -> None:
 
 
 def test_truncated_file_is_detected(tmp_path: Path) -> None:
-    ref = write_rollout(tmp_path / "r.parquet", [_make_sample(i) for i in range(4)])
+    ref = write_rollout(tmp_path / "r.parquet", [make_sample(i) for i in range(4)])
     data = Path(ref.path).read_bytes()
     for length in (0, 3, len(data) // 2, len(data) - 1):
         Path(ref.path).write_bytes(data[:length])
@@ -360,9 +337,9 @@ def test_data_not_matching_its_checksum_is_detected(tmp_path: Path) -> None:
     """A well-formed file whose data was changed (e.g. edited with another tool, keeping the
     metadata) passes every Parquet-level check; only the content checksum catches it."""
     path = tmp_path / "r.parquet"
-    write_rollout(path, [_make_sample(0)])
+    write_rollout(path, [make_sample(0)])
     original = pq.read_table(path)
-    edited = samples_to_table([_make_sample(0, reward=42.0)]).replace_schema_metadata(
+    edited = samples_to_table([make_sample(0, reward=42.0)]).replace_schema_metadata(
         original.schema.metadata
     )
     pq.write_table(edited, path)
@@ -388,7 +365,7 @@ def test_ref_verify(tmp_path: Path) -> None:
 
 
 def test_artifact_ref_json_round_trip(tmp_path: Path) -> None:
-    ref = write_rollout(tmp_path / "r.parquet", [_make_sample()])
+    ref = write_rollout(tmp_path / "r.parquet", [make_sample()])
     again = ArtifactRef.model_validate_json(ref.model_dump_json())
     assert again == ref
     assert hash(again) == hash(ref)  # frozen: usable as a dict key / in cache keys
@@ -439,17 +416,17 @@ def test_artifact_ref_rejects_bad_fields(field: str, value: object) -> None:
 )
 def test_sample_validate_names_the_field(changes: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=rf"Sample\.{field}"):
-        _make_sample(**changes).validate()
+        make_sample(**changes).validate()
 
 
 def test_sample_validate_accepts_unknown_log_probs_and_empty_responses() -> None:
-    _make_sample(rollout_log_probs=[]).validate()
-    _make_sample(n=0).validate()
-    _make_sample(reward=1).validate()  # an int reward is a valid float
+    make_sample(rollout_log_probs=[]).validate()
+    make_sample(n=0).validate()
+    make_sample(reward=1).validate()  # an int reward is a valid float
 
 
 def test_write_rollout_validates_first(tmp_path: Path) -> None:
-    samples = [_make_sample(0), _make_sample(1, status="done")]
+    samples = [make_sample(0), make_sample(1, status="done")]
     with pytest.raises(
         ValueError, match=r"sample 1 \(rollout_id=7, group_index=0, sample_index=1\): Sample\.status"
     ):
@@ -459,7 +436,7 @@ def test_write_rollout_validates_first(tmp_path: Path) -> None:
 
 def test_samples_to_table_names_unconvertible_column() -> None:
     with pytest.raises(ValueError, match="column 'seed'"):
-        samples_to_table([_make_sample(seed=2**64)])
+        samples_to_table([make_sample(seed=2**64)])
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,30 +21,15 @@ from artifacts.slime_format import (
     save_slime_dump,
     write_any,
 )
-from tests.helpers import float32_list
+from tests.helpers import float32_list, make_sample
 
 
 def _sample(index: int, n: int = 4, **changes: object) -> Sample:
-    rng = np.random.default_rng(index)
-    sample = Sample(
-        rollout_id=5,
-        group_index=index // 2,
-        sample_index=index,
-        prompt=f"<|user|>{index}+1=<|assistant|>",
-        prompt_tokens=[2, 4 + index % 10, 14, 5, 16, 3],
-        response="x" * n,
-        response_tokens=rng.integers(0, 18, n).tolist(),
-        response_length=n,
-        label=str(index + 1),
-        reward=float(index % 2),
-        status="completed",
-        loss_mask=[1] * n,
-        rollout_log_probs=float32_list((-rng.random(n) * 5).tolist()),
-        weight_version=3,
-        seed=2**62 + index,
-        metadata={"finish_reason": "stop", "nested": {"k": [1, None]}},
-    )
-    return dataclasses.replace(sample, **changes)
+    """A tiny-arith-like sample (vocab 18, chat prompt, 63-bit seed, nested metadata) in rollout 5."""
+    fields: dict[str, object] = {
+        "rollout_id": 5, "prompt": f"<|user|>{index}+1=<|assistant|>", "prompt_tokens": [2, 4 + index % 10, 14, 5, 16, 3],
+        "seed": 2**62 + index, "metadata": {"finish_reason": "stop", "nested": {"k": [1, None]}}}
+    return make_sample(index, n, vocab=18, **{**fields, **changes})
 
 
 def _samples() -> list[Sample]:
