@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import cast
 
 from prefect import flow
-from prefect.artifacts import acreate_table_artifact
+from prefect.artifacts import TableArtifact
 from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
@@ -75,8 +75,7 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
     await s["check"](q, rollout_id, steps, weights if synced else None)
     if _eval_due(cfg, rollout_id) and has_engines:
         await s["eval"](q, rollout_id + 1, weights)
-    await _publish_metrics_table(cfg, rollout_id)
-    return weights
+    return weights  # the parent then attaches this rollout's metrics table (_publish_metrics_table)
 
 
 @flow(name="rollflow-run", flow_run_name=_run_name, log_prints=True)
@@ -108,6 +107,7 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
             state = await rollout_flow(cfg, rollout_id, weights, session, refresh, return_state=True)
             weights = await state.result()  # type: ignore[misc]
             await _settle(state.state_details.flow_run_id)
+            await _publish_metrics_table(cfg, rollout_id, state.state_details.flow_run_id)
             if trainers and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == end)):
                 await save_checkpoint(opaque_config(cfg), rollout_id)
         if end < cfg.rollout.num_rollout:
@@ -168,11 +168,14 @@ def _save_due(cfg: RunConfig, rollout_id: int) -> bool:
     return last or (c.save_interval is not None and (rollout_id + 1) % c.save_interval == 0)
 
 
-async def _publish_metrics_table(cfg: RunConfig, rollout_id: int) -> None:
-    """One Prefect table artifact per rollout with every metric logged for it (flow body, so never cached).
-    Posted in the flow, not in the background: a concurrent write makes Prefect's SQLite answer 503."""
+async def _publish_metrics_table(cfg: RunConfig, rollout_id: int, flow_run_id) -> None:
+    """One Prefect table artifact per rollout with every metric logged for it, attached to the rollout's
+    `rollout-<id>` flow run. The parent posts it once the child's task runs are recorded (`_settle`):
+    posted at the end of the child, it waited behind the server's burst of task-run writes (about 80 ms
+    of every child flow run on 2 cores), and posted concurrently with them SQLite answers 503."""
     rows = [{"kind": r["kind"], "step": r.get("step", ""), "metric": k, "value": v}
             for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics)
             if r["rollout_id"] == rollout_id and r["kind"] != "eval" for k, v in r["metrics"].items()]
     key = f"{cfg.name.lower().replace('_', '-').replace('.', '-')}-rollout-{rollout_id}-metrics"
-    await acreate_table_artifact(rows, key=key, description=f"metrics of rollout {rollout_id} of run {cfg.name}")
+    await TableArtifact(key=key, description=f"metrics of rollout {rollout_id} of run {cfg.name}", table=rows,
+                        flow_run_id=flow_run_id).acreate()

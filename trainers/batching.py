@@ -27,10 +27,14 @@ def schedule(num_samples: int, global_batch_size: int, dp_size: int, rank: int,
 
 @dataclass
 class MicroBatch:
-    """Right-padded tensors of one micro-batch. T_all = longest prompt+response, T = longest response."""
+    """Right-padded tensors of one micro-batch. T_all = longest prompt+response, T = longest response.
+
+    No attention mask: with padding on the right and causal attention, every real token attends only
+    to real tokens before it, so a mask changes nothing the trainer reads (pad positions' outputs are
+    never gathered), and without one SDPA takes its causal kernel (tests/unit/test_batching.py pins
+    that the response logits are bitwise those of the masked forward)."""
 
     input_ids: torch.Tensor       # [B, T_all] int64
-    attention_mask: torch.Tensor  # [B, T_all] int64
     response_index: torch.Tensor  # [B, T] int64: position in input_ids whose logits predict response token t
     response_tokens: torch.Tensor  # [B, T] int64
     loss_mask: torch.Tensor       # [B, T] float32 (0 on padding)
@@ -44,14 +48,13 @@ def make_micro_batch(samples: list[Sample], pad_id: int) -> MicroBatch:
     t = max(max(s.response_length for s in samples), 1)
     # one torch.tensor call per field (not per sample): this runs on every trainer micro-batch
     input_ids = torch.tensor([x + [pad_id] * (width - len(x)) for x in seqs], dtype=torch.long)
-    attention = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in seqs], dtype=torch.long)
     response_index, response_tokens, loss_mask = [], [], []
     for s in samples:
         p, r = len(s.prompt_tokens), s.response_length
         response_index.append(list(range(p - 1, p - 1 + r)) + [0] * (t - r))
         response_tokens.append(list(s.response_tokens) + [pad_id] * (t - r))
         loss_mask.append([float(m) for m in s.loss_mask] + [0.0] * (t - r))
-    return MicroBatch(input_ids, attention, torch.tensor(response_index, dtype=torch.long),
+    return MicroBatch(input_ids, torch.tensor(response_index, dtype=torch.long),
                       torch.tensor(response_tokens, dtype=torch.long),
                       torch.tensor(loss_mask, dtype=torch.float32), [s.sample_index for s in samples])
 

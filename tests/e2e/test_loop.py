@@ -42,6 +42,22 @@ async def _task_states(client, flow_run_ids) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
+async def _metric_tables(client, flow_runs) -> dict[str, tuple[str, list[dict]]]:
+    """{flow run name: (key, rows)} of the one table artifact attached to each flow run."""
+    import json
+
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
+
+    out = {}
+    for run in flow_runs:
+        arts = await client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]), type=ArtifactFilterType(any_=["table"])))
+        assert len(arts) == 1, f"{run.name}: {len(arts)} table artifacts"
+        data = arts[0].data
+        out[run.name] = (arts[0].key, json.loads(data) if isinstance(data, str) else data)
+    return out
+
+
 def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_server, base_checkpoint):
     from flows.run import run_flow
 
@@ -90,9 +106,13 @@ def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_s
             rollout_runs = [r for r in runs if r.name.startswith("rollout-")]
             latest = sorted(rollout_runs, key=lambda r: r.start_time)[-2:]
             assert sorted(r.name for r in latest) == ["rollout-0", "rollout-1"]
-            return await _task_states(client, [r.id for r in latest])
+            return await _task_states(client, [r.id for r in latest]), await _metric_tables(client, latest)
 
-    got = asyncio.run(states())
+    got, tables = asyncio.run(states())
+    # each rollout-<id> flow run carries its metrics table artifact (the parent attaches it)
+    for name, (key, rows) in tables.items():
+        assert key == f"e2e-{name}-metrics"
+        assert {"train/loss", "rollout/raw_reward", "check/engines_in_sync"} <= {r["metric"] for r in rows}
     assert got["generate"] == ["Cached", "Cached"]
     assert got["log-prob"] == ["Cached", "Cached"]
     assert got["train-step"] == ["Completed", "Completed"]

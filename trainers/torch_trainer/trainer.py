@@ -97,8 +97,9 @@ class TorchTrainer:
 
     # -- forward -------------------------------------------------------------------------------
     def _response_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        """Temperature-scaled logits that predict each response token: [B, T, V]."""
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        """Temperature-scaled logits that predict each response token: [B, T, V] (right padding: no mask
+        needed, see MicroBatch)."""
+        logits = model(input_ids=mb.input_ids).logits
         idx = mb.response_index[:, :, None].expand(-1, -1, logits.shape[-1])
         return logits.gather(1, idx).float() / self.cfg.rollout.rollout_temperature
 
