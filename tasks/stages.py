@@ -95,10 +95,11 @@ async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weight
     engines, trainers = actors.engines(cfg), actors.trainers(cfg)
     await asyncio.gather(*[e.release_memory.remote() for e in engines])  # engines step aside for the trainer
     out = _paths(cfg).logprobs(rollout_id)
-    refs = await asyncio.gather(*[t.compute_log_probs.remote(rollout, str(out)) for t in trainers])
-    logprobs: ArtifactRef = refs[0]
-    log_metrics(cfg, "rollout", rollout_id, await trainers[0].rollout_stats.remote(rollout, logprobs))
-    return logprobs
+    written = [t.compute_log_probs.remote(rollout, str(out)) for t in trainers]
+    # rank 0 runs its calls in submission order and Ray hands it the ref it wrote: no round trip between
+    *refs, stats = await asyncio.gather(*written, trainers[0].rollout_stats.remote(rollout, written[0]))
+    log_metrics(cfg, "rollout", rollout_id, stats)
+    return refs[0]
 
 
 @task(name="train-step", retries=1, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "train")),
@@ -126,16 +127,18 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
     first, and after the sync every tensor must equal the trainer's bitwise."""
     engines, trainer0 = actors.engines(cfg), actors.trainers(cfg)[0]
     version = rollout_id + 1
-    if verify_equal:
-        await asyncio.gather(*[e.snapshot_and_scramble.remote() for e in engines])
-    await asyncio.gather(*[e.resume_memory.remote() for e in engines])
+    # An engine runs the calls of one caller in submission order (snapshot, resume, update), so they are
+    # submitted together and awaited once.
+    scrambled = [e.snapshot_and_scramble.remote() for e in engines] if verify_equal else []
+    resumed = [e.resume_memory.remote() for e in engines]
     if cfg.debug.debug_skip_weight_update:  # the schedule around the transfer still ran; the engines keep theirs
+        await asyncio.gather(*scrambled, *resumed)
         print(f"sync {rollout_id}: --debug-skip-weight-update: weight transfer skipped")
         return WeightsRef(version=await engines[0].weight_version.remote(),
                           sha256=await engines[0].weights_sha256.remote())
     weights = trainer0.export_weights.remote()  # one ObjectRef, fetched by every engine
     sha256 = trainer0.weights_sha256.remote()  # hashed where the weights are: they never reach this process
-    await asyncio.gather(*[e.update_weights.remote(weights, version) for e in engines])
+    await asyncio.gather(*scrambled, *resumed, *[e.update_weights.remote(weights, version) for e in engines])
     if verify_equal:
         skip = [s for s in (cfg.ci.check_weight_update_skip_list or "").split(",") if s]
         wrong = await asyncio.gather(*[e.compare_weights.remote(weights, skip) for e in engines])
@@ -169,8 +172,9 @@ async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: Wei
         log_metrics(cfg, "check", rollout_id, result)
         return result
     engines = actors.engines(cfg)
-    versions = await asyncio.gather(*[e.weight_version.remote() for e in engines])
-    shas = await asyncio.gather(*[e.weights_sha256.remote() for e in engines])
+    answers = await asyncio.gather(*[e.weight_version.remote() for e in engines],
+                                   *[e.weights_sha256.remote() for e in engines])
+    versions, shas = answers[:len(engines)], answers[len(engines):]
     wrong = [i for i, (v, s) in enumerate(zip(versions, shas, strict=True))
              if v != weights.version or s != weights.sha256]
     if wrong:
