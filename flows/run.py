@@ -20,7 +20,17 @@ from tasks.checks import metric_gate, raise_if_any
 from tasks.metrics import log_metrics
 from tasks.recordings import inject, load_rollout
 from tasks.refs import WeightsRef
-from tasks.stages import check, evaluate, generate, log_prob, save_checkpoint, save_rollout, sync, train_step
+from tasks.stages import (
+    artifact_slug,
+    check,
+    evaluate,
+    generate,
+    log_prob,
+    save_checkpoint,
+    save_rollout,
+    sync,
+    train_step,
+)
 
 STAGES = {"generate": generate, "save-rollout": save_rollout, "log-prob": log_prob, "train-step": train_step,
           "sync": sync, "check": check, "eval": evaluate, "load-rollout": load_rollout, "inject": inject}
@@ -176,6 +186,6 @@ async def _publish_metrics_table(cfg: RunConfig, rollout_id: int, flow_run_id) -
     rows = [{"kind": r["kind"], "step": r.get("step", ""), "metric": k, "value": v}
             for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics)
             if r["rollout_id"] == rollout_id and r["kind"] != "eval" for k, v in r["metrics"].items()]
-    key = f"{cfg.name.lower().replace('_', '-').replace('.', '-')}-rollout-{rollout_id}-metrics"
+    key = f"{artifact_slug(cfg.name)}-rollout-{rollout_id}-metrics"
     await TableArtifact(key=key, description=f"metrics of rollout {rollout_id} of run {cfg.name}", table=rows,
                         flow_run_id=flow_run_id).acreate()

@@ -162,7 +162,7 @@ async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: Wei
     if cfg.ci.ci_test or violations:
         body = "\n".join(f"- {v}" for v in violations) or "- KL, log-prob and grad-norm checkers: all passed"
         await acreate_markdown_artifact(f"## Checks of rollout {rollout_id}\n\n{body}",
-                                        key=f"{_slug(cfg.name)}-rollout-{rollout_id}-checks",
+                                        key=f"{artifact_slug(cfg.name)}-rollout-{rollout_id}-checks",
                                         description=f"--ci-test checks of rollout {rollout_id}")
     if violations:
         log_metrics(cfg, "check", rollout_id, {"check/violations": float(len(violations))})
@@ -185,7 +185,8 @@ async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: Wei
     return result
 
 
-def _slug(name: str) -> str:
+def artifact_slug(name: str) -> str:
+    """A run name as Prefect artifact keys allow it (lowercase letters, digits, dashes)."""
     return name.lower().replace("_", "-").replace(".", "-")
 
 
