@@ -27,11 +27,13 @@ from pathlib import Path
 _TMP = Path(tempfile.mkdtemp(prefix="rf-bench-overhead-"))
 # before anything imports prefect or ray
 os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
-os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ["RAY_AUTH_MODE"] = "disabled"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flows.cli import configure_prefect_env  # noqa: E402
+
+configure_prefect_env()  # the Prefect settings `rollflow run` uses
 
 from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
 from flows.config import RunConfig  # noqa: E402

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from prefect import flow
 from prefect.artifacts import TableArtifact
@@ -36,11 +37,33 @@ STAGES = {"generate": generate, "save-rollout": save_rollout, "log-prob": log_pr
           "sync": sync, "check": check, "eval": evaluate, "load-rollout": load_rollout, "inject": inject}
 
 
-def _stages(refresh: list[str]) -> dict:
-    unknown = sorted(set(refresh) - set(STAGES))
-    if unknown:
-        raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {sorted(STAGES)}")
-    return {name: t.with_options(refresh_cache=True) if name in refresh else t for name, t in STAGES.items()}  # type: ignore[attr-defined]
+class _Stages:
+    """The stage tasks of one rollout flow run (`--refresh` ones forced), counting the task runs started."""
+
+    def __init__(self, refresh: list[str]) -> None:
+        unknown = sorted(set(refresh) - set(STAGES))
+        if unknown:
+            raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {sorted(STAGES)}")
+        self._tasks: dict[str, Any] = {name: t.with_options(refresh_cache=True) if name in refresh else t  # type: ignore[attr-defined]
+                       for name, t in STAGES.items()}
+        self.started = 0
+
+    def __getitem__(self, name: str) -> Any:
+        task = self._tasks[name]
+
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            self.started += 1
+            return await task(*args, **kwargs)
+        return run
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """What a `rollout-<id>` flow run returns: the engines' weights after it, and how many task runs it
+    started (the parent waits for the server to have recorded that many, `_settle`)."""
+
+    weights: WeightsRef
+    task_runs: int
 
 
 def opaque_config(cfg: RunConfig) -> RunConfig:
@@ -56,13 +79,13 @@ def _run_name() -> str:
 
 @flow(name="rollout", flow_run_name="rollout-{rollout_id}", log_prints=True)
 async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, session: str,
-                       refresh: list[str] | None = None) -> WeightsRef:
+                       refresh: list[str] | None = None) -> RolloutResult:
     """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval).
 
     --debug-rollout-only stops after save-rollout; --load-debug-rollout-data (train-only) loads a
     recording instead of generating and never syncs; --ci-inject-rollout-data-path generates, then
     checks the generation against the recording and trains on the recording."""
-    s, d, q = _stages(refresh or []), cfg.debug, opaque_config(cfg)  # q: cfg as the tasks' argument
+    s, d, q = _Stages(refresh or []), cfg.debug, opaque_config(cfg)  # q: cfg as the tasks' argument
     has_engines = not cfg.train_only
     if rollout_id == 0 and cfg.eval.eval_interval and has_engines:
         await s["eval"](q, 0, weights)
@@ -85,7 +108,7 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
     await s["check"](q, rollout_id, steps, weights if synced else None)
     if _eval_due(cfg, rollout_id) and has_engines:
         await s["eval"](q, rollout_id + 1, weights)
-    return weights  # the parent then attaches this rollout's metrics table (_publish_metrics_table)
+    return RolloutResult(weights, s.started)  # the parent then attaches the metrics table (_publish_metrics_table)
 
 
 @flow(name="rollflow-run", flow_run_name=_run_name, log_prints=True)
@@ -104,7 +127,7 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
             print(f"resumed from {cfg.checkpoint.load} at rollout {start}")
         if engines and trainers:
             check_first_sync = cfg.ci.weight_check and not (cfg.train_only or cfg.rollout_only)
-            weights = await sync(opaque_config(cfg), start - 1, verify_equal=check_first_sync)  # type: ignore[misc]
+            weights = await _settled(sync, opaque_config(cfg), start - 1, verify_equal=check_first_sync)
         elif engines:  # rollout-only: the engines keep the weights they loaded, version 0
             weights = WeightsRef(version=0, sha256=await engines[0].weights_sha256.remote())
         else:  # train-only: nothing to sync; identify the trainer's starting weights
@@ -115,11 +138,12 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
             end = min(end, start + cfg.debug.debug_exit_after_rollout)
         for rollout_id in range(start, end):
             state = await rollout_flow(cfg, rollout_id, weights, session, refresh, return_state=True)
-            weights = await state.result()  # type: ignore[misc]
-            await _settle(state.state_details.flow_run_id)
+            result: RolloutResult = await state.result()  # type: ignore[misc]
+            weights = result.weights
+            await _settle(result.task_runs, flow_run_id=state.state_details.flow_run_id)
             await _publish_metrics_table(cfg, rollout_id, state.state_details.flow_run_id)
             if trainers and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == end)):
-                await save_checkpoint(opaque_config(cfg), rollout_id)
+                await _settled(save_checkpoint, opaque_config(cfg), rollout_id)
         if end < cfg.rollout.num_rollout:
             print(f"--debug-exit-after-rollout: stopping after rollout {end - 1}")
     finally:
@@ -133,24 +157,39 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
             "evals": {r["rollout_id"]: r["metrics"][f"eval/{cfg.recipe}"] for r in evals}}
 
 
-async def _settle(flow_run_id, timeout: float = 5.0) -> None:
-    """Wait until the server has recorded every task run of the finished child flow run.
+async def _settle(task_runs: int, *, flow_run_id: Any = None, task_run_id: Any = None, timeout: float = 5.0) -> bool:
+    """Wait until the server has recorded `task_runs` task runs of the given flow run (or the one task
+    run `task_run_id`), each in a final state; False if that took longer than `timeout` seconds.
 
-    Task runs reach the server as events that a background service writes to SQLite; creating the
-    next child flow run while it writes makes the API answer 503 ("database is locked") and the
-    client back off for 2 s. Waiting here (a read, ~0.1 s) keeps the two writers apart.
+    Task runs reach the server as events that a background service writes to SQLite one by one; when
+    the parent creates the next child flow run while it writes, SQLite refuses the request ("database
+    is locked"), the API answers 503 and Prefect's client backs off for 2 s. Waiting here (a read every
+    20 ms) keeps the two writers apart. The count matters: the last task's events can still be on their
+    way when the earlier task runs are recorded final (measured: a 2 s stall every 5-10 rollouts when
+    only the task runs already recorded were awaited).
     """
     import anyio
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterId
 
+    query = ({"task_run_filter": TaskRunFilter(id=TaskRunFilterId(any_=[task_run_id]))} if task_run_id is not None
+             else {"flow_run_filter": FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))})
     with anyio.move_on_after(timeout):
         async with get_client() as client:
             while True:
-                runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-                if runs and all(r.state is not None and r.state.is_final() for r in runs):
-                    return
-                await anyio.sleep(0.05)
+                runs = await client.read_task_runs(**query)
+                if len(runs) >= task_runs and all(r.state is not None and r.state.is_final() for r in runs):
+                    return True
+                await anyio.sleep(0.02)
+    return False
+
+
+async def _settled(task: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run one of the parent flow's own tasks, wait until the server has recorded its task run
+    (`_settle`), and return its result (raising as the task did)."""
+    state = await task(*args, return_state=True, **kwargs)
+    await _settle(1, task_run_id=state.state_details.task_run_id)
+    return await state.result()
 
 
 def prepare(cfg: RunConfig) -> RunConfig:

@@ -20,11 +20,12 @@ sys.path.insert(0, str(ROOT))
 
 _TMP = Path(tempfile.mkdtemp(prefix="rf-test-"))
 os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
-os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
-os.environ["RAY_AUTH_MODE"] = "disabled"
-os.environ["RAY_DEDUP_LOGS"] = "0"
+
+from flows.cli import configure_prefect_env  # noqa: E402
+
+configure_prefect_env()  # analytics off, Ray token auth off, batched event writes: as `rollflow run`
 
 
 def pytest_collection_modifyitems(config, items):

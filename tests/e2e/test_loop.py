@@ -106,9 +106,10 @@ def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_s
             rollout_runs = [r for r in runs if r.name.startswith("rollout-")]
             latest = sorted(rollout_runs, key=lambda r: r.start_time)[-2:]
             assert sorted(r.name for r in latest) == ["rollout-0", "rollout-1"]
-            return await _task_states(client, [r.id for r in latest]), await _metric_tables(client, latest)
+            return await _task_states(client, [r.id for r in latest]), await _metric_tables(client, latest), \
+                {r.name: r.id for r in latest}
 
-    got, tables = asyncio.run(states())
+    got, tables, ids = asyncio.run(states())
     # each rollout-<id> flow run carries its metrics table artifact (the parent attaches it)
     for name, (key, rows) in tables.items():
         assert key == f"e2e-{name}-metrics"
@@ -117,6 +118,13 @@ def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_s
     assert got["log-prob"] == ["Cached", "Cached"]
     assert got["train-step"] == ["Completed", "Completed"]
     assert {"generate", "save-rollout", "log-prob", "train-step", "sync", "check", "eval"} <= set(got)
+
+    # the parent waits for as many recorded task runs as the child started (six stages + evals), not
+    # just for those already recorded: rollout-0 ran eval 0 and eval 1, rollout-1 eval 2
+    from flows.run import _settle
+
+    assert asyncio.run(_settle(8, flow_run_id=ids["rollout-0"])) and asyncio.run(_settle(7, flow_run_id=ids["rollout-1"]))
+    assert not asyncio.run(_settle(9, flow_run_id=ids["rollout-0"], timeout=0.3))
 
 
 def test_two_data_parallel_ranks_train_in_one_gloo_group(tmp_path, ray_session, prefect_server, base_checkpoint):
