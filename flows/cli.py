@@ -128,11 +128,17 @@ def configure_prefect_env() -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+def server_command(port: int) -> list[str]:
+    """`prefect server start` run by this interpreter: the venv's `prefect` script need not be on PATH
+    (`scripts/rollflow` runs the venv's `rollflow` without activating the venv)."""
+    return [sys.executable, "-m", "prefect", "server", "start", "--port", str(port), "--analytics-off"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     if args.command == "server":
         configure_prefect_env()
-        os.execvp("prefect", ["prefect", "server", "start", "--port", str(args.port), "--analytics-off"])
+        os.execv(sys.executable, server_command(args.port))
     if args.command == "diff":
         from flows.diff import diff_command
 

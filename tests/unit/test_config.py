@@ -103,3 +103,29 @@ def test_prefect_env_batches_event_writes_and_keeps_user_values(monkeypatch):
     configure_prefect_env()
     persister = Settings().server.services.event_persister
     assert (persister.batch_size, persister.flush_interval) == (50, 5)
+
+
+def test_server_command_runs_without_the_venv_on_path(monkeypatch, tmp_path):
+    """`rollflow server` execs Prefect through this interpreter, so it works from `scripts/rollflow`
+    (which does not put the venv's bin/ on PATH)."""
+    import subprocess
+    import sys
+
+    import flows.cli
+
+    execs = []
+
+    def fake_execv(path, argv):  # exec never returns
+        execs.append((path, argv))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(flows.cli.os, "execv", fake_execv)
+    with pytest.raises(SystemExit):
+        main(["server", "--port", "4321"])
+    [(path, argv)] = execs
+    assert path == sys.executable and argv[:6] == [sys.executable, "-m", "prefect", "server", "start", "--port"]
+    assert argv[6] == "4321"
+    done = subprocess.run([*argv, "--help"], env={"PATH": "/nonexistent", "HOME": str(tmp_path),
+                                                     "PREFECT_HOME": str(tmp_path / "prefect")}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "--port" in done.stdout, done.stderr[-2000:]
