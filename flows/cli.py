@@ -110,22 +110,27 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def configure_prefect_env() -> None:
-    """Settings that make the embedded Prefect usable on a small machine (each one only if unset).
+# Set by `configure_prefect_env` unless already set. The event persister writes events to SQLite in
+# batches of 1000 or every 60 s instead of Prefect's 20 / 5 s: at 20 it wrote about once per rollout, and
+# whenever a write was in progress while the parent flow created the next `rollout-<id>` run, SQLite
+# refused that request ("database is locked", a 503) and Prefect's client waited 2 s (measured: one such
+# stall every 3-5 rollouts). Flow runs, task runs, logs and artifacts are not events and still reach the
+# server at once; the UI's event feed lags by up to 60 s, and the server writes the rest when it stops.
+PREFECT_ENV_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "1000",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "60",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_DEDUP_LOGS": "0",
+}
 
-    The event persister writes events to SQLite in batches of 1000 or every 60 s instead of Prefect's
-    20 / 5 s. At 20 it wrote about once per rollout, and whenever a write was in progress while the
-    parent flow created the next `rollout-<id>` run, SQLite refused that request ("database is locked",
-    a 503) and Prefect's client waited 2 s: measured, one such stall every 3-5 rollouts, and the fewer
-    writes also leave more CPU to the engines and trainers. Flow runs, task runs, logs and artifacts
-    are not events and still reach the server at once; the UI's event feed lags by up to 60 s, and the
-    server writes what is left when it stops."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE", "1000")
-    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL", "60")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+def configure_prefect_env() -> None:
+    """Settings that make the embedded Prefect (and Ray) usable on a small machine: each of
+    `PREFECT_ENV_DEFAULTS` that the environment does not already set."""
+    for name, value in PREFECT_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 def server_command(port: int) -> list[str]:

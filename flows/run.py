@@ -44,8 +44,9 @@ class _Stages:
         unknown = sorted(set(refresh) - set(STAGES))
         if unknown:
             raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {sorted(STAGES)}")
-        self._tasks: dict[str, Any] = {name: t.with_options(refresh_cache=True) if name in refresh else t  # type: ignore[attr-defined]
-                       for name, t in STAGES.items()}
+        self._tasks: dict[str, Any] = {
+            name: t.with_options(refresh_cache=True) if name in refresh else t  # type: ignore[attr-defined]
+            for name, t in STAGES.items()}
         self.started = 0
 
     def __getitem__(self, name: str) -> Any:
@@ -157,7 +158,8 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
             "evals": {r["rollout_id"]: r["metrics"][f"eval/{cfg.recipe}"] for r in evals}}
 
 
-async def _settle(task_runs: int, *, flow_run_id: Any = None, task_run_id: Any = None, timeout: float = 5.0) -> bool:
+async def _settle(task_runs: int, *, flow_run_id: uuid.UUID | None = None, task_run_id: uuid.UUID | None = None,
+                  timeout: float = 5.0) -> bool:
     """Wait until the server has recorded `task_runs` task runs of the given flow run (or the one task
     run `task_run_id`), each in a final state; False if that took longer than `timeout` seconds.
 

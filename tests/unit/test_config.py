@@ -82,24 +82,23 @@ def test_config_is_frozen_and_hash_is_stable():
         a.rollout.num_rollout = 2  # type: ignore[misc]
 
 
-_PERSISTER = ("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE", "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL")
-
-
 def test_prefect_env_batches_event_writes_and_keeps_user_values(monkeypatch):
     """The names are ones this Prefect reads (a renamed setting would silently do nothing), and a
     value the user already set wins."""
     from prefect.settings.models.root import Settings
 
-    from flows.cli import configure_prefect_env
+    from flows.cli import PREFECT_ENV_DEFAULTS, configure_prefect_env
 
-    for name in _PERSISTER:
+    for name in PREFECT_ENV_DEFAULTS:
         monkeypatch.delenv(name, raising=False)
     configure_prefect_env()
-    persister = Settings().server.services.event_persister
+    settings = Settings()
+    persister = settings.server.services.event_persister
     assert (persister.batch_size, persister.flush_interval) == (1000, 60)
+    assert settings.server.analytics_enabled is False and settings.server.ephemeral.startup_timeout_seconds == 120
 
-    monkeypatch.setenv(_PERSISTER[0], "50")
-    monkeypatch.setenv(_PERSISTER[1], "5")
+    monkeypatch.setenv("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE", "50")
+    monkeypatch.setenv("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL", "5")
     configure_prefect_env()
     persister = Settings().server.services.event_persister
     assert (persister.batch_size, persister.flush_interval) == (50, 5)
