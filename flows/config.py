@@ -3,7 +3,8 @@
 The same models are the flow's parameters (Prefect renders them as forms), the YAML file
 format (`--config FILE.yaml`, nested by concern) and the CLI flags (`flows/cli.py` derives one
 flag per field: `rollout_batch_size` -> `--rollout-batch-size`, slime's names where one exists).
-Defaults live here and nowhere else.
+Defaults live here and nowhere else. They are the default run's (tiny-arith, GRPO): the batch
+shape, learning rate and schedule were chosen by measurement with `bench/learning.py`.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ class _Section(BaseModel):
 class RolloutConfig(_Section):
     """What to generate each rollout and how to sample it."""
 
-    num_rollout: int = Field(40, ge=1, description="Number of rollouts (RL iterations) in the run.")
-    rollout_batch_size: int = Field(32, ge=1, description="Prompts per rollout.")
-    n_samples_per_prompt: int = Field(16, ge=1, description="Responses sampled per prompt (the GRPO group size).")
+    num_rollout: int = Field(100, ge=1, description="Number of rollouts (RL iterations) in the run.")
+    rollout_batch_size: int = Field(128, ge=1, description="Prompts per rollout.")
+    n_samples_per_prompt: int = Field(4, ge=1, description="Responses sampled per prompt (the GRPO group size).")
     rollout_max_response_len: int = Field(6, ge=1, description="Max new tokens per response.")
     rollout_temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
     rollout_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
@@ -40,7 +41,7 @@ class EvalConfig(_Section):
     """Held-out evaluation."""
 
     eval_interval: int | None = Field(
-        5, ge=1, description="Evaluate every N rollouts (and at rollout 0 and after the last); None disables eval."
+        10, ge=1, description="Evaluate every N rollouts (and at rollout 0 and after the last); None disables eval."
     )
     n_samples_per_eval_prompt: int = Field(4, ge=1, description="Samples per eval prompt.")
     eval_temperature: float | None = Field(None, gt=0.0, description="Eval sampling temperature; None = rollout's.")
@@ -52,13 +53,14 @@ class TrainConfig(_Section):
     train_backend: Literal["torch", "megatron"] = Field("torch", description="Trainer backend.")
     data_parallel_size: int = Field(1, ge=1, description="Trainer ranks (one Ray actor each, gloo on CPU).")
     global_batch_size: int | None = Field(
-        256, ge=1, description="Samples per optimizer step; None = the whole rollout (one step per rollout)."
+        128, ge=1, description="Samples per optimizer step; None = the whole rollout (one step per rollout)."
     )
     micro_batch_size: int | None = Field(
         None, ge=1, description="Samples per forward/backward on one rank; None = the rank's share of the step."
     )
     lr: float = Field(2e-4, gt=0.0, description="Peak learning rate (AdamW).")
-    lr_decay_style: Literal["constant", "linear", "cosine"] = Field("constant", description="LR schedule.")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = Field(
+        "cosine", description="LR schedule (decays to --min-lr over the run's optimizer steps).")
     lr_warmup_iters: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
     min_lr: float = Field(0.0, ge=0.0, description="Floor of the decayed LR.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")

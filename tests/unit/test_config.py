@@ -15,8 +15,8 @@ def parse(*argv: str) -> RunConfig:
 
 def test_defaults_and_derived_values():
     cfg = RunConfig()
-    assert cfg.samples_per_rollout == 32 * 16
-    assert cfg.global_batch_size == 256 and cfg.steps_per_rollout == 2
+    assert cfg.samples_per_rollout == 128 * 4
+    assert cfg.global_batch_size == 128 and cfg.steps_per_rollout == 4
     assert cfg.train.eps_clip_high is None  # resolved to eps_clip by the trainer
 
 

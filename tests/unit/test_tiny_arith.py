@@ -15,7 +15,6 @@ import torch
 from recipes.tiny_arith import bootstrap
 from recipes.tiny_arith.bootstrap import WarmupSettings, ensure_checkpoint, sample_accuracy
 from recipes.tiny_arith.data import (
-    EVAL_SET_SIZE,
     all_problems,
     eval_problems,
     format_prompt,
@@ -27,8 +26,8 @@ from recipes.tiny_arith.tokenizer import build_tokenizer, tokenizer_fingerprint
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# A budget small enough to train in about a second; it never reaches the target.
-TINY = WarmupSettings(max_steps=4, eval_every=2, batch_size=8, val_size=16)
+# A budget small enough to train in about a second.
+TINY = WarmupSettings(steps=4, log_every=2, batch_size=8, val_size=16)
 
 
 @pytest.fixture(scope="module")
@@ -114,11 +113,10 @@ def test_train_eval_disjoint():
     assert {p["question"] for p in make_problems(500, seed=0, split="train")} <= train
 
 
-def test_eval_set_fixed():
+def test_eval_set_is_the_whole_eval_split():
     first = eval_problems()
-    assert len(first) == EVAL_SET_SIZE
-    assert first == eval_problems()
-    assert len({p["question"] for p in first}) == EVAL_SET_SIZE
+    assert first == eval_problems() == all_problems("eval")
+    assert len({p["question"] for p in first}) == len(first) == 793
 
 
 def test_bad_split_rejected():
@@ -203,7 +201,7 @@ def test_ensure_checkpoint_builds_once(tmp_path, monkeypatch):
     for name in ["config.json", "model.safetensors", "tokenizer.json", "DONE", "bootstrap_info.json"]:
         assert (path / name).is_file(), name
     info = json.loads((path / "bootstrap_info.json").read_text())
-    assert info["steps"] == TINY.max_steps and info["stopped_by"] == "max_steps"
+    assert info["steps"] == TINY.steps
     # No temp build directories are left behind.
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, "tiny-arith.lock"])
 
