@@ -7,18 +7,20 @@ Shared by bench/overhead.py and bench/vs_trl.py.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
 import torch
 import torch.distributed as dist
-from transformers import AutoTokenizer
 
 from artifacts.store import RunPaths, write_rollout
-from engines.rollout import build_requests, problems_for_rollout, sampling_metadata, to_samples
 from engines.torch_engine.engine import TorchEngine
 from flows.config import RunConfig
-from recipes.registry import get_recipe
+from flows.resolve import resolve
+from rollout.data import prompts_for_rollout
+from rollout.requests import build_requests, sampling_metadata, to_samples
+from rollout.source import train_params
 from trainers.torch_trainer.trainer import TorchTrainer
 
 
@@ -31,31 +33,29 @@ def _free_port() -> int:
 def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
     """Run rollouts 0..n-1 in process and return each one's wall seconds (index 0 is the warm-up).
 
-    `cfg.run_dir` receives the rollout / log-prob Parquet files; `cfg.hf_checkpoint=None` means the
-    recipe's bootstrapped model. Uses `cfg.num_threads` torch threads (world size 1, gloo group).
+    `cfg.run_dir` receives the rollout / log-prob Parquet files; the config is resolved as `rollflow run`
+    resolves it (the recipe fills in model, data and reward). Uses `cfg.num_threads` torch threads (world
+    size 1, gloo group).
     """
-    recipe = get_recipe(cfg.recipe)
-    checkpoint = cfg.hf_checkpoint or str(recipe.ensure_checkpoint())
-    cfg = cfg.model_copy(update={"hf_checkpoint": checkpoint,
-                                 "rollout": cfg.rollout.model_copy(update={"num_rollout": n})})
+    cfg, src = resolve(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"num_rollout": n})}))
+    assert src.train is not None and cfg.hf_checkpoint is not None
     torch.set_num_threads(cfg.num_threads)
-    paths = RunPaths(cfg.resolved_run_dir)
-    tok = AutoTokenizer.from_pretrained(checkpoint)
-    pool = recipe.train_problems()
-    engine = TorchEngine(checkpoint, num_threads=cfg.num_threads)
-    trainer = TorchTrainer(cfg, checkpoint, rank=0, world_size=1)
+    paths, r = RunPaths(cfg.resolved_run_dir), cfg.rollout
+    params = train_params(cfg, src.stops)
+    engine = TorchEngine(cfg.hf_checkpoint, num_threads=cfg.num_threads)
+    trainer = TorchTrainer(cfg, cfg.hf_checkpoint, rank=0, world_size=1)
     trainer.setup("127.0.0.1", _free_port())
     seconds: list[float] = []
     try:
         for rollout_id in range(n):
             start = time.perf_counter()
-            problems = problems_for_rollout(pool, cfg, rollout_id)
-            entries = build_requests(problems, tok, recipe, cfg, rollout_id, cfg.rollout.n_samples_per_prompt,
-                                     cfg.rollout.rollout_temperature)
-            outputs = engine.generate([e["request"] for e in entries])
-            samples = to_samples(entries, outputs, tok, recipe, rollout_id)
+            prompts = prompts_for_rollout(src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed,
+                                          cfg.data.rollout_shuffle)
+            entries = build_requests(prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, params)
+            outputs = engine.generate([e.request for e in entries])
+            samples = asyncio.run(to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, rollout_id))
             rollout = write_rollout(paths.rollout(rollout_id), samples,
-                                    metadata=sampling_metadata(cfg, cfg.rollout.rollout_temperature))
+                                    metadata=sampling_metadata(params, r.rollout_seed))
             logprobs = trainer.compute_log_probs(rollout, str(paths.logprobs(rollout_id)))
             assert logprobs is not None  # rank 0 always writes
             trainer.train_step(rollout, logprobs)

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -83,13 +84,13 @@ def main() -> None:
     engine = TorchEngine(checkpoint, num_threads=args.threads, max_batch_size=max(batch_sizes))
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     torch.set_num_threads(args.threads)
-    pool = recipe.train_problems()
+    pool = [row["prompt"] for row in pq.read_table(recipe.ensure_data()[0]).to_pylist()]
     k = args.max_new_tokens
 
     rows = []
     for b in batch_sizes:
-        prompts = [tok.encode(recipe.format_prompt(tok, q["question"]), add_special_tokens=False)
-                   for q in pool[:b]]
+        prompts = [tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                              add_special_tokens=False) for m in pool[:b]]
         for mode in modes:
             full = mode == "full"
             stop = () if full else (eos,)

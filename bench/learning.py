@@ -48,7 +48,8 @@ def run_once(work: Path, seed: int, warmup_threads: int | None, flags: list[str]
         raise SystemExit(f"run failed (exit {done.returncode}): see {work / 'console.log'}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     curve = {r["rollout_id"]: v for r in records if r["kind"] == "eval"
-             for k, v in r["metrics"].items() if k.startswith("eval/") and k != "eval/step"}
+             for k, v in r["metrics"].items()
+             if k.startswith("eval/") and k != "eval/step" and not k.endswith("-truncated_ratio")}
     info = json.loads(next((work / "cache").glob("tiny-arith-*/bootstrap_info.json")).read_text())
     return {"seed": seed, "warmup_threads": warmup_threads or 1, "curve": curve, "seconds": seconds,
             "warmup_seconds": info["seconds"], "greedy": info["eval_greedy_accuracy"]}

@@ -36,9 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
-from engines.rollout import problems_for_rollout  # noqa: E402
 from flows.config import RunConfig  # noqa: E402
-from recipes.registry import get_recipe  # noqa: E402
+from flows.resolve import resolve  # noqa: E402
+from rollout.data import prompts_for_rollout  # noqa: E402
 
 LR = 1e-5
 
@@ -66,14 +66,16 @@ def trl_steps(args: argparse.Namespace, out_dir: Path) -> list[float]:
     from recipes.tiny_arith.reward import reward
 
     torch.set_num_threads(args.threads)
-    recipe = get_recipe("tiny-arith")
-    checkpoint = str(recipe.ensure_checkpoint())
+    cfg, src = resolve(bench_config(args, out_dir))  # the same prompts, in the same order, as rollflow's side
+    assert src.train is not None and cfg.hf_checkpoint is not None
+    checkpoint = cfg.hf_checkpoint
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    cfg, pool = bench_config(args, out_dir), recipe.train_problems()
-    problems = [p for step in range(args.steps) for p in problems_for_rollout(pool, cfg, step)]
-    dataset = Dataset.from_list([{"prompt": recipe.format_prompt(tok, p["question"]), "label": p["label"]}
-                                 for p in problems])
+    r = cfg.rollout
+    problems = [p for step in range(args.steps)
+                for p in prompts_for_rollout(src.train.prompts, r.rollout_batch_size, step, r.rollout_seed,
+                                             cfg.data.rollout_shuffle)]
+    dataset = Dataset.from_list([{"prompt": p.text, "label": p.label} for p in problems])
 
     def arith_reward(completions: list[str], label: list[str], **_: object) -> list[float]:
         return [reward(c, y) for c, y in zip(completions, label, strict=True)]

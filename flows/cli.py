@@ -19,15 +19,32 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _parser_type(annotation: Any) -> tuple[Any, list | None, bool]:
-    """(converter, choices, optional) for a field annotation."""
+def _parser_type(annotation: Any) -> tuple[Any, list | None, bool, bool]:
+    """(converter, choices, optional, is_list) for a field annotation."""
     args = typing.get_args(annotation)
     optional = type(None) in args
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         annotation = next(a for a in args if a is not type(None))
     if typing.get_origin(annotation) is Literal:
-        return str, list(typing.get_args(annotation)), optional
-    return annotation, None, optional
+        return str, list(typing.get_args(annotation)), optional, False
+    if typing.get_origin(annotation) is list:
+        return typing.get_args(annotation)[0], None, optional, True
+    if typing.get_origin(annotation) is dict or annotation is dict:
+        return _json_object, None, optional, False
+    return annotation, None, optional, False
+
+
+def _json_object(text: str) -> dict:
+    """A flag value that is a JSON object (e.g. --apply-chat-template-kwargs '{"enable_thinking": false}')."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}: {text!r}")
+    return value
 
 
 def _add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], prefix: str) -> None:
@@ -36,18 +53,20 @@ def _add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pr
         if name in SECTIONS:
             continue
         dest = f"{prefix}.{name}" if prefix else name
-        conv, choices, optional = _parser_type(info.annotation)
-        help_text = f"{info.description} (default: {info.default})"
+        conv, choices, optional, is_list = _parser_type(info.annotation)
+        default = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+        help_text = f"{info.description} (default: {default})"
         if conv is bool:
             group.add_argument(flag(name), dest=dest, action="store_true", default=argparse.SUPPRESS, help=help_text)
             continue
 
-        def convert(text: str, conv=conv, optional=optional):
-            if optional and text.lower() == "none":
+        def convert(text: str, conv=conv, optional=optional, is_list=is_list):
+            if optional and not is_list and text.lower() == "none":
                 return None
             return conv(text)
 
         group.add_argument(flag(name), dest=dest, type=convert, choices=choices, default=argparse.SUPPRESS,
+                           nargs="+" if is_list else None,
                            metavar=(name.split("_")[-1].upper() if not choices else None), help=help_text)
 
 
@@ -55,7 +74,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     """YAML file (if any) overlaid with the flags given; raises ValueError naming the flag."""
     data: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
     for dest, value in vars(args).items():
-        if dest in ("command", "config", "refresh", "cron", "interval"):
+        if dest in ("command", "config", "refresh", "cron", "interval", "dry_run"):
             continue
         section, _, name = dest.rpartition(".")
         target = data.setdefault(section, {}) if section else data
@@ -76,9 +95,16 @@ def _describe(err: Any) -> str:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the RL loop (one Prefect flow run per rollout id)")
+    run = sub.add_parser(
+        "run", help="run the RL loop (one Prefect flow run per rollout id)",
+        epilog="Defaults are the tiny-arith default run's (chosen with bench/learning.py), not slime's: "
+               "--num-rollout, --rollout-batch-size, --n-samples-per-prompt, --rollout-max-response-len, "
+               "--global-batch-size, --lr, --lr-decay-style, --eval-interval and --n-samples-per-eval-prompt. "
+               "Set them for your own model and data as you would for slime.")
     run.add_argument("--config", help="YAML file with the config (nested by section); flags override it")
     run.add_argument("--refresh", default="", help="comma-separated stages to re-run even when cached")
+    run.add_argument("--dry-run", action="store_true",
+                     help="validate flags, resolve and read the data, print the resolved config; start nothing")
     _add_model_flags(run, RunConfig, "")
     for name, model in SECTIONS.items():
         _add_model_flags(run, model, name)
@@ -105,6 +131,15 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="YAML file with the deployment's default config")
     serve.add_argument("--cron", help="cron schedule (needs a real Prefect server)")
     serve.add_argument("--interval", type=int, help="run every N seconds (needs a real Prefect server)")
+    tpl = sub.add_parser("check-template", help="check that the chat template renders prompts and turns consistently")
+    tpl.add_argument("--hf-checkpoint", required=True, help="HF model dir with the tokenizer and its chat template")
+    tpl.add_argument("--prompt-data", help="render the first rows of this .jsonl/.parquet file (default: one example)")
+    tpl.add_argument("--input-key", default="input")
+    tpl.add_argument("--label-key", default=None, help="the label is rendered as the assistant's reply")
+    tpl.add_argument("--apply-chat-template-kwargs", type=_json_object, default={})
+    tpl.add_argument("--rollout-stop", nargs="+", default=None)
+    tpl.add_argument("--rollout-stop-token-ids", nargs="+", type=int, default=None)
+    tpl.add_argument("--examples", type=int, default=3, help="rows to render")
     server = sub.add_parser("server", help="start a Prefect server with the UI at http://127.0.0.1:4200")
     server.add_argument("--port", type=int, default=4200)
     return parser
@@ -152,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         from flows.inspect import convert_command, inspect_command
 
         return inspect_command(args) if args.command == "inspect" else convert_command(args)
+    if args.command == "check-template":
+        from flows.template_cmd import check_template_command
+
+        return check_template_command(args)
     if args.command == "replay":
         configure_prefect_env()
         return _replay(args)
@@ -164,7 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = build_config(args)
-    except ValueError as e:
+        if args.dry_run:
+            return _dry_run(cfg)
+        from flows.resolve import resolve
+
+        cfg, _ = resolve(cfg)  # before Ray and Prefect: every path, row, key and the reward import
+    except (ValueError, FileNotFoundError) as e:
         print(f"rollflow: error: {e}", file=sys.stderr)
         return 2
     configure_prefect_env()
@@ -179,6 +223,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollflow: run failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     print(f"run finished: {result}")
+    return 0
+
+
+def _dry_run(cfg: RunConfig) -> int:
+    """`run --dry-run`: resolve everything that can be resolved without building or starting anything."""
+    from pathlib import Path
+
+    from flows.resolve import apply_recipe, describe, resolve
+    from recipes.registry import get_recipe
+
+    tokenizer = None
+    if cfg.hf_checkpoint is None and not Path(apply_recipe(cfg, build=False).hf_checkpoint or "").is_dir():
+        tokenizer = get_recipe(cfg.recipe).tokenizer()  # the recipe's model is not built yet; its tokenizer is
+    resolved, source = resolve(cfg, build=False, tokenizer=tokenizer)
+    print(describe(resolved, source))
     return 0
 
 

@@ -15,7 +15,14 @@ import string
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from engines.registry import ENGINES
+from trainers.registry import TRAINERS
+
+# Backend choices are the registries' keys (a backend that is not registered is refused at parse time).
+RolloutBackend = Literal[tuple(ENGINES)]  # type: ignore[valid-type]
+TrainBackend = Literal[tuple(TRAINERS)]  # type: ignore[valid-type]
 
 
 class _Section(BaseModel):
@@ -33,7 +40,13 @@ class RolloutConfig(_Section):
     rollout_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     rollout_top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables it.")
     rollout_seed: int = Field(42, description="Seed of the prompt order and of every per-sample sampling seed.")
-    rollout_backend: Literal["torch", "sglang"] = Field("torch", description="Inference engine backend.")
+    rollout_stop: list[str] | None = Field(
+        None, description="Stop strings: one that is a single token of the tokenizer becomes a stop token id, a "
+                          "longer one ends the response where the decoded text first contains it.")
+    rollout_stop_token_ids: list[int] | None = Field(
+        None, description="Stop token ids, added to the defaults (the tokenizer's EOS and the chat template's "
+                          "end-of-turn token).")
+    rollout_backend: RolloutBackend = Field("torch", description="Inference engine backend.")  # type: ignore[valid-type]
     rollout_num_engines: int = Field(1, ge=1, description="Engine actors; prompt groups are spread over them.")
 
 
@@ -43,14 +56,81 @@ class EvalConfig(_Section):
     eval_interval: int | None = Field(
         10, ge=1, description="Evaluate every N rollouts (and at rollout 0 and after the last); None disables eval."
     )
-    n_samples_per_eval_prompt: int = Field(4, ge=1, description="Samples per eval prompt.")
+    n_samples_per_eval_prompt: int = Field(
+        4, ge=1, description="Samples per eval prompt (slime's default is 1; 4 keeps tiny-arith's eval noise near "
+                             "one point).")
     eval_temperature: float | None = Field(None, gt=0.0, description="Eval sampling temperature; None = rollout's.")
+    eval_top_p: float | None = Field(None, gt=0.0, le=1.0, description="Eval nucleus mass; None = rollout's.")
+    eval_top_k: int | None = Field(None, ge=-1, description="Eval top-k; None = rollout's.")
+    eval_max_response_len: int | None = Field(None, ge=1, description="Eval max new tokens; None = rollout's.")
+
+
+class DataConfig(_Section):
+    """Prompt data (slime's flags and meanings). Unset, the recipe supplies data, keys and eval set."""
+
+    prompt_data: str | None = Field(
+        None, description="Training prompts: a .jsonl or .parquet file, one row per prompt; None = the recipe's.")
+    input_key: str = Field("input", description="Row key of the prompt: a string, or chat messages "
+                                                "[{role, content}] (those need --apply-chat-template).")
+    label_key: str | None = Field(None, description="Row key of the label handed to the reward.")
+    metadata_key: str = Field("metadata", description="Row key of a JSON object carried into each sample's "
+                                                      "metadata and handed to the reward.")
+    tool_key: str = Field("tools", description="Row key of tool schemas passed to the chat template (if present).")
+    apply_chat_template: bool = Field(False, description="Render the prompt with the tokenizer's chat template "
+                                                         "(a string input becomes one user message).")
+    apply_chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="JSON object of extra keyword arguments for the chat template.")
+    rollout_shuffle: bool = Field(
+        False, description="Visit prompts in a per-epoch permutation seeded by --rollout-seed + epoch (else file "
+                           "order); the tiny-arith preset turns it on.")
+    rollout_max_prompt_len: int | None = Field(
+        None, ge=1, description="Drop prompts longer than this many tokens at load (the count is logged).")
+    eval_prompt_data: list[str] | None = Field(
+        None, description="NAME PATH [NAME PATH ...]: eval datasets, each logged as eval/NAME; None = the recipe's "
+                          "(when it supplies the training data too).")
+    eval_input_key: str | None = Field(None, description="Eval row key of the prompt; None = --input-key.")
+    eval_label_key: str | None = Field(None, description="Eval row key of the label; None = --label-key.")
+
+    @field_validator("eval_prompt_data")
+    @classmethod
+    def _pairs(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value or len(value) % 2:
+            raise ValueError(f"expected NAME PATH pairs, got {len(value)} value(s): {value}")
+        names = value[0::2]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate eval dataset name(s) {dup}: each NAME is logged as eval/NAME")
+        bad = [n for n in names if not n or "/" in n]
+        if bad:
+            raise ValueError(f"eval dataset names must be non-empty and contain no '/': {bad}")
+        return value
+
+    @property
+    def eval_datasets(self) -> list[tuple[str, str]]:
+        """(name, path) of every eval dataset."""
+        v = self.eval_prompt_data or []
+        return list(zip(v[0::2], v[1::2], strict=True))
+
+
+class RewardConfig(_Section):
+    """How a response is scored (slime's flags): a built-in --rm-type or your --custom-rm-path."""
+
+    rm_type: str | None = Field(
+        None, description="Built-in reward (exact_match, math, deepscaler, f1, tiny-arith; a boxed_ prefix scores the last "
+                          "\\boxed{...}); None = the recipe's when it supplies the data.")
+    custom_rm_path: str | None = Field(
+        None, description="Dotted path module.fn of your reward (sync or async), importable from the working "
+                          "directory or PYTHONPATH; wins over --rm-type.")
+    reward_key: str | None = Field(None, description="When the reward returns a dict: the key of the scalar reward.")
+    eval_reward_key: str | None = Field(None, description="--reward-key for eval; None = --reward-key.")
 
 
 class TrainConfig(_Section):
     """The trainer: batch schedule, optimiser and the RL loss."""
 
-    train_backend: Literal["torch", "megatron"] = Field("torch", description="Trainer backend.")
+    train_backend: TrainBackend = Field("torch", description="Trainer backend.")  # type: ignore[valid-type]
     data_parallel_size: int = Field(1, ge=1, description="Trainer ranks (one Ray actor each, gloo on CPU).")
     global_batch_size: int | None = Field(
         128, ge=1, description="Samples per optimizer step; None = the whole rollout (one step per rollout)."
@@ -161,19 +241,25 @@ class RunConfig(_Section):
 
     name: str = Field("tiny-arith", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (Prefect flow run name).")
     run_dir: str | None = Field(None, description="Run directory; None = runs/<name>.")
-    recipe: Literal["tiny-arith"] = Field("tiny-arith", description="Data, reward and base model recipe.")
-    hf_checkpoint: str | None = Field(None, description="HF model dir; None = the recipe's bootstrapped model.")
+    recipe: Literal["tiny-arith"] = Field(
+        "tiny-arith", description="Preset that fills in what the flags leave unset: base model (--hf-checkpoint), "
+                                  "prompt data and keys, eval data, reward.")
+    hf_checkpoint: str | None = Field(None, description="HF model dir (model + tokenizer); None = the recipe's.")
     num_threads: int = Field(
         1, ge=1, description="torch threads in every actor (bitwise replay needs the same count everywhere)."
     )
     ray_address: str | None = Field(None, description="Join this Ray cluster instead of starting a local one.")
     rollout: RolloutConfig = RolloutConfig()
+    data: DataConfig = DataConfig()
+    reward: RewardConfig = RewardConfig()
     eval: EvalConfig = EvalConfig()
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     debug: DebugConfig = DebugConfig()
     ci: CIConfig = CIConfig()
-    ref_load: str | None = Field(None, description="Reference model dir (HF); None = the base checkpoint.")
+    ref_load: str | None = Field(
+        None, description="Reference model (an HF dir or a --save dir); also the starting weights when --load holds "
+                          "no checkpoint (slime's meaning); None = --hf-checkpoint.")
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RunConfig:
@@ -319,6 +405,8 @@ def _check_debug(d: DebugConfig) -> None:
 
 SECTIONS: dict[str, type[_Section]] = {
     "rollout": RolloutConfig,
+    "data": DataConfig,
+    "reward": RewardConfig,
     "eval": EvalConfig,
     "train": TrainConfig,
     "checkpoint": CheckpointConfig,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +14,10 @@ from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
 from artifacts.atomic import atomic_write_text
+from artifacts.checkpoints import latest_checkpoint, model_dir
 from artifacts.store import RunPaths, read_metrics
 from flows.config import RunConfig, dump_yaml
-from recipes.registry import get_recipe
+from flows.resolve import resolve
 from tasks import actors
 from tasks.checks import metric_gate, raise_if_any
 from tasks.metrics import log_metrics
@@ -88,7 +90,7 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
     checks the generation against the recording and trains on the recording."""
     s, d, q = _Stages(refresh or []), cfg.debug, opaque_config(cfg)  # q: cfg as the tasks' argument
     has_engines = not cfg.train_only
-    if rollout_id == 0 and cfg.eval.eval_interval and has_engines:
+    if rollout_id == 0 and _evaluates(cfg):
         await s["eval"](q, 0, weights)
     recording = d.load_debug_rollout_data or d.load_forge_rollout_data
     if recording:
@@ -107,7 +109,7 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
             weights = await s["sync"](q, rollout_id)
     synced = has_engines and not cfg.rollout_only
     await s["check"](q, rollout_id, steps, weights if synced else None)
-    if _eval_due(cfg, rollout_id) and has_engines:
+    if _eval_due(cfg, rollout_id) and _evaluates(cfg):
         await s["eval"](q, rollout_id + 1, weights)
     return RolloutResult(weights, s.started)  # the parent then attaches the metrics table (_publish_metrics_table)
 
@@ -119,13 +121,15 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
     actors.ensure_ray(cfg)
     actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
     try:
-        checkpoint = str(cfg.hf_checkpoint)
-        engines = [] if cfg.train_only else await actors.start_engines(cfg, checkpoint)
-        trainers = [] if cfg.rollout_only else await actors.start_trainers(cfg, checkpoint)
+        resume = latest_checkpoint(cfg.checkpoint.load) if cfg.checkpoint.load else None
+        engines = [] if cfg.train_only else await actors.start_engines(cfg, str(cfg.hf_checkpoint))
+        trainers = [] if cfg.rollout_only else await actors.start_trainers(cfg, _start_weights(cfg, resume))
         start = 0
-        if cfg.checkpoint.load and trainers:
-            start = 1 + max([await t.load.remote(cfg.checkpoint.load) for t in trainers])
-            print(f"resumed from {cfg.checkpoint.load} at rollout {start}")
+        if resume is not None and trainers:
+            start = 1 + max([await t.load.remote(str(resume)) for t in trainers])
+            print(f"resumed from {resume} at rollout {start}")
+        elif cfg.checkpoint.load:
+            print(f"--load {cfg.checkpoint.load} holds no checkpoint yet: starting from {_start_weights(cfg, None)}")
         if engines and trainers:
             check_first_sync = cfg.ci.weight_check and not (cfg.train_only or cfg.rollout_only)
             weights = await _settled(sync, opaque_config(cfg), start - 1, verify_equal=check_first_sync)
@@ -138,8 +142,10 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
         if cfg.debug.debug_exit_after_rollout is not None:  # the knife: stop cleanly, e.g. to test resume
             end = min(end, start + cfg.debug.debug_exit_after_rollout)
         for rollout_id in range(start, end):
+            began = time.perf_counter()
             state = await rollout_flow(cfg, rollout_id, weights, session, refresh, return_state=True)
             result: RolloutResult = await state.result()  # type: ignore[misc]
+            log_metrics(cfg, "perf", rollout_id, {"perf/step_time": time.perf_counter() - began})
             weights = result.weights
             await _settle(result.task_runs, flow_run_id=state.state_details.flow_run_id)
             await _publish_metrics_table(cfg, rollout_id, state.state_details.flow_run_id)
@@ -155,7 +161,7 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
         log_metrics(cfg, "check", cfg.rollout.num_rollout, {"check/metric_gate": 0.0 if gate else 1.0})
     raise_if_any(gate)
     return {"run_dir": str(cfg.resolved_run_dir), "weight_version": weights.version,
-            "evals": {r["rollout_id"]: r["metrics"][f"eval/{cfg.recipe}"] for r in evals}}
+            "evals": {r["rollout_id"]: {k: v for k, v in r["metrics"].items() if k != "eval/step"} for r in evals}}
 
 
 async def _settle(task_runs: int, *, flow_run_id: uuid.UUID | None = None, task_run_id: uuid.UUID | None = None,
@@ -195,13 +201,32 @@ async def _settled(task: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def prepare(cfg: RunConfig) -> RunConfig:
-    """Resolve the base checkpoint and run dir, and write the resolved config.yaml."""
-    if cfg.hf_checkpoint is None:
-        cfg = cfg.model_copy(update={"hf_checkpoint": str(get_recipe(cfg.recipe).ensure_checkpoint())})
+    """Resolve the config (flows.resolve: recipe presets, data, reward, template check), then write the
+    resolved config.yaml into the run dir; nothing is written before the config resolved."""
+    cfg, _ = resolve(cfg)
     cfg = cfg.model_copy(update={"run_dir": str(cfg.resolved_run_dir)})
     RunPaths(cfg.resolved_run_dir).rollout(0).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(cfg.resolved_run_dir) / "config.yaml", dump_yaml(cfg))
     return cfg
+
+
+def _start_weights(cfg: RunConfig, resume: Path | None) -> str:
+    """The trainer's starting weights, as slime picks them: the checkpoint it resumes from is loaded on top of
+    --hf-checkpoint; without one, --load itself when it is an HF model dir, else --ref-load if given, else
+    --hf-checkpoint."""
+    load = cfg.checkpoint.load
+    if resume is not None:
+        return str(cfg.hf_checkpoint)
+    if load and (Path(load) / "config.json").is_file():
+        return load
+    if cfg.ref_load:
+        return str(model_dir(cfg.ref_load))
+    return str(cfg.hf_checkpoint)
+
+
+def _evaluates(cfg: RunConfig) -> bool:
+    """Eval needs engines, an --eval-interval and eval data."""
+    return bool(cfg.eval.eval_interval and cfg.data.eval_prompt_data and not cfg.train_only)
 
 
 def _eval_due(cfg: RunConfig, rollout_id: int) -> bool:

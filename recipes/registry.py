@@ -1,41 +1,43 @@
-"""Recipes: where the prompts, the reward and the base model of a run come from."""
+"""Recipes: presets that fill in what a run's flags leave unset (base model, prompt data and its keys,
+eval data, reward). A recipe's data goes through the same generic path as a user's `--prompt-data`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cache
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """A data + reward + base-model bundle. Problems are {"question": str, "label": str} dicts."""
+    """A base model + data + reward bundle."""
 
     name: str
-    ensure_checkpoint: Callable[[], object]          # -> path of an HF dir (model + tokenizer)
-    train_problems: Callable[[], list[dict]]         # the whole training pool, fixed order
-    eval_problems: Callable[[], list[dict]]          # the held-out eval set
-    format_prompt: Callable[[object, str], str]      # (tokenizer, question) -> prompt text
-    reward: Callable[[str, str], float]              # (response text, label) -> reward
-
-
-@cache
-def _tiny_arith_pool() -> tuple[dict, ...]:
-    from recipes.tiny_arith import data
-
-    return tuple(data.make_problems(4096, seed=0, split="train"))  # built once per process: every rollout reads it
+    ensure_checkpoint: Callable[[], Path]       # the HF dir (model + tokenizer), built on first use
+    checkpoint_path: Callable[[], Path]         # where it is or will be, without building it
+    tokenizer: Callable[[], Any]                # the checkpoint's tokenizer, without building the model
+    ensure_data: Callable[[], tuple[Path, Path]]  # (train, eval) prompt files, written on first use
+    data: dict[str, Any] = field(default_factory=dict)  # DataConfig fields for reading those files
+    rm_type: str = ""                           # the registered reward (rollout.rewards.BUILTIN_REWARDS)
 
 
 def _tiny_arith() -> Recipe:
-    from recipes.tiny_arith import bootstrap, data, reward
+    from recipes.tiny_arith import data, settings, tokenizer
+
+    def ensure_checkpoint() -> Path:
+        from recipes.tiny_arith import bootstrap  # torch and the model code: only when a model is built
+
+        return bootstrap.ensure_checkpoint()
 
     return Recipe(
         name="tiny-arith",
-        ensure_checkpoint=bootstrap.ensure_checkpoint,
-        train_problems=lambda: list(_tiny_arith_pool()),
-        eval_problems=data.eval_problems,
-        format_prompt=data.format_prompt,  # type: ignore[arg-type]
-        reward=reward.reward,
+        ensure_checkpoint=ensure_checkpoint,
+        checkpoint_path=settings.checkpoint_path,
+        tokenizer=tokenizer.build_tokenizer,
+        ensure_data=data.ensure_prompt_files,
+        data={"input_key": "prompt", "label_key": "label", "apply_chat_template": True, "rollout_shuffle": True},
+        rm_type="tiny-arith",
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from prefect.cache_policies import CachePolicy
 from pydantic import BaseModel
 
-_PACKAGES = ("artifacts", "engines", "flows", "recipes", "tasks", "trainers")
+_PACKAGES = ("artifacts", "engines", "flows", "recipes", "rollout", "tasks", "trainers")
 
 
 @cache

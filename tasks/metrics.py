@@ -24,21 +24,38 @@ def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, A
 
 
 def reward_stats(samples: list[Sample], n_per_prompt: int) -> dict[str, float]:
-    """Rollout-side stats of one rollout (reward, lengths, truncation, zero-std groups)."""
+    """Rollout-side stats of one rollout, with slime's names: reward, lengths, truncation, failed rewards,
+    and `rollout/zero_std/count_{reward}` (groups whose samples all got that reward, rounded to 0.1)."""
     lengths = [float(s.response_length) for s in samples]
     groups: dict[int, list[float]] = {}
     for s in samples:
         groups.setdefault(s.group_index, []).append(s.reward)
-    zero_std = sum(1 for g in groups.values() if len(set(g)) == 1)
+    zero_std: dict[str, float] = {}
+    for rewards in groups.values():
+        if len(set(rewards)) == 1:
+            key = f"rollout/zero_std/count_{round(rewards[0], 1)}"
+            zero_std[key] = zero_std.get(key, 0.0) + 1.0
     return {
         "rollout/raw_reward": _mean([s.reward for s in samples]),
         "rollout/response_lengths": _mean(lengths),
-        "rollout/truncated": _mean([1.0 if s.status == "truncated" else 0.0 for s in samples]),
+        "rollout/truncated_ratio": _mean([1.0 if s.status == "truncated" else 0.0 for s in samples]),
+        "rollout/failed_ratio": _mean([1.0 if s.status == "failed" else 0.0 for s in samples]),
         "rollout/response_len/max": float(max(lengths)),
         "rollout/response_len/min": float(min(lengths)),
         "rollout/response_len/median": float(statistics.median(lengths)),
-        "rollout/zero_std/count": float(zero_std),
+        **dict(sorted(zero_std.items())),
     }
+
+
+def eval_stats(samples: list[Sample], names: list[str]) -> dict[str, float]:
+    """Per eval dataset (a sample's metadata names it): `eval/NAME` = mean reward and
+    `eval/NAME-truncated_ratio`, slime's names."""
+    out: dict[str, float] = {}
+    for name in names:
+        mine = [s for s in samples if s.metadata.get("eval_dataset") == name]
+        out[f"eval/{name}"] = _mean([s.reward for s in mine])
+        out[f"eval/{name}-truncated_ratio"] = _mean([1.0 if s.status == "truncated" else 0.0 for s in mine])
+    return out
 
 
 def non_finite(metrics: dict[str, Any]) -> list[str]:

@@ -11,8 +11,8 @@ from prefect import task
 from artifacts.schema import Sample
 from artifacts.slime_format import read_any, write_any
 from artifacts.store import ArtifactRef, RunPaths, read_rollout, write_rollout
-from engines.replay import check_injection, subsample
 from flows.config import RunConfig
+from rollout.replay import check_injection, subsample
 from tasks.metrics import log_metrics
 
 

@@ -5,71 +5,61 @@ from __future__ import annotations
 
 import asyncio
 import time
-from functools import cache
 from typing import Any
 
 from prefect import task
 from prefect.artifacts import acreate_markdown_artifact
-from transformers import AutoTokenizer
 
 from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_rollout, write_rollout
-from engines.rollout import (
-    build_requests,
-    problems_for_rollout,
-    sampling_metadata,
-    split_for_engines,
-    to_samples,
-)
 from flows.config import RunConfig
-from recipes.registry import get_recipe
+from rollout.data import prompts_for_rollout
+from rollout.requests import Entry, build_requests, sampling_metadata, split_for_engines, to_samples
+from rollout.source import eval_params, rollout_source, train_params
 from tasks import actors
 from tasks.cache import RefCachePolicy
 from tasks.checks import CheckFailed, Violation, grad_norm_checker, kl_checker, logprob_checker, raise_if_any
-from tasks.metrics import log_metrics, non_finite, reward_stats
+from tasks.metrics import eval_stats, log_metrics, non_finite, reward_stats
 from tasks.recordings import record_rollout
 from tasks.refs import WeightsRef
-
-
-@cache
-def _tokenizer(checkpoint: str) -> Any:
-    return AutoTokenizer.from_pretrained(checkpoint)
 
 
 def _paths(cfg: RunConfig) -> RunPaths:
     return RunPaths(cfg.resolved_run_dir)
 
 
-async def _generate(cfg: RunConfig, rollout_id: int, *, eval_mode: bool) -> tuple[list, float]:
-    """Build requests, spread whole groups over the engines, score the outputs."""
-    recipe, tok = get_recipe(cfg.recipe), _tokenizer(cfg.hf_checkpoint)
-    if eval_mode:
-        problems, n = recipe.eval_problems(), cfg.eval.n_samples_per_eval_prompt
-        temperature = cfg.eval.eval_temperature or cfg.rollout.rollout_temperature
-    else:
-        problems, n = problems_for_rollout(recipe.train_problems(), cfg, rollout_id), cfg.rollout.n_samples_per_prompt
-        temperature = cfg.rollout.rollout_temperature
-    entries = build_requests(problems, tok, recipe, cfg, rollout_id, n, temperature, eval_mode=eval_mode)
+async def _on_engines(cfg: RunConfig, entries: list[Entry]) -> tuple[list, float]:
+    """Spread whole groups over the engines; outputs in entry order, and the seconds it took."""
     parts = split_for_engines(entries, cfg.rollout.rollout_num_engines)
     start = time.perf_counter()
     results = await asyncio.gather(*[
-        engine.generate.remote([e["request"] for e in part])
+        engine.generate.remote([e.request for e in part])
         for engine, part in zip(actors.engines(cfg), parts, strict=True) if part])
     seconds = time.perf_counter() - start
-    by_index = {e["sample_index"]: out for part, outs in zip([p for p in parts if p], results, strict=True)
+    by_index = {e.sample_index: out for part, outs in zip([p for p in parts if p], results, strict=True)
                 for e, out in zip(part, outs, strict=True)}
-    outputs = [by_index[e["sample_index"]] for e in entries]
-    return to_samples(entries, outputs, tok, recipe, rollout_id), seconds
+    return [by_index[e.sample_index] for e in entries], seconds
 
 
-@task(name="generate", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "recipe")), persist_result=True, result_serializer="json", log_prints=True)
+@task(name="generate", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "data", "reward")), persist_result=True, result_serializer="json", log_prints=True)
 async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: bool = False) -> ArtifactRef:
-    """Sample `rollout_batch_size x n_samples_per_prompt` responses and write rollout_{id}.parquet
-    (`fresh_{id}.parquet` when a recording will be injected in its place)."""
-    samples, seconds = await _generate(cfg, rollout_id, eval_mode=False)
+    """Sample `rollout_batch_size x n_samples_per_prompt` responses, score them and write
+    rollout_{id}.parquet (`fresh_{id}.parquet` when a recording will be injected in its place)."""
+    src, r = rollout_source(cfg), cfg.rollout
+    assert src.train is not None
+    prompts = prompts_for_rollout(src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed,
+                                  cfg.data.rollout_shuffle)
+    params = train_params(cfg, src.stops)
+    entries = build_requests(prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, params)
+    outputs, seconds = await _on_engines(cfg, entries)
+    samples = await to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, rollout_id)
     tokens = sum(s.response_length for s in samples)
-    log_metrics(cfg, "perf", rollout_id, {"perf/rollout_time": seconds, "perf/tokens_per_sec": tokens / seconds})
+    log_metrics(cfg, "perf", rollout_id, {
+        "perf/rollout_time": seconds, "perf/tokens_per_sec": tokens / seconds,
+        # slime's per-GPU throughput; on CPU an engine is the unit
+        "perf/tokens_per_engine_per_sec": tokens / seconds / r.rollout_num_engines,
+        "perf/longest_sample_tokens_per_sec": max(s.response_length for s in samples) / seconds})
     # only content-determined metadata: the same samples must give the same bytes (and sha256)
-    meta = {**sampling_metadata(cfg, cfg.rollout.rollout_temperature), "config_hash": cfg.config_hash(),
+    meta = {**sampling_metadata(params, r.rollout_seed), "config_hash": cfg.config_hash(),
             "weights_sha256": weights.sha256, "tokenizer": cfg.hf_checkpoint or ""}
     path = _paths(cfg).rollout(rollout_id)
     return write_rollout(path.with_name(f"fresh_{rollout_id:06d}.parquet") if fresh else path, samples, metadata=meta)
@@ -112,10 +102,13 @@ async def train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logp
     `rollflow run`): re-running a rollout flow against the same actors returns the cached metrics,
     while a fresh run with fresh actors trains for real."""
     dump = cfg.train_data_template
-    per_rank = await asyncio.gather(*[t.train_step.remote(rollout, logprobs, dump) for t in actors.trainers(cfg)])
+    trainers = actors.trainers(cfg)
+    *per_rank, perf = await asyncio.gather(*[t.train_step.remote(rollout, logprobs, dump) for t in trainers],
+                                           trainers[0].perf.remote())  # rank 0 answers after its step
     steps = per_rank[0]
     for m in steps:
         log_metrics(cfg, "step", rollout_id, m, step=int(m["train/step"]))
+    log_metrics(cfg, "perf", rollout_id, perf)
     return steps
 
 
@@ -206,17 +199,24 @@ def _ci_violations(cfg: RunConfig, rollout_id: int, steps: list[dict]) -> list[V
     return out
 
 
-@task(name="eval", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "eval", "recipe")),
+@task(name="eval", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "eval", "data", "reward")),
       persist_result=True, result_serializer="json", log_prints=True)
-async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> float:
-    """Accuracy on the recipe's held-out set with the weights of version `eval_id`."""
-    samples, _ = await _generate(cfg, eval_id, eval_mode=True)
+async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> dict[str, float]:
+    """Every --eval-prompt-data dataset with the weights of version `eval_id`: `eval/NAME` (mean reward) and
+    `eval/NAME-truncated_ratio`, one generation over all datasets, written to eval_{id}.parquet."""
+    src = rollout_source(cfg)
+    prompts = [p for _, s in src.evals for p in s.prompts]
+    names = [name for name, s in src.evals for _ in s.prompts]
+    entries = build_requests(prompts, cfg.rollout.rollout_seed, eval_id, cfg.eval.n_samples_per_eval_prompt,
+                             eval_params(cfg, src.stops), eval_mode=True, datasets=names)
+    outputs, _ = await _on_engines(cfg, entries)
+    samples = await to_samples(entries, outputs, src.tokenizer, src.stops, src.eval_scorer, eval_id)
     write_rollout(_paths(cfg).eval_rollout(eval_id), samples, metadata={"weights_sha256": weights.sha256},
                   kind="eval")
     record_rollout(cfg, f"eval_{eval_id}", samples)
-    accuracy = sum(s.reward for s in samples) / len(samples)
-    log_metrics(cfg, "eval", eval_id, {f"eval/{cfg.recipe}": accuracy, "eval/step": eval_id})
-    return accuracy
+    metrics = eval_stats(samples, [name for name, _ in src.evals])
+    log_metrics(cfg, "eval", eval_id, {**metrics, "eval/step": eval_id})
+    return metrics
 
 
 @task(name="save", log_prints=True)

@@ -43,6 +43,9 @@ class TrainerActor:
         self.train_calls += 1
         return self.trainer.train_step(rollout_ref, logprob_ref, dump_template)
 
+    def perf(self) -> dict[str, float]:
+        return self.trainer.perf()
+
     def export_weights(self) -> WireWeights:
         """The trainer's weights as numpy arrays (artifacts.wire): zero-copy in Ray's object store."""
         return to_wire(self.trainer.export_weights())

@@ -33,6 +33,11 @@ class Trainer(Protocol):
         `dump_template` ({rollout_id}, {rank}) receives this rank's trained batch as Parquet."""
         ...
 
+    def perf(self) -> dict[str, float]:
+        """Seconds of the last rollout's stages on this rank: perf/log_probs_time, perf/ref_log_probs_time,
+        perf/actor_train_time (slime's names)."""
+        ...
+
     def export_weights(self) -> dict[str, torch.Tensor]:
         """CPU copies of every persistent weight, by HF name (what engines load)."""
         ...

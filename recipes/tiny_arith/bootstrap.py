@@ -36,7 +36,6 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import pathlib
@@ -51,63 +50,21 @@ from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 from recipes.tiny_arith.data import all_problems, eval_problems, format_prompt, make_problems
 from recipes.tiny_arith.model import build_model, model_config
 from recipes.tiny_arith.reward import accuracy
-from recipes.tiny_arith.tokenizer import build_tokenizer, tokenizer_fingerprint
-
-# Bump whenever the warm-up procedure changes in a way the settings do not capture.
-RECIPE_VERSION = 2  # 2: float64 warm-up, fixed step count, whole eval split
+from recipes.tiny_arith.settings import (  # noqa: F401  (re-exported: the cache contract lives in settings)
+    CACHE_ENV_VAR,
+    RECIPE_VERSION,
+    WarmupSettings,
+    checkpoint_path,
+    default_cache_dir,
+    recipe_fingerprint,
+)
+from recipes.tiny_arith.tokenizer import build_tokenizer
 
 DONE_MARKER = "DONE"
 INFO_FILE = "bootstrap_info.json"
 LOCK_FILE = "tiny-arith.lock"
-CACHE_ENV_VAR = "ROLLFLOW_CACHE_DIR"
 
 IGNORE_INDEX = -100
-
-
-@dataclasses.dataclass(frozen=True)
-class WarmupSettings:
-    """Everything that determines the warm-up result (all part of the cache key)."""
-
-    model_seed: int = 0
-    data_seed: int = 1
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    warmup_steps: int = 20
-    # Chosen with RL runs from 400-600 steps (bench/learning.py's recipe): 400 started at 29%
-    # sampled / 53% greedy and gained +19 points in 100 rollouts, 500 gained +27, 600 started
-    # at 53% / 76% and gained +18 (less room left).
-    steps: int = 500
-    # Progress line (loss, sampled accuracy on the val slice) every this many steps.
-    log_every: int = 100
-    # Held-out slice of the *train* split, used only for the progress line.
-    val_size: int = 256
-    val_seed: int = 2
-    sample_seed: int = 3
-    temperature: float = 1.0
-
-
-def default_cache_dir() -> pathlib.Path:
-    """``$ROLLFLOW_CACHE_DIR`` if set, else ``~/.cache/rollflow``."""
-    env = os.environ.get(CACHE_ENV_VAR)
-    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "rollflow"
-
-
-def recipe_fingerprint(settings: WarmupSettings, tok: PreTrainedTokenizerBase) -> str:
-    """Short hash naming the checkpoint directory for ``settings`` and ``tok``."""
-    config = model_config(len(tok)).to_dict()
-    # The library version does not change the architecture; keep it out of the key.
-    config.pop("transformers_version", None)
-    payload = json.dumps(
-        {
-            "recipe_version": RECIPE_VERSION,
-            "settings": dataclasses.asdict(settings),
-            "model_config": config,
-            "tokenizer": tokenizer_fingerprint(tok),  # type: ignore[arg-type]
-        },
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
 @contextlib.contextmanager
@@ -225,7 +182,7 @@ def train_warmup(
     pool = [p for p in all_problems("train") if p["question"] not in val_questions]
     input_ids, attention_mask, labels = _sft_tensors(tok, pool)
 
-    model = build_model(model_config(len(tok)), settings.model_seed).to(torch.float64)
+    model = build_model(model_config(len(tok)), settings.model_seed).to(torch.float64)  # type: ignore[arg-type]
     model.train()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=settings.learning_rate, betas=(0.9, 0.98), weight_decay=0.0
@@ -249,7 +206,7 @@ def train_warmup(
             log(f"[tiny-arith warm-up] step {step:4d}/{settings.steps}  loss {running / ((step - 1) % settings.log_every + 1):.3f}  "
                 f"sampled val acc {val_acc:.3f}")
             running = 0.0
-    model = model.to(torch.float32)  # the only rounding: see the module docstring
+    model = model.to(torch.float32)  # the only rounding: see the module docstring  # type: ignore[arg-type]
     model.eval()
     return model, {"steps": settings.steps, "val_sampled_accuracy": val_acc}
 
@@ -326,7 +283,7 @@ def ensure_checkpoint(
     cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
     tok = build_tokenizer()
     fingerprint = recipe_fingerprint(settings, tok)
-    final = cache / f"tiny-arith-{fingerprint}"
+    final = checkpoint_path(cache, settings)
     if (final / DONE_MARKER).exists():
         return final
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
@@ -78,3 +79,34 @@ def eval_problems() -> list[dict[str, str]]:
     All of them, so that an eval with 4 samples per problem has a standard error of about one
     point (64 problems gave about three, as large as the effect RL should show)."""
     return all_problems("eval")
+
+
+# Bump when the rows written by `ensure_prompt_files` change.
+DATA_VERSION = 1
+TRAIN_POOL_SIZE = 4096
+
+
+def prompt_rows(problems: list[dict[str, str]]) -> list[dict]:
+    """Problems as prompt-data rows: chat messages under "prompt", the answer under "label"."""
+    return [{"prompt": [{"role": "user", "content": p["question"]}], "label": p["label"]} for p in problems]
+
+
+def ensure_prompt_files(cache_dir: str | None = None) -> tuple[Path, Path]:
+    """tiny-arith's training and eval prompts as Parquet files in the model cache (written once, atomically):
+    train = 4096 problems of the train split (the pool the default run visits, in a fixed order), eval =
+    the whole eval split. They are read like any `--prompt-data` file (`--input-key prompt --label-key label
+    --apply-chat-template`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from artifacts.atomic import atomic_path
+    from recipes.tiny_arith.settings import default_cache_dir
+
+    root = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"tiny-arith-data-v{DATA_VERSION}"
+    files = {"train": root / "train.parquet", "eval": root / "eval.parquet"}
+    sources = {"train": lambda: make_problems(TRAIN_POOL_SIZE, seed=0, split="train"), "eval": eval_problems}
+    for split, path in files.items():
+        if not path.is_file():
+            with atomic_path(path) as tmp:
+                pq.write_table(pa.Table.from_pylist(prompt_rows(sources[split]())), tmp)
+    return files["train"], files["eval"]

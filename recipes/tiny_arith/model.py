@@ -8,8 +8,12 @@ bit-for-bit deterministic for a given seed.
 
 from __future__ import annotations
 
-import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from typing import TYPE_CHECKING
+
+from transformers import Qwen2Config
+
+if TYPE_CHECKING:
+    from transformers import Qwen2ForCausalLM
 
 from recipes.tiny_arith.tokenizer import EOS_ID, PAD_ID
 
@@ -47,6 +51,9 @@ def build_model(config: Qwen2Config, seed: int) -> Qwen2ForCausalLM:
 
     The caller's global torch RNG state is left untouched.
     """
+    import torch
+    from transformers import Qwen2ForCausalLM
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)

@@ -69,9 +69,10 @@ def test_kl_checker_catches_dropout_left_on(tmp_path, ray_session, prefect_serve
 
 def test_logprob_checker_catches_a_reference_model_that_differs(tmp_path, ray_session, prefect_server,
                                                                 base_checkpoint):
+    # slime's meanings: the actor starts from --load (an HF dir here), the reference is --ref-load
     ref = _copy_checkpoint(base_checkpoint, tmp_path / "ref", perturb="layers.1.mlp")
-    cfg = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None}, ci=ci_flags(base_checkpoint),
-                       ref_load=ref)
+    cfg = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
+                       ci=ci_flags(base_checkpoint), ref_load=ref, checkpoint={"load": base_checkpoint})
     with pytest.raises(Exception, match=r"\[log-probs checker\] rollout/log_probs - rollout/ref_log_probs = .* "
                                         r"violates \|x\| < 1e-8 at rollout 0"):
         _run(cfg)

@@ -96,3 +96,31 @@ def test_disable_optimizer_runs_forward_backward_but_never_moves_weights(
     base = load_file(f"{base_checkpoint}/model.safetensors")
     saved = load_file(str(tmp_path / "ckpt" / "iter_0000000" / "model.safetensors"))
     assert all(torch.equal(base[k], saved[k]) for k in base)
+
+
+def test_slime_first_launch_and_ref_load_as_the_starting_weights(tmp_path, ray_session, prefect_server,
+                                                                 base_checkpoint):
+    """`--load D --save D` with D empty starts fresh (slime's first launch) and the next launch resumes; with no
+    checkpoint under --load, --ref-load is where the trainer starts (slime's meaning)."""
+    d = str(tmp_path / "ckpt")
+    first = small_config(tmp_path / "one", base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
+                         checkpoint={"save": d, "load": d})
+    _run(first)
+    assert (tmp_path / "ckpt" / "iter_0000000" / "model.safetensors").is_file()
+    again = small_config(tmp_path / "one", base_checkpoint, rollout={"num_rollout": 2}, eval={"eval_interval": None},
+                         checkpoint={"save": d, "load": d})
+    _run(again)
+    steps = [r["rollout_id"] for r in read_metrics(RunPaths(again.resolved_run_dir).metrics) if r["kind"] == "step"]
+    assert steps == [0, 0, 1, 1]  # the second launch trained rollout 1 only
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (ref / f).write_bytes((tmp_path / "ckpt" / "iter_0000001" / f).read_bytes())
+    frozen = small_config(tmp_path / "frozen", base_checkpoint, rollout={"num_rollout": 1},
+                          eval={"eval_interval": None}, ref_load=str(ref), debug={"debug_disable_optimizer": True},
+                          checkpoint={"save": str(tmp_path / "frozen-ckpt"), "load": str(tmp_path / "empty")})
+    _run(frozen)
+    saved = load_file(str(tmp_path / "frozen-ckpt" / "iter_0000000" / "model.safetensors"))
+    start = load_file(str(ref / "model.safetensors"))
+    assert all(torch.equal(saved[k], start[k]) for k in start)  # the weights never moved from --ref-load's

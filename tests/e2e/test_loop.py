@@ -22,7 +22,7 @@ def small_config(tmp_path, base_checkpoint, **sections) -> RunConfig:
         "run_dir": str(tmp_path / "run"),
         "hf_checkpoint": base_checkpoint,
         "rollout": {"num_rollout": 2, "rollout_batch_size": 4, "n_samples_per_prompt": 4},
-        "eval": {"eval_interval": 1},
+        "eval": {"eval_interval": 1, "n_samples_per_eval_prompt": 1},
         "train": {"global_batch_size": 8, "lr": 1e-2},
         "checkpoint": {"save": str(tmp_path / "ckpt"), "save_interval": 1},
     }

@@ -128,3 +128,39 @@ def test_server_command_runs_without_the_venv_on_path(monkeypatch, tmp_path):
                                                      "PREFECT_HOME": str(tmp_path / "prefect")}, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and "--port" in done.stdout, done.stderr[-2000:]
+
+
+# -- slime's data, reward and eval flags (issue 04) ------------------------------------------------------------
+def test_data_reward_and_list_flags_parse():
+    cfg = parse("--prompt-data", "/d/train.jsonl", "--input-key", "messages", "--label-key", "answer",
+                "--apply-chat-template", "--apply-chat-template-kwargs", '{"enable_thinking": false}',
+                "--eval-prompt-data", "aime", "/d/aime.jsonl", "gsm8k", "/d/gsm8k.parquet",
+                "--rollout-stop", "</answer>", "--rollout-stop-token-ids", "7", "8", "--rm-type", "math",
+                "--eval-top-p", "0.9", "--eval-max-response-len", "16", "--rollout-shuffle")
+    assert cfg.data.eval_datasets == [("aime", "/d/aime.jsonl"), ("gsm8k", "/d/gsm8k.parquet")]
+    assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False} and cfg.data.rollout_shuffle
+    assert cfg.rollout.rollout_stop == ["</answer>"] and cfg.rollout.rollout_stop_token_ids == [7, 8]
+    assert cfg.reward.rm_type == "math" and cfg.eval.eval_top_p == 0.9 and cfg.eval.eval_max_response_len == 16
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--eval-prompt-data", "a", "/x", "a", "/y"], "duplicate eval dataset name"),
+    (["--eval-prompt-data", "a", "/x", "b"], "expected NAME PATH pairs"),
+    (["--eval-prompt-data", "a/b", "/x"], "contain no '/'"),
+])
+def test_bad_eval_data_flags(argv, needle):
+    with pytest.raises(ValueError, match=needle):
+        parse(*argv)
+
+
+def test_backends_that_are_not_registered_are_refused_at_parse_time(capsys):
+    for argv in (["--train-backend", "megatron"], ["--rollout-backend", "sglang"]):
+        with pytest.raises(SystemExit) as e:
+            make_parser().parse_args(["run", *argv])
+        assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_bad_json_flag_is_named(capsys):
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["run", "--apply-chat-template-kwargs", "{bad"])
+    assert "--apply-chat-template-kwargs" in capsys.readouterr().err

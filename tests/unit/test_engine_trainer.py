@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
@@ -9,10 +10,12 @@ import torch
 
 from artifacts.store import read_table, write_rollout
 from engines.base import GenerateRequest, SamplingParams
-from engines.rollout import build_requests, problems_for_rollout, to_samples
 from engines.torch_engine.engine import TorchEngine
 from flows.config import RunConfig
-from recipes.registry import get_recipe
+from flows.resolve import resolve
+from rollout.data import prompts_for_rollout
+from rollout.requests import build_requests, to_samples
+from rollout.source import train_params
 
 
 def _free_port() -> int:
@@ -27,14 +30,12 @@ def engine(base_checkpoint):
 
 
 def _rollout(engine, cfg, tmp_path):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint)
-    recipe = get_recipe(cfg.recipe)
-    problems = problems_for_rollout(recipe.train_problems(), cfg, 0)
-    entries = build_requests(problems, tok, recipe, cfg, 0, cfg.rollout.n_samples_per_prompt, 1.0)
-    outputs = engine.generate([e["request"] for e in entries])
-    samples = to_samples(entries, outputs, tok, recipe, 0)
+    cfg, src = resolve(cfg)
+    r = cfg.rollout
+    prompts = prompts_for_rollout(src.train.prompts, r.rollout_batch_size, 0, r.rollout_seed, cfg.data.rollout_shuffle)
+    entries = build_requests(prompts, r.rollout_seed, 0, r.n_samples_per_prompt, train_params(cfg, src.stops))
+    outputs = engine.generate([e.request for e in entries])
+    samples = asyncio.run(to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, 0))
     return samples, write_rollout(tmp_path / "rollout.parquet", samples)
 
 

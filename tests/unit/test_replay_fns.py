@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from artifacts import Sample
-from engines.replay import (
+from rollout.replay import (
     InjectionMismatch,
     check_injection,
     response_match_ratio,

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from artifacts.atomic import atomic_write_json, atomic_write_text
+from artifacts.checkpoints import LATEST_FILE, model_dir, resolve_checkpoint
 from artifacts.hashing import layer_hashes, weights_sha256
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
@@ -34,8 +36,6 @@ from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
 from trainers.collectives import all_reduce_sum
 from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
 from trainers.rollout_stats import logprob_stats
-
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 
 
 @dataclass
@@ -65,6 +65,7 @@ class TorchTrainer:
         # reads back the log-probs this rank just wrote. Only the latest rollout is kept.
         self._samples: tuple[str, list[Sample], dict[tuple[int, ...], MicroBatch]] | None = None
         self._written_logprobs: tuple[str, list[dict]] | None = None
+        self._perf: dict[str, float] = {}  # seconds of the last rollout's stages on this rank (see perf())
 
     # -- set-up --------------------------------------------------------------------------------
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
@@ -79,7 +80,7 @@ class TorchTrainer:
         self.ref_model = None
         ci = self.cfg.ci
         if self.t.use_kl_loss or (ci.ci_test and not ci.ci_disable_logprobs_checker):  # the checker compares with it
-            ref = self.cfg.ref_load or self.checkpoint
+            ref = model_dir(self.cfg.ref_load) if self.cfg.ref_load else self.checkpoint
             self.ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
             self.ref_model.train()
             self.ref_model.requires_grad_(False)
@@ -133,6 +134,7 @@ class TorchTrainer:
         With --use-rollout-logprobs only the reference log-probs (if any) are computed."""
         samples = self._rollout(rollout_ref)
         rows: dict[int, dict[str, list[float]]] = {}
+        policy_s = ref_s = 0.0
         for step in self._my_micro_batches(samples):
             for positions in step:
                 batch = [samples[p] for p in positions]
@@ -140,15 +142,20 @@ class TorchTrainer:
                 for s in batch:
                     rows[s.sample_index] = {}
                 if not self.t.use_rollout_logprobs:  # else the engine's log-probs are the old policy's
+                    began = time.perf_counter()
                     logits = self._response_logits(self.model, mb)
                     lp, ent = log_probs_from_logits(logits, mb.response_tokens), entropy_from_logits(logits)
                     for i, s in enumerate(batch):
                         n = s.response_length
                         rows[s.sample_index].update(log_probs=lp[i, :n].tolist(), entropy=ent[i, :n].tolist())
+                    policy_s += time.perf_counter() - began
                 if self.ref_model is not None:
+                    began = time.perf_counter()
                     ref = log_probs_from_logits(self._response_logits(self.ref_model, mb), mb.response_tokens)
                     for i, s in enumerate(batch):
                         rows[s.sample_index]["ref_log_probs"] = ref[i, :s.response_length].tolist()
+                    ref_s += time.perf_counter() - began
+        self._perf = {"perf/log_probs_time": policy_s, "perf/ref_log_probs_time": ref_s}
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, rows)
         if self.rank != 0:
@@ -181,6 +188,7 @@ class TorchTrainer:
             raise RuntimeError(f"rollout {rollout_id} was already applied to these weights "
                                f"(trainer is at rollout {self.last_applied_rollout}); refusing to train twice")
         snapshot = self._snapshot()
+        began = time.perf_counter()
         try:
             metrics = self._train_rollout(samples, self._logprob_rows(logprob_ref), dump_template)
         except BaseException:
@@ -188,7 +196,13 @@ class TorchTrainer:
             raise
         self.applied[rollout_id] = metrics
         self.last_applied_rollout = rollout_id
+        self._perf["perf/actor_train_time"] = time.perf_counter() - began
         return metrics
+
+    def perf(self) -> dict[str, float]:
+        """slime's perf/log_probs_time, perf/ref_log_probs_time and perf/actor_train_time (seconds) of the
+        last rollout on this rank."""
+        return dict(self._perf)
 
     def _train_rollout(self, samples: list[Sample], lp_rows: list[dict],
                        dump_template: str | None) -> list[dict[str, float]]:
@@ -376,8 +390,12 @@ class TorchTrainer:
             sd["state"] = dict(state)
             self.optimizer.load_state_dict(sd)
         sched = json.loads((path / "scheduler.json").read_text())
-        if self.scheduler is not None and sched:
+        if self.scheduler is not None and self.optimizer is not None and sched:
             self.scheduler.load_state_dict({**self.scheduler.state_dict(), **sched})
+            # the scheduler sets a group's lr only when it steps: put back the lr it had reached, or the first
+            # step after a resume runs at the initial lr (invisible with a constant schedule)
+            for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
+                group["lr"] = lr
         torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
         meta = json.loads((path / "meta.json").read_text())
         self.global_step = int(meta["global_step"])
@@ -399,20 +417,6 @@ class TorchTrainer:
         if bad:
             raise RuntimeError(f"--ci-check-model-hash: rank {self.rank} loaded weights differ from {saved.name} "
                                f"in layers {bad}")
-
-
-def resolve_checkpoint(directory: str | Path) -> Path:
-    """`directory` itself if it is an iter_ dir, else the latest one recorded in it."""
-    d = Path(directory)
-    if (d / "meta.json").is_file():
-        return d
-    latest = d / LATEST_FILE
-    if not latest.is_file():
-        raise FileNotFoundError(f"--load {directory}: no {LATEST_FILE} and not a checkpoint directory")
-    path = d / f"iter_{int(latest.read_text().strip()):07d}"
-    if not (path / "meta.json").is_file():
-        raise FileNotFoundError(f"--load {directory}: {path} is missing or incomplete")
-    return path
 
 
 def _ordered(samples: list[Sample]) -> list[Sample]:

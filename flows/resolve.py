@@ -1,0 +1,117 @@
+"""From the flags to a run that can start: the recipe fills in what the flags leave unset, every path is
+checked, the data is read and the reward imported, and the chat template is checked, all before Ray or
+Prefect start and before anything is written to the run dir. `rollflow run --dry-run` stops here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from artifacts.checkpoints import latest_checkpoint, model_dir
+from flows.config import RunConfig, dump_yaml
+from recipes.registry import get_recipe
+from rollout.data import DataError
+from rollout.extensions import ExtensionError
+from rollout.source import RolloutSource, rollout_source
+from rollout.template import check_examples
+
+# Data flags that only make sense with --prompt-data (the recipe reads its own files with its own keys).
+_DATA_KEYS = ("input_key", "label_key", "metadata_key", "tool_key", "apply_chat_template", "apply_chat_template_kwargs",
+              "rollout_max_prompt_len")
+
+
+def apply_recipe(cfg: RunConfig, *, build: bool = True) -> RunConfig:
+    """Fill in the recipe's base model, prompt data (+ keys), eval data and reward where the flags are unset.
+    With `build=False` the recipe's checkpoint is not built (its path is filled in all the same)."""
+    recipe = get_recipe(cfg.recipe)
+    update: dict[str, Any] = {}
+    if cfg.hf_checkpoint is None:
+        update["hf_checkpoint"] = str(recipe.ensure_checkpoint() if build else recipe.checkpoint_path())
+    data, reward = cfg.data, cfg.reward
+    data_update: dict[str, Any] = {}
+    if data.prompt_data is None:
+        given = sorted(k for k in _DATA_KEYS if k in data.model_fields_set)
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise ValueError(f"{flags} given without --prompt-data: the {recipe.name} preset reads its own prompts "
+                             f"with its own keys; give --prompt-data to use yours")
+        train, evals = recipe.ensure_data()
+        preset = {k: v for k, v in recipe.data.items() if k not in data.model_fields_set}
+        data_update = {**preset, "prompt_data": str(train)}
+        if data.eval_prompt_data is None:
+            data_update["eval_prompt_data"] = [recipe.name, str(evals)]
+        if reward.rm_type is None and reward.custom_rm_path is None:
+            update["reward"] = reward.model_copy(update={"rm_type": recipe.rm_type})
+    elif reward.rm_type is None and reward.custom_rm_path is None:
+        raise ValueError("--prompt-data is given but no reward: add --rm-type (exact_match, math, deepscaler, f1, tiny-arith, "
+                         "or boxed_<type>) or --custom-rm-path module.fn")
+    if data_update:
+        update["data"] = data.model_copy(update=data_update)
+    return RunConfig.model_validate({**cfg.model_dump(), **{k: v.model_dump() if hasattr(v, "model_dump") else v
+                                                             for k, v in update.items()}})
+
+
+def check_paths(cfg: RunConfig) -> None:
+    """Inputs exist (and look like what they should be) before anything starts."""
+    ckpt = Path(cfg.hf_checkpoint or "")
+    if not (ckpt / "config.json").is_file():
+        raise ValueError(f"--hf-checkpoint {cfg.hf_checkpoint}: not an HF model directory (no config.json)")
+    if cfg.ref_load:
+        try:
+            model_dir(cfg.ref_load)
+        except FileNotFoundError as e:
+            raise ValueError(f"--ref-load {e}") from None
+    if cfg.checkpoint.load:
+        latest_checkpoint(cfg.checkpoint.load)  # a missing or empty dir is fine (a first launch); a broken one is not
+
+
+def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tuple[RunConfig, RolloutSource]:
+    """The run's resolved config and data side; raises ValueError naming the flag, file, row or token."""
+    given = cfg.hf_checkpoint is not None
+    cfg = apply_recipe(cfg, build=build)
+    if build or given:
+        check_paths(cfg)
+    try:
+        source = rollout_source(cfg, tokenizer=tokenizer)
+    except (DataError, ExtensionError) as e:
+        raise ValueError(str(e)) from None
+    if cfg.data.apply_chat_template and source.train is not None:
+        check_template_of(source)
+    return cfg, source
+
+
+def check_template_of(source: RolloutSource, examples: int = 3) -> None:
+    """The chat-template check on the first prompts of the training data; raises on the first mismatch."""
+    assert source.train is not None
+    pairs = [(list(p.messages), _response_for(p.label, source)) for p in source.train.prompts[:examples]
+             if p.messages is not None]
+    for result in check_examples(source.tokenizer, pairs, source.stops):
+        if result.problems:
+            raise ValueError(f"chat template check failed (rollflow check-template shows the details): "
+                             f"{result.problems[0]}")
+
+
+def _response_for(label: Any, source: RolloutSource) -> str:
+    """An assistant reply to render in the check: the label when the tokenizer encodes it faithfully."""
+    tok = source.tokenizer
+    if isinstance(label, str) and label and tok.decode(tok.encode(label, add_special_tokens=False)) == label:
+        return label
+    from rollout.template import _probe_text
+
+    return _probe_text(tok)
+
+
+def describe(cfg: RunConfig, source: RolloutSource) -> str:
+    """The dry run's report: the resolved config and what the data resolved to."""
+    lines = [dump_yaml(cfg).rstrip(), "", "# resolved data"]
+    sets = ([("train", source.train)] if source.train else []) + [(f"eval/{n}", s) for n, s in source.evals]
+    for name, s in sets:
+        first = s.prompts[0]
+        lines.append(f"{name}: {s.path}: {s.rows} rows, {len(s.prompts)} prompts"
+                     + (f" ({s.dropped_long} dropped: longer than --rollout-max-prompt-len)" if s.dropped_long else "")
+                     + f"; first prompt ({len(first.tokens)} tokens): {first.text!r}, label {first.label!r}")
+    lines.append(f"reward: {source.scorer.name}; stop token ids {list(source.stops.ids)}"
+                 + (f", stop strings {list(source.stops.strings)}" if source.stops.strings else ""))
+    if not Path(cfg.hf_checkpoint or "").is_dir():
+        lines.append(f"hf_checkpoint {cfg.hf_checkpoint} does not exist yet: the first run builds it")
+    return "\n".join(lines)

@@ -1,0 +1,264 @@
+"""Rewards: built-in rules chosen with `--rm-type`, or the user's function named by `--custom-rm-path`.
+
+A reward sees one sample: its prompt (the rendered text), its response (decoded), its label (as the data
+row gave it) and its metadata (the row's --metadata-key object plus what rollflow adds). It returns a
+number, or a dict whose `--reward-key` entry is the number. Two calling conventions are accepted for a
+custom function, so that a slime reward module works unchanged:
+
+- keywords: `def rm(prompt, response, label, metadata)` (any subset, or `**kwargs`);
+- slime's: `async def rm(args, sample)` with `sample.prompt / .response / .label / .metadata`.
+
+Sync and async functions both work. Rewards run in the orchestrating process, never inside an engine.
+A reward that raises marks its sample `failed` (reward 0, excluded from the loss, the exception text in
+its metadata); a rollout fails only if every sample failed. A reward that returns something that is not
+a finite number is a bug in the reward, and the error names the sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from rollout.extensions import load_function
+
+BOXED = "boxed_"
+
+
+# -- built-in rules --------------------------------------------------------------------------------------
+def exact_match(response: str, label: Any) -> float:
+    """1.0 iff the response equals the label after stripping surrounding whitespace."""
+    return 1.0 if response.strip() == str(label).strip() else 0.0
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces balanced; None if there is none."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth = 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None  # unbalanced: no answer
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?%?|-?\.\d+%?")
+
+
+def _to_number(text: str) -> float | None:
+    """A number written as 12, -3.5, 1,234, 3/4 or 50% (and wrapped in $...$ or \\text{}); None otherwise."""
+    t = text.strip().strip("$").replace("\\!", "").replace("\\,", "").replace(" ", "")
+    t = re.sub(r"\\text\{([^}]*)\}", r"\1", t).rstrip(".")
+    percent = t.endswith("%") or t.endswith("\\%")
+    t = t.removesuffix("\\%").removesuffix("%")
+    frac = re.fullmatch(r"\\d?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", t)
+    try:
+        if frac:
+            value = float(frac.group(1)) / float(frac.group(2))
+        elif re.fullmatch(r"-?\d+/\d+", t):
+            num, den = t.split("/")
+            value = float(num) / float(den)
+        elif re.fullmatch(r"-?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?|-?\.\d+", t):
+            value = float(t.replace(",", ""))
+        else:
+            return None
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value / 100 if percent else value
+
+
+def math_answer(response: str, label: Any) -> float:
+    """1.0 iff the response's answer equals the label: the answer is the last `\\boxed{...}`, else the last
+    number in the text; compared numerically (rel 1e-6) when both are numbers, else as whitespace-free text."""
+    answer = last_boxed(response)
+    if answer is None:
+        numbers = _NUMBER.findall(response)
+        answer = numbers[-1] if numbers else None
+    if answer is None:
+        return 0.0
+    return 1.0 if _same_answer(answer, label) else 0.0
+
+
+def _same_answer(answer: str, label: Any) -> bool:
+    """Numerically equal (rel 1e-6) when both parse as numbers, else equal as whitespace-free text; a boxed
+    label is unboxed first."""
+    truth = str(label)
+    truth = last_boxed(truth) or truth
+    a, b = _to_number(answer), _to_number(truth)
+    if a is not None and b is not None:
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    return answer.replace(" ", "") == truth.replace(" ", "")
+
+
+def deepscaler(response: str, label: Any) -> float:
+    """slime's `deepscaler` rule: only the text after the reasoning (after the last `</think>`, or after
+    `###Response`) counts, and its last `\\boxed{...}` must equal the label; anything else scores 0."""
+    if "</think>" in response:
+        solution = response.split("</think>")[-1]
+    elif "###Response" in response:
+        solution = response.split("###Response")[1]
+    else:
+        return 0.0
+    answer = last_boxed(solution)
+    if answer is None or str(label) == "":
+        return 0.0
+    return 1.0 if _same_answer(answer, label) else 0.0
+
+
+def f1(response: str, label: Any) -> float:
+    """Token-level F1 between the whitespace-split response and label (SQuAD-style, lowercased)."""
+    pred, gold = response.lower().split(), str(label).lower().split()
+    common = sum(min(pred.count(w), gold.count(w)) for w in set(pred))
+    if not pred or not gold or not common:
+        return 0.0
+    p, r = common / len(pred), common / len(gold)
+    return 2 * p * r / (p + r)
+
+
+# name -> the rule, or "module:attr" for a rule that lives with its recipe (imported when named)
+BUILTIN_REWARDS: dict[str, Callable[[str, Any], float] | str] = {
+    "exact_match": exact_match,
+    "math": math_answer,
+    "deepscaler": deepscaler,
+    "f1": f1,
+    "tiny-arith": "recipes.tiny_arith.reward:reward",
+}
+
+
+def builtin_reward(rm_type: str) -> Callable[[str, Any], float]:
+    """The rule called `rm_type` (a `boxed_` prefix first extracts the last \\boxed{...} of the response)."""
+    name = rm_type.removeprefix(BOXED)
+    if name not in BUILTIN_REWARDS:
+        raise ValueError(f"--rm-type {rm_type!r}: unknown; built-ins are {sorted(BUILTIN_REWARDS)} "
+                         f"(each also as {BOXED}<name>), or give --custom-rm-path module.fn")
+    rule = BUILTIN_REWARDS[name]
+    if isinstance(rule, str):
+        module, _, attr = rule.partition(":")
+        rule = getattr(importlib.import_module(module), attr)
+    if rm_type.startswith(BOXED):
+        inner = rule
+        return lambda response, label: inner(last_boxed(response) or "", label)
+    return rule
+
+
+# -- scoring -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scored:
+    """The reward of one sample, or why it could not be computed (`error`, then `reward` is 0)."""
+
+    reward: float
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # the other entries of a dict-valued reward
+
+
+@dataclass(frozen=True)
+class RewardRequest:
+    """What a reward sees of one sample."""
+
+    prompt: str
+    response: str
+    label: Any
+    metadata: dict[str, Any]
+    sample_index: int
+
+
+class Scorer:
+    """One reward function with its calling convention resolved; `score` runs it over many samples."""
+
+    def __init__(self, rm_type: str | None, custom_rm_path: str | None, reward_key: str | None,
+                 settings: dict[str, Any] | None = None) -> None:
+        if custom_rm_path:
+            self.name, self.fn = custom_rm_path, load_function(custom_rm_path, "--custom-rm-path")
+        elif rm_type:
+            self.name, self.fn = rm_type, builtin_reward(rm_type)
+        else:
+            raise ValueError("no reward: give --rm-type (built-ins: "
+                             f"{sorted(BUILTIN_REWARDS)}) or --custom-rm-path module.fn")
+        self.builtin = not custom_rm_path
+        self.reward_key = reward_key
+        self.args = SimpleNamespace(rm_type=rm_type, custom_rm_path=custom_rm_path, reward_key=reward_key,
+                                    **(settings or {}))  # slime's `args`, for slime-style functions
+        self._style = "builtin" if self.builtin else _calling_style(self.fn, custom_rm_path or "")
+
+    async def score(self, requests: list[RewardRequest]) -> list[Scored]:
+        """Rewards in request order; async functions run concurrently."""
+        return list(await asyncio.gather(*[self._one(r) for r in requests]))
+
+    async def _one(self, r: RewardRequest) -> Scored:
+        try:
+            value = self._call(r)
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as e:  # the reward's own failure: this sample is marked failed, the rollout goes on
+            return Scored(0.0, error=f"{type(e).__name__}: {e}")
+        return self._to_scored(value, r)
+
+    def _call(self, r: RewardRequest) -> Any:
+        if self._style == "builtin":
+            return self.fn(r.response, r.label)
+        if self._style == "slime":
+            sample = SimpleNamespace(prompt=r.prompt, response=r.response, label=r.label, metadata=r.metadata,
+                                     index=r.sample_index, status="completed")
+            return self.fn(self.args, sample)
+        given = {"prompt": r.prompt, "response": r.response, "label": r.label, "metadata": r.metadata}
+        return self.fn(**{k: v for k, v in given.items() if self._style == "kwargs" or k in self._style})
+
+    def _to_scored(self, value: Any, r: RewardRequest) -> Scored:
+        extra: dict[str, Any] = {}
+        if isinstance(value, dict):
+            if self.reward_key is None:
+                raise ValueError(f"reward {self.name} returned a dict for sample {r.sample_index} "
+                                 f"(keys {sorted(value)}): name the scalar with --reward-key")
+            if self.reward_key not in value:
+                raise ValueError(f"reward {self.name} returned a dict without --reward-key {self.reward_key!r} for "
+                                 f"sample {r.sample_index} (keys {sorted(value)})")
+            extra = {k: v for k, v in value.items() if k != self.reward_key}
+            value = value[self.reward_key]
+        if isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"reward {self.name} returned {value!r} ({type(value).__name__}) for sample "
+                             f"{r.sample_index} (prompt {r.prompt[:60]!r}): expected a finite number")
+        return Scored(float(value), extra=_jsonable(extra))
+
+
+def _calling_style(fn: Callable[..., Any], path: str) -> Any:
+    """"kwargs" (accepts **kwargs), a frozenset of the keyword names it takes, or "slime" (args, sample)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return "kwargs"
+    names = set(params)
+    known = {"prompt", "response", "label", "metadata"}
+    if names & known:
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return "kwargs"
+        return frozenset(names & known)
+    positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 2:
+        return "slime"
+    raise ValueError(f"--custom-rm-path {path}: cannot call {getattr(fn, '__name__', fn)}{inspect.signature(fn)}: "
+                     "take keyword arguments (prompt, response, label, metadata) or slime's (args, sample)")
+
+
+def _jsonable(extra: dict[str, Any]) -> dict[str, Any]:
+    """The side entries of a dict reward that can go into the sample's JSON metadata."""
+    import json
+
+    out = {}
+    for k, v in extra.items():
+        try:
+            json.dumps(v, allow_nan=False)
+            out[str(k)] = v
+        except (TypeError, ValueError):
+            out[str(k)] = repr(v)
+    return out

@@ -1,0 +1,131 @@
+"""Built-in rewards, the custom-reward loader and its calling conventions, and reward failures."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+
+import pytest
+
+from rollout.extensions import ExtensionError, load_function
+from rollout.rewards import RewardRequest, Scorer, builtin_reward, exact_match, f1, last_boxed, math_answer
+
+
+def _req(response: str, label: object = "4", index: int = 0, metadata: dict | None = None) -> RewardRequest:
+    return RewardRequest(prompt="What is 2+2?", response=response, label=label, metadata=metadata or {},
+                         sample_index=index)
+
+
+def test_exact_match_strips_whitespace_only():
+    assert exact_match("  Paris\n", "Paris") == 1.0
+    assert exact_match("paris", "Paris") == 0.0
+    assert exact_match("12", 12) == 1.0
+
+
+@pytest.mark.parametrize("response, label, expected", [
+    ("so the answer is \\boxed{42}.", "42", 1.0),
+    ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("first 3, then \\boxed{7} and finally 9", "7", 1.0),        # the last \boxed wins over later numbers
+    ("\\boxed{x^{2}+1}", "x^{2} + 1", 1.0),                         # non-numeric: compared without spaces
+    ("The total is 1,234 apples.", "1234", 1.0),                   # no \boxed: the last number
+    ("it is 3/4", "0.75", 1.0),
+    ("50%", "0.5", 1.0),
+    ("-2.50", "-2.5", 1.0),
+    ("answer: 41", "42", 0.0),
+    ("no number here", "42", 0.0),
+    ("\\boxed{42", "42", 1.0),                                      # unbalanced box: falls back to the last number
+    ("\\boxed{12}", "\\boxed{12}", 1.0),                            # labels may be boxed too
+])
+def test_math_answer(response, label, expected):
+    assert math_answer(response, label) == expected
+
+
+def test_last_boxed_balances_braces():
+    assert last_boxed("a \\boxed{1} b \\boxed{\\frac{a}{b}}") == "\\frac{a}{b}"
+    assert last_boxed("none") is None and last_boxed("\\boxed{open") is None
+
+
+def test_f1_and_boxed_prefix():
+    assert f1("the cat sat", "the cat") == pytest.approx(0.8)
+    assert f1("", "x") == 0.0
+    boxed = builtin_reward("boxed_exact_match")
+    assert boxed("work... \\boxed{Paris}", "Paris") == 1.0 and boxed("Paris", "Paris") == 0.0
+
+
+def test_deepscaler_scores_only_the_boxed_answer_after_the_reasoning():
+    rule = builtin_reward("deepscaler")
+    assert rule("<think>maybe \\boxed{3}</think> so \\boxed{4}", "4") == 1.0
+    assert rule("<think>\\boxed{4}</think> I think 4", "4") == 0.0  # no boxed answer after the reasoning
+    assert rule("\\boxed{4}", "4") == 0.0                              # no reasoning marker at all
+    assert rule("###Response the answer is \\boxed{0.5}", "1/2") == 1.0
+
+
+def test_tiny_arith_rule_is_registered():
+    rule = builtin_reward("tiny-arith")
+    assert rule("68<eos>", "68") == 1.0 and rule("69", "68") == 0.0
+
+
+def test_unknown_rm_type_and_missing_reward_are_named():
+    with pytest.raises(ValueError, match="--rm-type 'nope': unknown; built-ins are"):
+        builtin_reward("nope")
+    with pytest.raises(ValueError, match="no reward: give --rm-type"):
+        Scorer(None, None, None)
+
+
+@pytest.fixture
+def reward_module(tmp_path, monkeypatch):
+    """A reward module in a temp dir outside the package, importable as slime loads it (working directory)."""
+    (tmp_path / "myrewards.py").write_text(textwrap.dedent('''
+        import asyncio
+
+        def by_keywords(response, label):
+            return float(response.strip() == label)
+
+        async def slime_style(args, sample):
+            await asyncio.sleep(0)
+            return {"score": 1.0 if sample.response == sample.label else 0.0, "why": sample.metadata.get("src")}
+
+        def raises_on_seven(response, label, metadata):
+            if "7" in response:
+                raise RuntimeError("judge unavailable")
+            return 1.0
+
+        def returns_text(response, label):
+            return "yes"
+
+        NOT_CALLABLE = 3
+    '''))
+    monkeypatch.chdir(tmp_path)
+    yield "myrewards"
+
+
+def test_custom_reward_conventions(reward_module):
+    kw = Scorer(None, f"{reward_module}.by_keywords", None)
+    assert [s.reward for s in asyncio.run(kw.score([_req("4"), _req("5")]))] == [1.0, 0.0]
+    slime = Scorer(None, f"{reward_module}.slime_style", "score")
+    out = asyncio.run(slime.score([_req("4", metadata={"src": "gsm8k"})]))
+    assert out[0].reward == 1.0 and out[0].extra == {"why": "gsm8k"}
+    with pytest.raises(ValueError, match="returned a dict for sample 0 .* --reward-key"):
+        asyncio.run(Scorer(None, f"{reward_module}.slime_style", None).score([_req("4")]))
+
+
+def test_a_reward_that_raises_fails_its_sample_only(reward_module):
+    out = asyncio.run(Scorer(None, f"{reward_module}.raises_on_seven", None).score([_req("4"), _req("7", index=1)]))
+    assert out[0].reward == 1.0 and out[0].error is None
+    assert out[1].reward == 0.0 and out[1].error == "RuntimeError: judge unavailable"
+
+
+def test_a_reward_that_returns_a_non_number_names_the_sample(reward_module):
+    with pytest.raises(ValueError, match=r"returned 'yes' \(str\) for sample 3"):
+        asyncio.run(Scorer(None, f"{reward_module}.returns_text", None).score([_req("4", index=3)]))
+
+
+@pytest.mark.parametrize("path, needle", [
+    ("nodots", "expected a dotted path"),
+    ("no_such_module_xyz.fn", "cannot import 'no_such_module_xyz'"),
+    ("myrewards.missing", "has no attribute 'missing'"),
+    ("myrewards.NOT_CALLABLE", "is a int, not a function"),
+])
+def test_custom_rm_path_errors(reward_module, path, needle):
+    with pytest.raises(ExtensionError, match=needle):
+        load_function(path, "--custom-rm-path")
