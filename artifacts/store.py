@@ -507,8 +507,8 @@ def append_metrics(path: PathArg, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def read_metrics(path: PathArg) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file, in order.
+def read_metrics(path: PathArg, run_id: str | None = None) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file, in order (only the run `run_id`'s, when given).
 
     Lines that are not a JSON object (a line torn by a crash, normally the last one) are skipped
     with a ``RuntimeWarning`` giving their count and line numbers. Missing file ->
@@ -527,7 +527,8 @@ def read_metrics(path: PathArg) -> list[dict[str, Any]]:
             skipped.append(number)
             continue
         if isinstance(record, dict):
-            records.append(record)
+            if run_id is None or record.get("run_id") == run_id:
+                records.append(record)
         else:
             skipped.append(number)
     if skipped:

@@ -31,9 +31,10 @@ os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.cli import configure_prefect_env  # noqa: E402
+from flows.cli import configure_prefect_env, configure_ray_env  # noqa: E402
 
 configure_prefect_env()  # the Prefect settings `rollflow run` uses
+configure_ray_env()  # and its Ray settings (before ray is imported)
 
 from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
 from flows.config import RunConfig  # noqa: E402

@@ -10,27 +10,37 @@ import torch
 from artifacts.wire import WireWeights, from_wire, to_wire
 from engines.base import GenerateOutput, GenerateRequest
 from engines.registry import get_engine_class
+from faults import FaultHookRequest, FaultInjector
 
 
 @ray.remote(num_cpus=0)
 class EngineActor:
-    """Hosts one engine; every method forwards to it. Created by name per run (see flows/actors.py)."""
+    """Hosts one engine; every method forwards to it. Created by name per run (see tasks/actors.py).
+
+    `faults`/`run_dir`/`epoch` arm the engine's fault hooks (faults/); `ctx` arguments carry the stage's
+    context (rollout_id, attempt) that a hook request can filter on."""
 
     def __init__(self, backend: str, checkpoint: str, num_threads: int, engine_index: int,
-                 fault_drop_weight: str | None = None) -> None:
+                 fault_drop_weight: str | None = None, faults: list[FaultHookRequest] | None = None,
+                 run_dir: str | None = None, epoch: float | None = None) -> None:
         torch.set_num_threads(num_threads)
         self.index = engine_index
         self.fault_drop_weight = fault_drop_weight  # --ci-fault-drop-weight: a planted sync bug
         self.engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
+        self.faults = FaultInjector(faults or [], "engine", engine_index, run_dir, epoch)
         self.generate_calls = 0
 
-    def generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+    def generate(self, requests: list[GenerateRequest], ctx: dict[str, Any] | None = None) -> list[GenerateOutput]:
+        self.faults.reach("engine_generate_start", weight_version=self.engine.weight_version(), **(ctx or {}))
         self.generate_calls += 1
         return self.engine.generate(requests)
 
-    def update_weights(self, weights: WireWeights, version: int) -> None:
-        """Load the trainer's weights (as sent by TrainerActor.export_weights) as `version`."""
-        named_tensors = from_wire(weights)
+    def update_weights(self, weights: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None) -> None:
+        """Receive the trainer's weights (`[ref]` of TrainerActor.export_weights: wrapped in a list so that Ray
+        does not fetch them before this method runs) and load them as `version`."""
+        self.faults.reach("engine_update_weights_before_receive", weight_version=version, **(ctx or {}))
+        named_tensors = from_wire(ray.get(weights[0]))
+        self.faults.reach("engine_update_weights_after_receive", weight_version=version, **(ctx or {}))
         if self.fault_drop_weight in named_tensors:
             name = self.fault_drop_weight
             named_tensors = {**named_tensors, name: self.engine.get_weights([name])[name]}

@@ -74,7 +74,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     """YAML file (if any) overlaid with the flags given; raises ValueError naming the flag."""
     data: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
     for dest, value in vars(args).items():
-        if dest in ("command", "config", "refresh", "cron", "interval", "dry_run"):
+        if dest in ("command", "config", "refresh", "cron", "interval", "dry_run", "resume", "overwrite"):
             continue
         section, _, name = dest.rpartition(".")
         target = data.setdefault(section, {}) if section else data
@@ -105,6 +105,11 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--refresh", default="", help="comma-separated stages to re-run even when cached")
     run.add_argument("--dry-run", action="store_true",
                      help="validate flags, resolve and read the data, print the resolved config; start nothing")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue the run in RUN_DIR (killed, crashed or stopped) with its config.yaml, from its "
+                          "last completed rollout; the finished run equals an uninterrupted one")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace the records of another run in the run dir (otherwise such a run dir is refused)")
     _add_model_flags(run, RunConfig, "")
     for name, model in SECTIONS.items():
         _add_model_flags(run, model, name)
@@ -156,16 +161,31 @@ PREFECT_ENV_DEFAULTS = {
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "1000",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "60",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "RAY_AUTH_MODE": "disabled",
     "RAY_DEDUP_LOGS": "0",
 }
 
 
 def configure_prefect_env() -> None:
     """Settings that make the embedded Prefect (and Ray) usable on a small machine: each of
-    `PREFECT_ENV_DEFAULTS` that the environment does not already set."""
+    `PREFECT_ENV_DEFAULTS` that the environment does not already set. (Ray's token authentication stays on:
+    tasks/actors.ensure_ray.)"""
     for name, value in PREFECT_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
+
+
+def configure_ray_env(ray_address: str | None = None) -> None:
+    """Ray's environment for a run, set before `ray` is imported (Ray reads it at import time): token
+    authentication on (Ray 2.60's default, kept on: its GCS, raylet and workers listen on every interface, so the
+    token is what keeps other hosts out) with a fresh random token for a local Ray (its processes and workers
+    inherit it; a joined cluster uses the user's token), and gloo on loopback. `RAY_AUTH_MODE=disabled` set by
+    the user is respected as their explicit choice; their own GLOO_SOCKET_IFNAME too."""
+    import secrets
+
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "disabled":
+        os.environ["RAY_AUTH_MODE"] = "token"
+        if not ray_address:
+            os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
 def server_command(port: int) -> list[str]:
@@ -193,37 +213,70 @@ def main(argv: list[str] | None = None) -> int:
         return check_template_command(args)
     if args.command == "replay":
         configure_prefect_env()
+        configure_ray_env()
         return _replay(args)
     if args.command == "serve":
         configure_prefect_env()
+        configure_ray_env()
         from deployments.serve import serve_run
 
         cfg = RunConfig.model_validate(load_yaml(args.config) if args.config else {})
         serve_run(cfg, cron=args.cron, interval=args.interval)
         return 0
     try:
-        cfg = build_config(args)
+        cfg = _resumed_config(args) if args.resume else build_config(args)
+        refresh = [s for s in args.refresh.split(",") if s]
+        from flows.run import ALL_STAGES  # noqa: F401 - (cheap) the stage names --refresh is checked against
+
+        unknown = sorted(set(refresh) - set(ALL_STAGES))
+        if unknown:
+            raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {ALL_STAGES}")
         if args.dry_run:
             return _dry_run(cfg)
+        from flows import runtime
         from flows.resolve import resolve
 
+        if not args.resume:
+            cfg = runtime.choose_run_dir(cfg)
         cfg, _ = resolve(cfg)  # before Ray and Prefect: every path, row, key and the reward import
-    except (ValueError, FileNotFoundError) as e:
+        runtime.check_ownership(cfg, resume=bool(args.resume), overwrite=args.overwrite)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"rollflow: error: {e}", file=sys.stderr)
         return 2
+    from flows.reaper import start_reaper
+
+    start_reaper()  # before Prefect's server and Ray exist: they end with this process, however it ends
     configure_prefect_env()
+    configure_ray_env(cfg.ray_address)
     import asyncio
 
     from flows.run import run_flow
 
-    refresh = [s for s in args.refresh.split(",") if s]
     try:
-        result = asyncio.run(run_flow(cfg, refresh=refresh))
+        result = asyncio.run(run_flow(cfg, refresh=refresh, resume=bool(args.resume), overwrite=args.overwrite))
     except Exception as e:  # the flow run is already marked Failed in Prefect; say why and exit non-zero
         print(f"rollflow: run failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     print(f"run finished: {result}")
     return 0
+
+
+def _resumed_config(args: argparse.Namespace) -> RunConfig:
+    """`run --resume RUN_DIR`: the run's own resolved config; other run flags would change the run."""
+    from pathlib import Path
+
+    given = [flag(d.rpartition(".")[2]) for d in vars(args)
+             if d not in ("command", "config", "refresh", "dry_run", "resume", "overwrite")]
+    if args.config:
+        given.append("--config")
+    if given:
+        raise ValueError(f"--resume continues the run with its own config.yaml; drop {', '.join(sorted(given))}")
+    if args.overwrite:
+        raise ValueError("--resume continues a run and --overwrite replaces it: give one of them")
+    path = Path(args.resume) / "config.yaml"
+    if not path.is_file():
+        raise ValueError(f"--resume {args.resume}: not a run directory (no config.yaml)")
+    return RunConfig.model_validate(load_yaml(path))
 
 
 def _dry_run(cfg: RunConfig) -> int:

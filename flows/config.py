@@ -236,6 +236,42 @@ class CIConfig(_Section):
         return self.check_weight_update_equal or (self.ci_test and not self.ci_disable_weight_update_checker)
 
 
+class FaultConfig(_Section):
+    """Fault hooks (miles' request model) and what the run does to survive faults."""
+
+    ci_fault_hooks: str | None = Field(
+        None, description="JSON list of fault hook requests (request_id, hook_name, action {kind, ...}, target, "
+                          "rollout_id, attempt, weight_version, delay_ms, lifetime_seconds).")
+    ci_fault_hooks_path: str | None = Field(None, description="A file holding the same JSON as --ci-fault-hooks.")
+    task_retries: int = Field(2, ge=0, le=20, description="Prefect retries of a failed stage (not of a checker "
+                                                           "failure, which is deterministic).")
+    task_retry_delay: float = Field(1.0, ge=0, le=600, description="Seconds between a stage's attempts.")
+    rollout_timeout: float | None = Field(
+        600.0, gt=0, le=86_400, description="Seconds an engine may take for one generate/eval call before it is "
+                                            "killed, restarted and the stage retried; None = no limit.")
+    train_timeout: float | None = Field(
+        1800.0, gt=0, le=86_400, description="Seconds the trainers may take for one stage (log-prob, train-step, "
+                                             "save) before they are restarted from their snapshot; None = no limit.")
+    update_weights_timeout: float | None = Field(
+        600.0, gt=0, le=86_400, description="Seconds a weight sync may take before its actors are restarted; "
+                                            "None = no limit.")
+    prefect_timeout: float = Field(60.0, gt=0, le=3600, description="Fail the run, with a message, when the Prefect "
+                                                                    "API has not answered for this many seconds.")
+
+    @model_validator(mode="after")
+    def _hooks_parse(self) -> FaultConfig:
+        from faults.models import parse_requests
+
+        parse_requests(self.ci_fault_hooks, self.ci_fault_hooks_path)
+        return self
+
+    def requests(self) -> list:
+        """The parsed fault hook requests."""
+        from faults.models import parse_requests
+
+        return parse_requests(self.ci_fault_hooks, self.ci_fault_hooks_path)
+
+
 class RunConfig(_Section):
     """One RL run: every concern plus where it lives."""
 
@@ -257,6 +293,7 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     debug: DebugConfig = DebugConfig()
     ci: CIConfig = CIConfig()
+    faults: FaultConfig = FaultConfig()
     ref_load: str | None = Field(
         None, description="Reference model (an HF dir or a --save dir); also the starting weights when --load holds "
                           "no checkpoint (slime's meaning); None = --hf-checkpoint.")
@@ -412,6 +449,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "checkpoint": CheckpointConfig,
     "debug": DebugConfig,
     "ci": CIConfig,
+    "faults": FaultConfig,
 }
 
 

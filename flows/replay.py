@@ -99,7 +99,7 @@ async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_
     if task == "generate":
         engines = await actors.start_engines(cfg, str(before or base))
         for e in engines:  # the engines held weight version N when rollout N was generated
-            await e.update_weights.remote(await e.get_weights.remote(), rollout_id)
+            await e.update_weights.remote([e.get_weights.remote()], rollout_id)
         weights = WeightsRef(version=rollout_id, sha256=await engines[0].weights_sha256.remote())
         fresh = await generate.with_options(refresh_cache=True)(cfg, rollout_id, weights)
         return first_table_difference(read_table(rollout), read_table(fresh))

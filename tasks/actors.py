@@ -1,23 +1,29 @@
-"""Creating and finding the run's Ray actors.
+"""Creating, finding and re-creating the run's Ray actors.
 
 Actors are named per run (`engine-<i>`, `trainer-<rank>`) in the namespace `rollflow-<run name>`,
-so any task, in any process connected to the cluster, finds them with `ray.get_actor`.
+so any task, in any process connected to the cluster, finds them with `ray.get_actor`. An actor that died
+or hung is replaced by a new one under the same name (tasks/recovery.py decides when).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+from pathlib import Path
 from typing import Any
 
 import ray
 
+from artifacts.checkpoints import model_dir
 from flows.config import RunConfig
 
 # (namespace, actor name) -> handle created by this process. Non-detached named actors die when their
 # creator drops the last handle, so this keeps them alive for the run; stages also reuse these handles
 # instead of looking the name up in the cluster on every call.
 _HANDLES: dict[tuple[str, str], Any] = {}
+# run name -> (run id, when the run started): checkpoints name the run; fault hook lifetimes count from the start
+_RUNS: dict[str, tuple[str, float]] = {}
 
 
 def namespace(cfg: RunConfig) -> str:
@@ -45,60 +51,126 @@ def _get(cfg: RunConfig, name: str) -> Any:
 
 
 def ensure_ray(cfg: RunConfig) -> None:
-    """Join `--ray-address` or start a local Ray (no dashboard, no token files) once per process."""
+    """Join `--ray-address` or start a local Ray (no dashboard, on 127.0.0.1) once per process. Ray's
+    environment (token authentication, gloo on loopback) must be set before `ray` was imported:
+    flows.cli.configure_ray_env."""
     if ray.is_initialized():
         return
-    import os
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if "RAY_AUTH_MODE" not in os.environ:
+        raise RuntimeError("Ray's environment is not set: call flows.cli.configure_ray_env() before ray is imported "
+                           "(Ray reads its authentication settings at import time)")
     # Ray nices its workers to 15 by default; here the workers (engines, trainers) are the run's real
     # work and should not wait behind the orchestrating process and the Prefect server.
     os.environ.setdefault("RAY_worker_niceness", "0")
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, log_to_driver=True)
     else:
-        ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=True)
+        ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=True,
+                 _node_ip_address="127.0.0.1")
 
 
-async def start_engines(cfg: RunConfig, checkpoint: str) -> list[Any]:
-    """One engine actor per `--rollout-num-engines`; waits until each answers `health`."""
+def set_run(cfg: RunConfig, run_id: str, epoch: float) -> None:
+    """Record the run's id and when it started, for the actors this process creates."""
+    _RUNS[cfg.name] = (run_id, epoch)
+
+
+def _epoch(cfg: RunConfig) -> float | None:
+    return _RUNS[cfg.name][1] if cfg.name in _RUNS else None
+
+
+def _engine(cfg: RunConfig, i: int, checkpoint: str | None = None) -> Any:
     from engines.actor import EngineActor
 
-    actors = [
-        EngineActor.options(  # type: ignore[attr-defined]
-            name=f"engine-{i}", namespace=namespace(cfg)).remote(
-            cfg.rollout.rollout_backend, checkpoint, cfg.num_threads, i, cfg.ci.ci_fault_drop_weight)
-        for i in range(cfg.rollout.rollout_num_engines)
-    ]
+    return EngineActor.options(  # type: ignore[attr-defined]
+        name=f"engine-{i}", namespace=namespace(cfg)).remote(
+        cfg.rollout.rollout_backend, checkpoint or str(cfg.hf_checkpoint), cfg.num_threads, i,
+        cfg.ci.ci_fault_drop_weight,
+        cfg.faults.requests(), str(cfg.resolved_run_dir), _epoch(cfg))
+
+
+async def start_engines(cfg: RunConfig, checkpoint: str | None = None) -> list[Any]:
+    """One engine actor per `--rollout-num-engines`, loading `checkpoint` (default --hf-checkpoint); waits until
+    each answers `health`."""
+    actors = [_engine(cfg, i, checkpoint) for i in range(cfg.rollout.rollout_num_engines)]
     _keep(cfg, {f"engine-{i}": a for i, a in enumerate(actors)})
     await asyncio.gather(*[a.health.remote() for a in actors])
     return actors
 
 
+async def restart_engine(cfg: RunConfig, i: int) -> Any:
+    """Kill engine `i` (dead, hung or alive) and start a new one under its name; returns it once healthy."""
+    _kill(cfg, f"engine-{i}")
+    actor = await _with_free_name(lambda: _engine(cfg, i))
+    _keep(cfg, {f"engine-{i}": actor})
+    await actor.health.remote()
+    return actor
+
+
 async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
-    """One trainer actor per rank, joined in one process group."""
+    """One trainer actor per rank, built from `checkpoint`, joined in one process group."""
     from trainers.actor import TrainerActor
 
     world = cfg.train.data_parallel_size
-    actors = [
-        TrainerActor.options(  # type: ignore[attr-defined]
-            name=f"trainer-{r}", namespace=namespace(cfg)).remote(cfg, checkpoint, r, world)
-        for r in range(world)
-    ]
+
+    def make(r: int) -> Any:
+        return TrainerActor.options(  # type: ignore[attr-defined]
+            name=f"trainer-{r}", namespace=namespace(cfg)).remote(
+            cfg, checkpoint, r, world, cfg.faults.requests(), _epoch(cfg), _RUNS.get(cfg.name, ("", 0.0))[0])
+
+    actors = [await _with_free_name(lambda r=r: make(r)) for r in range(world)]
     _keep(cfg, {f"trainer-{r}": a for r, a in enumerate(actors)})
     port = await actors[0].free_port.remote()
     await asyncio.gather(*[a.setup.remote("127.0.0.1", port) for a in actors])
     return actors
 
 
+def start_weights(cfg: RunConfig, resume: Path | None) -> str:
+    """The trainer's starting weights, as slime picks them: the checkpoint it resumes from is loaded on top of
+    --hf-checkpoint; without one, --load itself when it is an HF model dir, else --ref-load if given, else
+    --hf-checkpoint."""
+    load = cfg.checkpoint.load
+    if resume is not None:
+        return str(cfg.hf_checkpoint)
+    if load and (Path(load) / "config.json").is_file():
+        return load
+    if cfg.ref_load:
+        return str(model_dir(cfg.ref_load))
+    return str(cfg.hf_checkpoint)
+
+
+def kill_trainers(cfg: RunConfig) -> None:
+    """Kill every trainer rank (one dead rank breaks the group: all are re-created together)."""
+    for r in range(cfg.train.data_parallel_size):
+        _kill(cfg, f"trainer-{r}")
+
+
 def stop_actors(cfg: RunConfig) -> None:
     """Kill every actor of the run that is still alive."""
     for name in [f"engine-{i}" for i in range(cfg.rollout.rollout_num_engines)] + \
                 [f"trainer-{r}" for r in range(cfg.train.data_parallel_size)]:  # all names: modes may differ
+        _kill(cfg, name)
+
+
+def _kill(cfg: RunConfig, name: str) -> None:
+    key = (namespace(cfg), name)
+    handle = _HANDLES.pop(key, None)
+    if handle is None:
         with contextlib.suppress(ValueError):  # no such actor: already gone, or never created in this mode
-            ray.kill(ray.get_actor(name, namespace=namespace(cfg)))
-    for key in [k for k in _HANDLES if k[0] == namespace(cfg)]:
-        del _HANDLES[key]
+            handle = ray.get_actor(name, namespace=namespace(cfg))
+    if handle is not None:
+        ray.kill(handle, no_restart=True)
+
+
+async def _with_free_name(make: Any, attempts: int = 50) -> Any:
+    """Create a named actor, waiting for the GCS to release the name of one just killed."""
+    for _ in range(attempts - 1):
+        try:
+            return make()
+        except ValueError as e:  # "The name ... is already taken": the kill is still being processed
+            if "already" not in str(e):
+                raise
+            await asyncio.sleep(0.1)
+    return make()
 
 
 def _keep(cfg: RunConfig, named: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from prefect.cache_policies import CachePolicy
 from pydantic import BaseModel
 
-_PACKAGES = ("artifacts", "engines", "flows", "recipes", "rollout", "tasks", "trainers")
+_PACKAGES = ("artifacts", "engines", "faults", "flows", "recipes", "rollout", "tasks", "trainers")
 
 
 @cache
@@ -48,8 +48,8 @@ class RefCachePolicy(CachePolicy):
     """Key = task name + canonical inputs (refs by sha256) + the config slice `sections` + code version.
 
     The `cfg` input contributes only the named sections of `RunConfig` plus where the run lives
-    (run dir, base checkpoint, thread count), so changing e.g. the learning rate does not
-    invalidate cached generations.
+    (run dir, run id, base checkpoint, thread count), so changing e.g. the learning rate does not
+    invalidate cached generations, and a stage is reused only within the run that computed it.
     """
 
     sections: tuple[str, ...] = ()
@@ -59,7 +59,12 @@ class RefCachePolicy(CachePolicy):
         inputs = dict(inputs)
         cfg = inputs.pop("cfg", None)
         if cfg is not None:
+            from tasks.metrics import run_id_of
+
+            # scoped to one run (its resumes and retries included): a new run logs every record itself,
+            # where a stage from another run's cache would return without logging
             inputs["cfg"] = {"slice": cfg.section_hash(*self.sections), "run_dir": str(cfg.resolved_run_dir),
-                             "hf_checkpoint": cfg.hf_checkpoint, "num_threads": cfg.num_threads}
+                             "hf_checkpoint": cfg.hf_checkpoint, "num_threads": cfg.num_threads,
+                             "run_id": run_id_of(cfg)}
         payload = {"task": task_ctx.task.name, "code": code_version(), "inputs": _canonical(inputs)}
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -19,6 +19,12 @@ class CheckFailed(AssertionError):
     """An invariant of the run does not hold."""
 
 
+def retry_unless_check_failed(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's `retry_condition_fn`: a checker failure is deterministic (the same inputs fail the same way),
+    so it is reported once instead of being retried; any other failure may be retried."""
+    return not isinstance(state.data, CheckFailed)
+
+
 @dataclass(frozen=True)
 class Violation:
     checker: str

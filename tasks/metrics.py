@@ -11,10 +11,27 @@ from artifacts.store import RunPaths, append_metrics
 from flows.config import RunConfig
 from trainers.rollout_stats import mean as _mean
 
+# run dir -> the id of the run that owns it in this process (flows/runtime.own sets it)
+_RUN_IDS: dict[str, str] = {}
+
+
+def set_run_id(cfg: RunConfig, run_id: str) -> None:
+    """Tag every record this process logs for `cfg`'s run dir with `run_id`."""
+    _RUN_IDS[str(cfg.resolved_run_dir)] = run_id
+
+
+def run_id_of(cfg: RunConfig) -> str | None:
+    """The id of the run that owns `cfg`'s run dir in this process, if one does."""
+    return _RUN_IDS.get(str(cfg.resolved_run_dir))
+
 
 def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, Any], step: int | None = None) -> dict:
-    """Append `{"kind", "rollout_id", "step"?, "metrics"}` to metrics.jsonl and print it as slime does."""
-    record: dict[str, Any] = {"kind": kind, "rollout_id": rollout_id}
+    """Append `{"kind", "run_id"?, "rollout_id", "step"?, "metrics"}` to metrics.jsonl and print it as slime does."""
+    record: dict[str, Any] = {"kind": kind}
+    run_id = run_id_of(cfg)
+    if run_id is not None:
+        record["run_id"] = run_id
+    record["rollout_id"] = rollout_id
     if step is not None:
         record["step"] = step
     record["metrics"] = metrics

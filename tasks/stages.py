@@ -20,6 +20,7 @@ from tasks.cache import RefCachePolicy
 from tasks.checks import CheckFailed, Violation, grad_norm_checker, kl_checker, logprob_checker, raise_if_any
 from tasks.metrics import eval_stats, log_metrics, non_finite, reward_stats
 from tasks.recordings import record_rollout
+from tasks.recovery import guarded
 from tasks.refs import WeightsRef
 
 
@@ -27,13 +28,23 @@ def _paths(cfg: RunConfig) -> RunPaths:
     return RunPaths(cfg.resolved_run_dir)
 
 
-async def _on_engines(cfg: RunConfig, entries: list[Entry]) -> tuple[list, float]:
+def _ctx(rollout_id: int) -> dict[str, int]:
+    """The context an actor's fault hooks filter on: the rollout and this task run's attempt (0, 1, ...)."""
+    from prefect.runtime import task_run
+
+    return {"rollout_id": rollout_id, "attempt": max(0, int(task_run.run_count or 1) - 1)}
+
+
+async def _on_engines(cfg: RunConfig, entries: list[Entry], what: str, rollout_id: int,
+                      weights: WeightsRef) -> tuple[list, float]:
     """Spread whole groups over the engines; outputs in entry order, and the seconds it took."""
     parts = split_for_engines(entries, cfg.rollout.rollout_num_engines)
     start = time.perf_counter()
-    results = await asyncio.gather(*[
-        engine.generate.remote([e.request for e in part])
-        for engine, part in zip(actors.engines(cfg), parts, strict=True) if part])
+    ctx = _ctx(rollout_id)
+    results = await guarded(cfg, what, asyncio.gather(*[
+        engine.generate.remote([e.request for e in part], ctx)
+        for engine, part in zip(actors.engines(cfg), parts, strict=True) if part]),
+        cfg.faults.rollout_timeout, engines=True, weights=weights)
     seconds = time.perf_counter() - start
     by_index = {e.sample_index: out for part, outs in zip([p for p in parts if p], results, strict=True)
                 for e, out in zip(part, outs, strict=True)}
@@ -50,7 +61,7 @@ async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: 
                                   cfg.data.rollout_shuffle)
     params = train_params(cfg, src.stops)
     entries = build_requests(prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, params)
-    outputs, seconds = await _on_engines(cfg, entries)
+    outputs, seconds = await _on_engines(cfg, entries, f"generate {rollout_id}", rollout_id, weights)
     samples = await to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, rollout_id)
     tokens = sum(s.response_length for s in samples)
     log_metrics(cfg, "perf", rollout_id, {
@@ -83,11 +94,15 @@ async def save_rollout(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, lo
 async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> ArtifactRef:
     """Trainer log-probs (+ reference log-probs, entropy) of every response token."""
     engines, trainers = actors.engines(cfg), actors.trainers(cfg)
-    await asyncio.gather(*[e.release_memory.remote() for e in engines])  # engines step aside for the trainer
+    await guarded(cfg, f"log-prob {rollout_id}: release engine memory",  # engines step aside for the trainer
+                  asyncio.gather(*[e.release_memory.remote() for e in engines]), cfg.faults.rollout_timeout,
+                  engines=True, weights=weights)
     out = _paths(cfg).logprobs(rollout_id)
     written = [t.compute_log_probs.remote(rollout, str(out)) for t in trainers]
     # rank 0 runs its calls in submission order and Ray hands it the ref it wrote: no round trip between
-    *refs, stats = await asyncio.gather(*written, trainers[0].rollout_stats.remote(rollout, written[0]))
+    *refs, stats = await guarded(cfg, f"log-prob {rollout_id}",
+                                 asyncio.gather(*written, trainers[0].rollout_stats.remote(rollout, written[0])),
+                                 cfg.faults.train_timeout, trainers=True)
     log_metrics(cfg, "rollout", rollout_id, stats)
     return refs[0]
 
@@ -101,10 +116,12 @@ async def train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logp
     Training changes actor state, so its cache is scoped to the trainer `session` (the actors of one
     `rollflow run`): re-running a rollout flow against the same actors returns the cached metrics,
     while a fresh run with fresh actors trains for real."""
-    dump = cfg.train_data_template
+    dump, ctx = cfg.train_data_template, _ctx(rollout_id)
     trainers = actors.trainers(cfg)
-    *per_rank, perf = await asyncio.gather(*[t.train_step.remote(rollout, logprobs, dump) for t in trainers],
-                                           trainers[0].perf.remote())  # rank 0 answers after its step
+    *per_rank, perf = await guarded(  # rank 0 answers perf after its step
+        cfg, f"train-step {rollout_id}", asyncio.gather(*[t.train_step.remote(rollout, logprobs, dump, ctx)
+                                                          for t in trainers], trainers[0].perf.remote()),
+        cfg.faults.train_timeout, trainers=True)
     steps = per_rank[0]
     for m in steps:
         log_metrics(cfg, "step", rollout_id, m, step=int(m["train/step"]))
@@ -119,19 +136,22 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
     `verify_equal` (the weight-update checker, on the first sync): engines scramble every weight
     first, and after the sync every tensor must equal the trainer's bitwise."""
     engines, trainer0 = actors.engines(cfg), actors.trainers(cfg)[0]
-    version = rollout_id + 1
+    version, ctx, what = rollout_id + 1, _ctx(rollout_id), f"sync {rollout_id}"
     # An engine runs the calls of one caller in submission order (snapshot, resume, update), so they are
     # submitted together and awaited once.
     scrambled = [e.snapshot_and_scramble.remote() for e in engines] if verify_equal else []
     resumed = [e.resume_memory.remote() for e in engines]
     if cfg.debug.debug_skip_weight_update:  # the schedule around the transfer still ran; the engines keep theirs
-        await asyncio.gather(*scrambled, *resumed)
+        await guarded(cfg, what, asyncio.gather(*scrambled, *resumed), cfg.faults.update_weights_timeout,
+                      engines=True)
         print(f"sync {rollout_id}: --debug-skip-weight-update: weight transfer skipped")
         return WeightsRef(version=await engines[0].weight_version.remote(),
                           sha256=await engines[0].weights_sha256.remote())
-    weights = trainer0.export_weights.remote()  # one ObjectRef, fetched by every engine
+    weights = trainer0.export_weights.remote(ctx)  # one ObjectRef, fetched by every engine
     sha256 = trainer0.weights_sha256.remote()  # hashed where the weights are: they never reach this process
-    await asyncio.gather(*scrambled, *resumed, *[e.update_weights.remote(weights, version) for e in engines])
+    await guarded(cfg, what, asyncio.gather(weights, *scrambled, *resumed,
+                                            *[e.update_weights.remote([weights], version, ctx) for e in engines]),
+                  cfg.faults.update_weights_timeout, engines=True, trainers=True)
     if verify_equal:
         skip = [s for s in (cfg.ci.check_weight_update_skip_list or "").split(",") if s]
         wrong = await asyncio.gather(*[e.compare_weights.remote(weights, skip) for e in engines])
@@ -165,8 +185,9 @@ async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: Wei
         log_metrics(cfg, "check", rollout_id, result)
         return result
     engines = actors.engines(cfg)
-    answers = await asyncio.gather(*[e.weight_version.remote() for e in engines],
-                                   *[e.weights_sha256.remote() for e in engines])
+    answers = await guarded(cfg, f"check {rollout_id}", asyncio.gather(
+        *[e.weight_version.remote() for e in engines], *[e.weights_sha256.remote() for e in engines]),
+        cfg.faults.rollout_timeout, engines=True, weights=weights)
     versions, shas = answers[:len(engines)], answers[len(engines):]
     wrong = [i for i, (v, s) in enumerate(zip(versions, shas, strict=True))
              if v != weights.version or s != weights.sha256]
@@ -209,7 +230,7 @@ async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> dict[st
     names = [name for name, s in src.evals for _ in s.prompts]
     entries = build_requests(prompts, cfg.rollout.rollout_seed, eval_id, cfg.eval.n_samples_per_eval_prompt,
                              eval_params(cfg, src.stops), eval_mode=True, datasets=names)
-    outputs, _ = await _on_engines(cfg, entries)
+    outputs, _ = await _on_engines(cfg, entries, f"eval {eval_id}", eval_id, weights)
     samples = await to_samples(entries, outputs, src.tokenizer, src.stops, src.eval_scorer, eval_id)
     write_rollout(_paths(cfg).eval_rollout(eval_id), samples, metadata={"weights_sha256": weights.sha256},
                   kind="eval")
@@ -222,6 +243,9 @@ async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> dict[st
 @task(name="save", log_prints=True)
 async def save_checkpoint(cfg: RunConfig, rollout_id: int) -> str:
     """Write iter_{rollout_id:07d}/ under --save (rank 0 writes; all ranks hold the same weights)."""
-    await asyncio.gather(*[t.save.remote(cfg.checkpoint.save, rollout_id) for t in actors.trainers(cfg)])
+    ctx = _ctx(rollout_id)
+    await guarded(cfg, f"save {rollout_id}", asyncio.gather(*[t.save.remote(cfg.checkpoint.save, rollout_id, ctx)
+                                                               for t in actors.trainers(cfg)]),
+                  cfg.faults.train_timeout, trainers=True)
     print(f"saved checkpoint iter_{rollout_id:07d} to {cfg.checkpoint.save}")
     return str(cfg.checkpoint.save)

@@ -2,7 +2,7 @@
 
 PREFECT_HOME lives in a temp dir (tests never touch ~/.prefect), analytics are off, the ephemeral
 server gets a generous start-up timeout (20 s is too short on 2 busy cores), Ray's token auth is
-off and its temp dir is a short path of our own.
+on with a token of the session's own, and its temp dir is a short path of our own.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
 
-from flows.cli import configure_prefect_env  # noqa: E402
+from flows.cli import configure_prefect_env, configure_ray_env  # noqa: E402
 
-configure_prefect_env()  # analytics off, Ray token auth off, batched event writes: as `rollflow run`
+configure_prefect_env()  # analytics off, batched event writes: as `rollflow run`
+configure_ray_env()  # before anything imports ray: token auth on with this session's own token, gloo on loopback
 
 
 def pytest_collection_modifyitems(config, items):
@@ -44,7 +45,8 @@ def ray_session():
     import ray
 
     ray_tmp = tempfile.mkdtemp(prefix="rf-ray-", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_tmp, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_tmp, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
     yield ray
     ray.shutdown()
     shutil.rmtree(ray_tmp, ignore_errors=True)

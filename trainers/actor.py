@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -9,17 +10,34 @@ import torch
 
 from artifacts.store import ArtifactRef
 from artifacts.wire import WireWeights, to_wire
+from faults import FaultHookRequest, FaultInjector
 from flows.config import RunConfig
 from trainers.registry import get_trainer_class
+
+SNAPSHOT_DIR = "ft/trainer"  # under the run dir: the step-boundary snapshots a restarted trainer resumes from
+
+
+def snapshot_dir(run_dir: str | Path) -> Path:
+    """Where the trainers keep their step-boundary snapshots (rank 0 writes, every rank reads)."""
+    return Path(run_dir) / SNAPSHOT_DIR
 
 
 @ray.remote(num_cpus=0)
 class TrainerActor:
-    """One data-parallel rank; every method forwards to the backend's trainer."""
+    """One data-parallel rank; every method forwards to the backend's trainer.
 
-    def __init__(self, cfg: RunConfig, checkpoint: str, rank: int, world_size: int) -> None:
+    After every rollout it trains, rank 0 writes a step-boundary snapshot (weights, optimizer, schedule, RNG,
+    the applied metrics) under the run dir, so that a trainer that dies can be re-created and resume exactly
+    where the last completed train-step left it (tasks/recovery.py)."""
+
+    def __init__(self, cfg: RunConfig, checkpoint: str, rank: int, world_size: int,
+                 faults: list[FaultHookRequest] | None = None, epoch: float | None = None, run_id: str = "") -> None:
         torch.set_num_threads(cfg.num_threads)
         self.trainer = get_trainer_class(cfg.train.train_backend)(cfg, checkpoint, rank, world_size)
+        self.trainer.run_id = run_id  # written into checkpoints: a relaunch with --load of one resumes this run
+        self.faults = FaultInjector(faults or [], "trainer", rank, str(cfg.resolved_run_dir), epoch)
+        self.trainer.faults = self.faults
+        self.snapshots = snapshot_dir(cfg.resolved_run_dir)
         self.train_calls = 0
 
     def free_port(self) -> int:
@@ -38,16 +56,21 @@ class TrainerActor:
     def rollout_stats(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> dict[str, float]:
         return self.trainer.rollout_stats(rollout_ref, logprob_ref)
 
-    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef,
-                   dump_template: str | None = None) -> list[dict[str, float]]:
+    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef, dump_template: str | None = None,
+                   ctx: dict[str, Any] | None = None) -> list[dict[str, float]]:
+        """The backend's train_step, then the step-boundary snapshot of what it applied."""
+        self.faults.set_context(**(ctx or {}))
         self.train_calls += 1
-        return self.trainer.train_step(rollout_ref, logprob_ref, dump_template)
+        steps = self.trainer.train_step(rollout_ref, logprob_ref, dump_template)
+        self.trainer.save(str(self.snapshots), self.trainer.last_applied_rollout, snapshot=True)
+        return steps
 
     def perf(self) -> dict[str, float]:
         return self.trainer.perf()
 
-    def export_weights(self) -> WireWeights:
+    def export_weights(self, ctx: dict[str, Any] | None = None) -> WireWeights:
         """The trainer's weights as numpy arrays (artifacts.wire): zero-copy in Ray's object store."""
+        self.faults.reach("trainer_export_weights_before_send", **(ctx or {}))
         return to_wire(self.trainer.export_weights())
 
     def weights_sha256(self) -> str:
@@ -56,11 +79,16 @@ class TrainerActor:
     def model_hash(self) -> dict[str, str]:
         return self.trainer.model_hash()
 
-    def save(self, directory: str, rollout_id: int) -> None:
+    def save(self, directory: str, rollout_id: int, ctx: dict[str, Any] | None = None) -> None:
+        self.faults.set_context(**(ctx or {}))
         self.trainer.save(directory, rollout_id)
 
     def load(self, directory: str) -> int:
         return self.trainer.load(directory)
+
+    def health(self) -> dict[str, Any]:
+        """Answers while the actor is alive and not stuck in a call (tasks/recovery.py)."""
+        return {"rank": self.trainer.rank, "last_applied_rollout": self.trainer.last_applied_rollout}
 
     def stats(self) -> dict[str, Any]:
         return {"train_calls": self.train_calls, "last_applied_rollout": self.trainer.last_applied_rollout}

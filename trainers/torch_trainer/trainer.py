@@ -30,6 +30,7 @@ from artifacts.checkpoints import LATEST_FILE, model_dir, resolve_checkpoint
 from artifacts.hashing import layer_hashes, weights_sha256
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
+from faults import FaultInjector
 from flows.config import RunConfig
 from trainers.advantages import get_advantage_estimator
 from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
@@ -66,6 +67,8 @@ class TorchTrainer:
         self._samples: tuple[str, list[Sample], dict[tuple[int, ...], MicroBatch]] | None = None
         self._written_logprobs: tuple[str, list[dict]] | None = None
         self._perf: dict[str, float] = {}  # seconds of the last rollout's stages on this rank (see perf())
+        self.faults = FaultInjector([], "trainer", rank)  # the actor arms it with the run's fault hooks
+        self.run_id = ""  # the run this trainer works for (set by the actor; recorded in checkpoints)
 
     # -- set-up --------------------------------------------------------------------------------
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
@@ -233,6 +236,7 @@ class TorchTrainer:
                 mb = self._micro_batch(samples, positions)
                 for k, v in self._micro_step(batch, mb, advantages[positions], old, use_rollout_lp).items():
                     sums[k] = sums[k] + v
+            self.faults.reach("trainer_step_before_allreduce", rollout_id=samples[0].rollout_id)
             for p in self.params:
                 if p.grad is None:  # every rank must join every collective
                     p.grad = torch.zeros_like(p)
@@ -336,10 +340,12 @@ class TorchTrainer:
         """Per-layer SHA-256 of this rank's weights."""
         return layer_hashes(self.model.state_dict())
 
-    def save(self, directory: str, rollout_id: int) -> None:
-        """Write iter_{rollout_id:07d}/ (model in HF format, optimizer, scheduler, RNG); rank 0 only."""
+    def save(self, directory: str, rollout_id: int, *, snapshot: bool = False) -> None:
+        """Write iter_{rollout_id:07d}/ (model in HF format, optimizer, scheduler, RNG, the applied rollout's
+        metrics); rank 0 only. `snapshot`: a step-boundary snapshot for fault recovery (no hashes, no fault
+        hook, only the last two kept)."""
         hashes: list[Any] = [None] * self.world_size
-        if self.cfg.checkpoint.ci_save_model_hash:  # one file per rank, each from that rank's own weights
+        if self.cfg.checkpoint.ci_save_model_hash and not snapshot:  # one file per rank, from its own weights
             dist.all_gather_object(hashes, self.model_hash())
         if self.rank != 0:
             return
@@ -365,13 +371,19 @@ class TorchTrainer:
             if layer_hash is not None:
                 atomic_write_json(tmp / f"model_hash_tp0_pp0_dp{rank}_cp0.json", layer_hash)
         atomic_write_json(tmp / "meta.json", {"rollout_id": rollout_id, "global_step": self.global_step,
-                                              "config_hash": self.cfg.config_hash()})
+                                              "config_hash": self.cfg.config_hash(), "run_id": self.run_id,
+                                              "applied": self.applied.get(rollout_id)})
+        if not snapshot:
+            self.faults.reach("trainer_save_before_rename", rollout_id=rollout_id)
         old = final.with_name(final.name + ".old")
         if final.exists():
             final.rename(old)
         tmp.rename(final)
         shutil.rmtree(old, ignore_errors=True)
         atomic_write_text(Path(directory) / LATEST_FILE, str(rollout_id))
+        if snapshot:  # the one before is kept too: a resume may need the state before the rollout that was cut
+            for stale in sorted(Path(directory).glob("iter_*"))[:-2]:
+                shutil.rmtree(stale, ignore_errors=True)
 
     def load(self, directory: str) -> int:
         """Restore the latest (or the given iter_ dir's) checkpoint; returns its rollout id."""
@@ -400,6 +412,8 @@ class TorchTrainer:
         meta = json.loads((path / "meta.json").read_text())
         self.global_step = int(meta["global_step"])
         self.last_applied_rollout = int(meta["rollout_id"])
+        if meta.get("applied") is not None:  # a retried train-step of this rollout returns these metrics
+            self.applied[self.last_applied_rollout] = meta["applied"]
         return self.last_applied_rollout
 
 

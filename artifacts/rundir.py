@@ -1,0 +1,120 @@
+"""Owning a run directory: one run at a time (a lock naming pid and host), the run's identity (`run.json`:
+run id, start time, the Prefect flow run), and the records a resumed run must not write twice.
+
+A lock is an `fcntl.flock` on `<run dir>/.lock`: the kernel drops it when the owning process dies, however it
+dies, so a crashed run never blocks the next one; the file's text names the owner for the error message.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from artifacts.atomic import atomic_write_json, atomic_write_text
+
+INFO = "run.json"
+LOCK = ".lock"
+# what a run writes into its run dir (everything `--overwrite` removes; the lock stays)
+RECORDS = ("config.yaml", INFO, "metrics.jsonl", "faults.jsonl", "rollouts", "logprobs", "ft", "faults", "plots",
+           "replays")
+
+
+class RunDirBusy(RuntimeError):
+    """Another live process owns the run dir."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Identity of the run that owns a run dir."""
+
+    run_id: str
+    started_at: float
+    name: str
+    flow_run_id: str | None = None
+
+
+def acquire(run_dir: str | Path) -> IO[str]:
+    """Lock `run_dir` for this process (created if needed); RunDirBusy names the owner if it is taken. Keep the
+    returned file open for the life of the run (closing it releases the lock)."""
+    d = Path(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    f = open(d / LOCK, "a+")  # noqa: SIM115 - held open on purpose: the lock lives as long as the file
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        owner = f.read().strip() or "another process"
+        f.close()
+        raise RunDirBusy(f"run dir {d} is in use by {owner}; wait for it, or give another --name/--run-dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
+
+
+def read_info(run_dir: str | Path) -> RunInfo | None:
+    """The run that owns (or owned) `run_dir`, if any."""
+    path = Path(run_dir) / INFO
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return RunInfo(**{k: data.get(k) for k in ("run_id", "started_at", "name", "flow_run_id")})
+
+
+def write_info(run_dir: str | Path, info: RunInfo) -> None:
+    atomic_write_json(Path(run_dir) / INFO, asdict(info))
+
+
+def new_info(name: str) -> RunInfo:
+    return RunInfo(run_id=uuid.uuid4().hex[:12], started_at=time.time(), name=name)
+
+
+def has_records(run_dir: str | Path) -> bool:
+    """Whether a run already wrote records into `run_dir`."""
+    d = Path(run_dir)
+    metrics = d / "metrics.jsonl"
+    return (metrics.is_file() and metrics.stat().st_size > 0) or any((d / "rollouts").glob("*.parquet"))
+
+
+def clear(run_dir: str | Path) -> None:
+    """Remove every record of a previous run (`--overwrite`); the lock file stays."""
+    d = Path(run_dir)
+    for name in RECORDS:
+        p = d / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+def completed_rollouts(records: list[dict[str, Any]]) -> int:
+    """How many rollouts the run completed: the parent logs `perf/step_time` after each rollout flow ends."""
+    done = [r["rollout_id"] for r in records if r["kind"] == "perf" and "perf/step_time" in r["metrics"]]
+    return max(done) + 1 if done else 0
+
+
+def logged_by(record: dict[str, Any]) -> int:
+    """The rollout flow that logged a record: eval E is logged after rollout E - 1 (eval 0 before rollout 0)."""
+    rid = int(record["rollout_id"])
+    return max(rid - 1, 0) if record["kind"] == "eval" else rid
+
+
+def truncate_records(path: str | Path, start: int) -> int:
+    """Keep only the records logged by rollouts before `start` (atomic rewrite of metrics.jsonl); returns how
+    many were dropped. A resumed run re-runs rollout `start` from the beginning and logs its records again."""
+    p = Path(path)
+    if not p.is_file():
+        return 0
+    lines = [line for line in p.read_text().splitlines() if line.strip()]
+    keep = [line for line in lines if logged_by(json.loads(line)) < start]
+    atomic_write_text(p, "".join(line + "\n" for line in keep))
+    return len(lines) - len(keep)

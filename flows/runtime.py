@@ -1,0 +1,265 @@
+"""What the run flow needs besides the algorithm: owning the run dir (lock, identity, resume point, records a
+resume must not duplicate), the Prefect/SQLite accommodations (`settle`), the per-rollout metrics table,
+marking a dead run's flow run Crashed, and the watchdog that ends a run whose Prefect API stopped answering."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+from artifacts import rundir
+from artifacts.atomic import atomic_write_text
+from artifacts.checkpoints import latest_checkpoint
+from artifacts.store import RunPaths, read_metrics
+from flows.config import RunConfig, dump_yaml
+from flows.resolve import resolve
+from tasks.metrics import log_metrics, set_run_id
+from tasks.stages import artifact_slug
+
+
+@dataclass
+class OwnedRun:
+    """A resolved config with its run dir held by this process, and where the run starts."""
+
+    cfg: RunConfig
+    info: rundir.RunInfo
+    lock: IO[str]
+    start: int = 0                    # first rollout to run
+    resumed: bool = False             # the same run continues (--resume, or --load of its own checkpoint)
+    trainer_state: Path | None = None  # what the trainers load before `start` (a checkpoint or snapshot)
+    previous_flow_run: str | None = None  # the parent flow run of the run's previous process, if any
+
+    def release(self) -> None:
+        self.lock.close()
+
+
+def choose_run_dir(cfg: RunConfig) -> RunConfig:
+    """With no --name and no --run-dir, a default run dir that holds another run's records is left alone: the
+    run goes to the next free `<name>-2`, `<name>-3`, ... (so the README's main command can be run twice)."""
+    if "name" in cfg.model_fields_set or cfg.run_dir is not None or cfg.checkpoint.load:
+        return cfg
+    name, n = cfg.name, 1
+    while rundir.has_records(Path(f"runs/{name}")):
+        n += 1
+        name = f"{cfg.name}-{n}"
+    return cfg.model_copy(update={"name": name}) if n > 1 else cfg
+
+
+def check_ownership(cfg: RunConfig, *, resume: bool, overwrite: bool) -> None:
+    """The ownership rules of `own` checked without writing anything (the CLI calls it before starting Prefect
+    and Ray, so that a busy or used run dir is refused at once)."""
+    run_dir = cfg.resolved_run_dir
+    if not run_dir.exists():
+        if resume:
+            raise ValueError(f"--resume {run_dir}: no such run dir")
+        return
+    lock = rundir.acquire(run_dir)
+    try:
+        if not overwrite:
+            _start_point(cfg, lock, resume=resume, overwrite=False)
+    finally:
+        lock.close()
+
+
+def own(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> OwnedRun:
+    """Resolve `cfg`, lock its run dir and decide where the run starts; nothing is written before the config
+    resolved. A run dir that holds another run's records is refused unless the run resumes it (`resume`, or
+    `--load` of that run's own checkpoint) or `overwrite` clears it."""
+    cfg, _ = resolve(cfg)
+    cfg = cfg.model_copy(update={"run_dir": str(cfg.resolved_run_dir)})
+    run_dir = cfg.resolved_run_dir
+    lock = rundir.acquire(run_dir)
+    try:
+        owned = _start_point(cfg, lock, resume=resume, overwrite=overwrite)
+    except BaseException:
+        lock.close()
+        raise
+    paths = RunPaths(run_dir)
+    paths.rollout(0).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
+    rundir.write_info(run_dir, owned.info)
+    set_run_id(cfg, owned.info.run_id)
+    if owned.resumed:
+        dropped = rundir.truncate_records(paths.metrics, owned.start)
+        print(f"resuming run {owned.info.run_id} in {run_dir} at rollout {owned.start}"
+              + (f" (dropped {dropped} record(s) of the rollout that was cut)" if dropped else ""))
+    return owned
+
+
+def _start_point(cfg: RunConfig, lock: IO[str], *, resume: bool, overwrite: bool) -> OwnedRun:
+    run_dir = cfg.resolved_run_dir
+    previous = rundir.read_info(run_dir)
+    used = rundir.has_records(run_dir)
+    load = latest_checkpoint(cfg.checkpoint.load) if cfg.checkpoint.load else None
+    own_checkpoint = load is not None and previous is not None and _checkpoint_run_id(load) == previous.run_id
+    if overwrite:
+        rundir.clear(run_dir)
+        return OwnedRun(cfg, rundir.new_info(cfg.name), lock, 0, False, load,
+                        previous.flow_run_id if previous else None)
+    if resume:
+        if previous is None:
+            raise ValueError(f"--resume {run_dir}: no run to resume there (no {rundir.INFO})")
+        start = rundir.completed_rollouts(read_metrics(RunPaths(run_dir).metrics)) if used else 0
+        state = _state_before(cfg, start)
+        return OwnedRun(cfg, previous, lock, start, True, state, previous.flow_run_id)
+    if used and not own_checkpoint:
+        owner = f"run {previous.run_id}" if previous else "another run"
+        raise ValueError(f"run dir {run_dir} holds the records of {owner}: continue it with "
+                         f"`rollflow run --resume {run_dir}`, or replace them with --overwrite")
+    if own_checkpoint and previous is not None and load is not None:  # slime's relaunch with --load of this run's checkpoint
+        start = 1 + _checkpoint_rollout(load)
+        return OwnedRun(cfg, previous, lock, start, True, load, previous.flow_run_id)
+    start = 1 + _checkpoint_rollout(load) if load is not None else 0
+    return OwnedRun(cfg, rundir.new_info(cfg.name), lock, start, False, load,
+                    previous.flow_run_id if previous else None)
+
+
+def _state_before(cfg: RunConfig, start: int) -> Path | None:
+    """The trainer state after rollout `start - 1`: the step-boundary snapshot of that rollout, else a --save
+    checkpoint of it; None for start 0 (the run's starting weights)."""
+    if start == 0:
+        return None
+    from trainers.actor import snapshot_dir
+
+    candidates = [snapshot_dir(cfg.resolved_run_dir) / f"iter_{start - 1:07d}"]
+    if cfg.checkpoint.save:
+        candidates.append(Path(cfg.checkpoint.save) / f"iter_{start - 1:07d}")
+    for path in candidates:
+        if (path / "meta.json").is_file():
+            return path
+    raise ValueError(f"cannot resume at rollout {start}: no snapshot or checkpoint of rollout {start - 1} "
+                     f"(looked in {', '.join(str(p) for p in candidates)})")
+
+
+def _checkpoint_meta(path: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads((path / "meta.json").read_text())
+
+
+def _checkpoint_run_id(path: Path) -> str | None:
+    return _checkpoint_meta(path).get("run_id")
+
+
+def _checkpoint_rollout(path: Path) -> int:
+    return int(_checkpoint_meta(path)["rollout_id"])
+
+
+def record_flow_run(owned: OwnedRun, flow_run_id: str) -> None:
+    """Remember the parent flow run in run.json (the next start marks it Crashed if this process dies)."""
+    owned.info = replace(owned.info, flow_run_id=flow_run_id)
+    rundir.write_info(owned.cfg.resolved_run_dir, owned.info)
+
+
+async def crash_stale_flow_run(flow_run_id: str | None) -> None:
+    """Mark the previous process's parent flow run, and its rollout flow runs, Crashed if the server still shows
+    them running (the lock proves that process is gone)."""
+    if not flow_run_id:
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.states import Crashed
+
+    async with get_client() as client:
+        try:
+            parent = await client.read_flow_run(uuid.UUID(flow_run_id))
+        except Exception:  # the server does not know it (another Prefect home): nothing to mark
+            return
+        children = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent.id])))
+        for run in [parent, *children]:
+            if run.state is not None and not run.state.is_final():
+                await client.set_flow_run_state(run.id, Crashed(
+                    message="the process running it stopped (killed, or its Prefect API went away); marked when "
+                            "the run dir was next used"), force=True)
+                print(f"marked stale flow run {run.name} ({run.id}) Crashed")
+
+
+def start_api_watchdog(api_url: str, timeout: float, run_dir: Path) -> threading.Event:
+    """A thread that ends this process, with a message, once the Prefect API has not answered `/health` for
+    `timeout` seconds (Prefect's client would retry for minutes; the run cannot record anything meanwhile).
+    Set the returned event to stop it. The reaper (flows/reaper.py) then stops the run's other processes."""
+    import httpx
+
+    stop = threading.Event()
+    url = api_url.rstrip("/") + "/health"
+
+    def watch() -> None:
+        last_ok = time.monotonic()
+        while not stop.wait(min(5.0, timeout / 4)):
+            try:
+                if httpx.get(url, timeout=min(5.0, timeout / 4)).status_code < 500:
+                    last_ok = time.monotonic()
+                    continue
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - last_ok > timeout:
+                print(f"rollflow: error: the Prefect API at {api_url} has not answered for {timeout:g} s "
+                      f"(--prefect-timeout); stopping the run. Continue it with `rollflow run --resume {run_dir}`",
+                      file=sys.stderr, flush=True)
+                os._exit(75)
+
+    threading.Thread(target=watch, name="prefect-api-watchdog", daemon=True).start()
+    return stop
+
+
+async def settle(task_runs: int, *, flow_run_id: uuid.UUID | None = None, task_run_id: uuid.UUID | None = None,
+                 timeout: float = 5.0) -> bool:
+    """Wait until the server has recorded `task_runs` task runs of the given flow run (or the one task
+    run `task_run_id`), each in a final state; False if that took longer than `timeout` seconds.
+
+    Task runs reach the server as events that a background service writes to SQLite one by one; when
+    the parent creates the next child flow run while it writes, SQLite refuses the request ("database
+    is locked"), the API answers 503 and Prefect's client backs off for 2 s. Waiting here (a read every
+    20 ms) keeps the two writers apart. The count matters: the last task's events can still be on their
+    way when the earlier task runs are recorded final (measured: a 2 s stall every 5-10 rollouts when
+    only the task runs already recorded were awaited).
+    """
+    import anyio
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterId
+
+    query = ({"task_run_filter": TaskRunFilter(id=TaskRunFilterId(any_=[task_run_id]))} if task_run_id is not None
+             else {"flow_run_filter": FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))})
+    with anyio.move_on_after(timeout):
+        async with get_client() as client:
+            while True:
+                runs = await client.read_task_runs(**query)
+                if len(runs) >= task_runs and all(r.state is not None and r.state.is_final() for r in runs):
+                    return True
+                await anyio.sleep(0.02)
+    return False
+
+
+async def settled(task: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run one of the parent flow's own tasks, wait until the server has recorded its task run (`settle`),
+    and return its result (raising as the task did)."""
+    state = await task(*args, return_state=True, **kwargs)
+    await settle(1, task_run_id=state.state_details.task_run_id)
+    return await state.result()
+
+
+async def publish_metrics_table(cfg: RunConfig, rollout_id: int, flow_run_id: uuid.UUID | None) -> None:
+    """One Prefect table artifact per rollout with every metric logged for it, attached to the rollout's
+    `rollout-<id>` flow run. The parent posts it once the child's task runs are recorded (`settle`):
+    posted at the end of the child, it waited behind the server's burst of task-run writes (about 80 ms
+    of every child flow run on 2 cores), and posted concurrently with them SQLite answers 503."""
+    from prefect.artifacts import TableArtifact
+
+    rows = [{"kind": r["kind"], "step": r.get("step", ""), "metric": k, "value": v}
+            for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics)
+            if r["rollout_id"] == rollout_id and r["kind"] != "eval" for k, v in r["metrics"].items()]
+    key = f"{artifact_slug(cfg.name)}-rollout-{rollout_id}-metrics"
+    await TableArtifact(key=key, description=f"metrics of rollout {rollout_id} of run {cfg.name}", table=rows,
+                        flow_run_id=flow_run_id).acreate()
+
+
+def log_step_time(cfg: RunConfig, rollout_id: int, seconds: float) -> None:
+    """The parent's record that rollout `rollout_id` completed (also the resume point's marker)."""
+    log_metrics(cfg, "perf", rollout_id, {"perf/step_time": seconds})

@@ -1,0 +1,110 @@
+"""Surviving a dead or hung actor: every stage awaits its actor calls through `guarded`, which bounds them by
+the stage's timeout and, when an actor died or hung, replaces the actors involved before the stage fails, so
+that Prefect's retry of the stage runs on healthy actors holding the right weights.
+
+- An engine is re-created under its name and given the trainer's current weights as the version the stage
+  expects (checked by sha256): since sampling is seeded per sample, the retried stage produces the same
+  samples, and the run stays bitwise identical to a fault-free one.
+- The trainers are re-created together (one dead rank breaks the gloo group) from their latest step-boundary
+  snapshot (trainers/actor.py), or from the run's starting weights before the first train-step; the
+  apply-once guard travels in the snapshot, so a retried train-step of an applied rollout returns its metrics.
+- A fault that raised inside a live actor (an exception, not a death) needs no replacement: the retry runs
+  on the same actor. A checker failure is never retried (tasks/checks.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import ray
+
+from artifacts.checkpoints import latest_checkpoint
+from flows.config import RunConfig
+from tasks import actors
+from tasks.refs import WeightsRef
+
+T = TypeVar("T")
+
+
+class ActorLost(RuntimeError):
+    """A stage's actor died or hung; it was replaced, and the stage fails so that Prefect retries it."""
+
+
+_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.ObjectLostError)
+
+
+async def guarded(cfg: RunConfig, what: str, call: Awaitable[T], timeout: float | None, *,
+                  engines: bool = False, trainers: bool = False, weights: WeightsRef | None = None) -> T:
+    """Await `call` within `timeout` seconds. On an actor death or a timeout, replace the `engines` and/or
+    `trainers` that do not answer (engines then hold `weights`, when given) and raise ActorLost naming the
+    stage and the cause."""
+    try:
+        return await asyncio.wait_for(call, timeout)
+    except TimeoutError:
+        cause = f"no answer within {timeout:g} s"
+    except ray.exceptions.RayTaskError as e:  # a live actor raised; lost only if what it waited for was lost
+        if not isinstance(e.cause, _LOST):
+            raise
+        cause = f"{type(e.cause).__name__}: {_first_line(e.cause)}"
+    except _LOST as e:
+        cause = f"{type(e).__name__}: {_first_line(e)}"
+    replaced = []
+    if trainers and await _unhealthy(actors.trainers(cfg)):
+        await restart_trainers(cfg)
+        replaced.append("the trainers")
+    if engines:
+        dead = await _unhealthy(actors.engines(cfg))
+        if dead:
+            await restart_engines(cfg, dead, weights)
+            replaced.append(f"engines {dead}")
+    done = f"replaced {' and '.join(replaced)}" if replaced else "every actor answers"
+    print(f"{what}: {cause}; {done}; the stage will be retried", flush=True)
+    raise ActorLost(f"{what}: {cause}; {done}; the stage will be retried")
+
+
+async def _unhealthy(handles: list[Any], timeout: float = 10.0) -> list[int]:
+    """Indices of the actors that do not answer a health call within `timeout` seconds (dead, stopped, frozen,
+    or stuck in a call: an actor runs one call at a time)."""
+    async def answers(h: Any) -> bool:
+        try:
+            await asyncio.wait_for(h.health.remote(), timeout)
+            return True
+        except (TimeoutError, *_LOST):
+            return False
+
+    ok = await asyncio.gather(*[answers(h) for h in handles])
+    return [i for i, alive in enumerate(ok) if not alive]
+
+
+async def restart_engines(cfg: RunConfig, dead: list[int], weights: WeightsRef | None) -> None:
+    """Replace the engines `dead` and give the new ones `weights` (the trainer's current weights must be that
+    version; None: the stage itself pushes weights, as sync does)."""
+    fresh = [await actors.restart_engine(cfg, i) for i in dead]
+    if weights is None or cfg.rollout_only:
+        return  # rollout-only engines run the base checkpoint, which a fresh engine loads
+    trainer0 = actors.trainers(cfg)[0]
+    sha = await trainer0.weights_sha256.remote()
+    if sha != weights.sha256:
+        raise ActorLost(f"engines {dead} were replaced, but the trainer's weights (sha {sha[:12]}) are not version "
+                        f"{weights.version} (sha {weights.sha256[:12]}) that the stage needs")
+    ref = trainer0.export_weights.remote()
+    await asyncio.gather(*[e.update_weights.remote([ref], weights.version) for e in fresh])
+
+
+async def restart_trainers(cfg: RunConfig) -> None:
+    """Re-create every trainer rank and restore the latest step-boundary snapshot (else the run's start)."""
+    from trainers.actor import snapshot_dir
+
+    actors.kill_trainers(cfg)
+    snap = latest_checkpoint(snapshot_dir(cfg.resolved_run_dir))
+    resume = latest_checkpoint(cfg.checkpoint.load) if cfg.checkpoint.load else None
+    fresh = await actors.start_trainers(cfg, actors.start_weights(cfg, resume))
+    state = snap or resume
+    if state is not None:
+        await asyncio.gather(*[t.load.remote(str(state)) for t in fresh])
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
