@@ -18,7 +18,7 @@ from prefect import flow
 from artifacts.compare import first_layer_difference, first_metric_difference, first_table_difference
 from artifacts.hashing import layer_hashes, weights_sha256
 from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_table
-from flows.config import RunConfig, load_yaml
+from flows.config import LoggingConfig, RunConfig, load_yaml
 from tasks import actors
 from tasks.refs import WeightsRef
 from tasks.stages import check, generate, log_prob, sync, train_step
@@ -79,7 +79,9 @@ async def replay_flow(run_dir: str, rollout_id: int, task: str, overrides: dict[
     original = load_run_config(run_dir, overrides)
     paths = RunPaths(original.resolved_run_dir)
     out_dir = Path(run_dir) / "replays" / f"{task}_{rollout_id:06d}_{uuid.uuid4().hex[:8]}"
-    cfg = original.model_copy(update={"name": f"{original.name}-replay-{uuid.uuid4().hex[:6]}", "run_dir": str(out_dir)})
+    # no experiment trackers: a replay's records belong to the replay dir, not to the run's W&B / TensorBoard
+    cfg = original.model_copy(update={"name": f"{original.name}-replay-{uuid.uuid4().hex[:6]}", "run_dir": str(out_dir),
+                                      "logging": LoggingConfig()})
     (out_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     before = checkpoint_before(original, rollout_id)
     base = str(cfg.hf_checkpoint)

@@ -20,7 +20,7 @@ from flows.config import RunConfig, dump_yaml
 from flows.resolve import resolve
 from tasks import actors
 from tasks.checks import metric_gate, raise_if_any
-from tasks.metrics import log_metrics
+from tasks.metrics import close_run, log_metrics
 from tasks.recordings import inject, load_rollout
 from tasks.refs import WeightsRef
 from tasks.stages import (
@@ -155,6 +155,7 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
             print(f"--debug-exit-after-rollout: stopping after rollout {end - 1}")
     finally:
         actors.stop_actors(cfg)
+        close_run(cfg)  # trackers finished and plots/curves.png drawn, also when the run failed
     evals = [r for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics) if r["kind"] == "eval"]
     gate = metric_gate(cfg, evals)  # the accuracy gate is disposed at the end of the run, as in miles
     if cfg.ci.ci_metric_checker_key:
