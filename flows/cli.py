@@ -127,7 +127,7 @@ def make_parser() -> argparse.ArgumentParser:
     convert.add_argument("src")
     convert.add_argument("dst")
     convert.add_argument("--trust-pickle", action="store_true", help="allow .pt files that need arbitrary unpickling")
-    serve = sub.add_parser("serve", help="serve the run flow as a deployment (UI runs, schedules)")
+    serve = sub.add_parser("serve", help="serve the run flow and the replay flow as deployments (UI runs, schedules)")
     serve.add_argument("--config", help="YAML file with the deployment's default config")
     serve.add_argument("--cron", help="cron schedule (needs a real Prefect server)")
     serve.add_argument("--interval", type=int, help="run every N seconds (needs a real Prefect server)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from prefect import flow
 
@@ -23,7 +23,8 @@ from tasks import actors
 from tasks.refs import WeightsRef
 from tasks.stages import check, generate, log_prob, sync, train_step
 
-REPLAYABLE = ("generate", "log-prob", "train-step", "sync", "check")
+ReplayTask = Literal["generate", "log-prob", "train-step", "sync", "check"]  # a dropdown in the UI's Run form
+REPLAYABLE: tuple[str, ...] = get_args(ReplayTask)
 
 
 def load_run_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -72,7 +73,7 @@ def _checkpoint_hashes(path: Path) -> dict[str, str]:
 
 
 @flow(name="replay", flow_run_name="replay-{task}-{rollout_id}", log_prints=True)
-async def replay_flow(run_dir: str, rollout_id: int, task: str, overrides: dict[str, Any] | None = None) -> dict:
+async def replay_flow(run_dir: str, rollout_id: int, task: ReplayTask, overrides: dict[str, Any] | None = None) -> dict:
     """Re-run `task` of rollout `rollout_id` of the run in `run_dir`; returns {"identical", "difference"}."""
     if task not in REPLAYABLE:
         raise ValueError(f"--task {task!r}: replayable stages are {REPLAYABLE}")
