@@ -132,7 +132,7 @@ def make_parser() -> argparse.ArgumentParser:
     convert.add_argument("src")
     convert.add_argument("dst")
     convert.add_argument("--trust-pickle", action="store_true", help="allow .pt files that need arbitrary unpickling")
-    serve = sub.add_parser("serve", help="serve the run flow as a deployment (UI runs, schedules)")
+    serve = sub.add_parser("serve", help="serve the run flow and the replay flow as deployments (UI runs, schedules)")
     serve.add_argument("--config", help="YAML file with the deployment's default config")
     serve.add_argument("--cron", help="cron schedule (needs a real Prefect server)")
     serve.add_argument("--interval", type=int, help="run every N seconds (needs a real Prefect server)")
@@ -145,9 +145,36 @@ def make_parser() -> argparse.ArgumentParser:
     tpl.add_argument("--rollout-stop", nargs="+", default=None)
     tpl.add_argument("--rollout-stop-token-ids", nargs="+", type=int, default=None)
     tpl.add_argument("--examples", type=int, default=3, help="rows to render")
+    plot = sub.add_parser("plot", help="draw the curves of one or more runs, overlaid, into one .png/.svg/.html")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (each holds metrics.jsonl)")
+    plot.add_argument("-o", "--output", default="curves.png",
+                      help="output file; its extension picks the format: .png, .svg or .html (default: curves.png)")
+    plot.add_argument("--size", type=_pixels, default=(1200, 800), metavar="WIDTHxHEIGHT",
+                      help="figure size in pixels (default: 1200x800)")
     server = sub.add_parser("server", help="start a Prefect server with the UI at http://127.0.0.1:4200")
     server.add_argument("--port", type=int, default=4200)
     return parser
+
+
+def _pixels(text: str) -> tuple[int, int]:
+    """`--size 1200x800` -> (1200, 800)."""
+    width, sep, height = text.lower().partition("x")
+    if not (sep and width.isdigit() and height.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT in pixels, e.g. 1200x800, got {text!r}")
+    return int(width), int(height)
+
+
+def _plot(args: argparse.Namespace) -> int:
+    """`rollflow plot`: exit 0 with the written path, 2 when a dir is not a run or the format/size is refused."""
+    from artifacts.plots import write_plot
+
+    try:
+        out = write_plot(args.run_dirs, args.output, size=args.size)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"rollflow: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
 
 
 # Set by `configure_prefect_env` unless already set. The event persister writes events to SQLite in
@@ -207,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         from flows.inspect import convert_command, inspect_command
 
         return inspect_command(args) if args.command == "inspect" else convert_command(args)
+    if args.command == "plot":
+        return _plot(args)
     if args.command == "check-template":
         from flows.template_cmd import check_template_command
 

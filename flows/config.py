@@ -272,6 +272,34 @@ class FaultConfig(_Section):
         return parse_requests(self.ci_fault_hooks, self.ci_fault_hooks_path)
 
 
+WandbMode = Literal["online", "offline", "disabled"]
+
+
+class LoggingConfig(_Section):
+    """Experiment trackers (slime's flags and step keys): W&B and TensorBoard, each an optional extra.
+
+    Every record of metrics.jsonl except `check` records also goes to each tracker turned on, with
+    slime's step keys: rollout and perf records at `rollout/step` = rollout id, train steps at
+    `train/step`, evals at `eval/step`."""
+
+    use_wandb: bool = Field(False, description="Log metrics to Weights & Biases (needs the wandb extra).")
+    wandb_project: str | None = Field(None, description="W&B project; None = W&B's default.")
+    wandb_team: str | None = Field(None, description="W&B entity (team or user); None = your default entity.")
+    wandb_group: str | None = Field(
+        None, description="W&B group that gathers related runs; the W&B run itself is named --name.")
+    wandb_mode: WandbMode | None = Field(
+        None, description="online, offline (written locally, `wandb sync` uploads it later) or disabled; "
+                          "None = the WANDB_MODE environment variable, else online.")
+    wandb_dir: str | None = Field(None, description="Directory W&B writes its files under (DIR/wandb/...); "
+                                                    "None = the working directory.")
+    use_tensorboard: bool = Field(False, description="Write TensorBoard event files (needs the tensorboard extra).")
+    tb_project_name: str | None = Field(
+        None, description="TensorBoard logs go to tensorboard_log/<project>/<experiment> (or $TENSORBOARD_DIR); "
+                          "--use-tensorboard needs this or TENSORBOARD_DIR, as in slime.")
+    tb_experiment_name: str | None = Field(
+        None, description="TensorBoard experiment; None = the start time (YYYYmmdd_HHMMSS), as in slime.")
+
+
 class RunConfig(_Section):
     """One RL run: every concern plus where it lives."""
 
@@ -294,6 +322,7 @@ class RunConfig(_Section):
     debug: DebugConfig = DebugConfig()
     ci: CIConfig = CIConfig()
     faults: FaultConfig = FaultConfig()
+    logging: LoggingConfig = LoggingConfig()
     ref_load: str | None = Field(
         None, description="Reference model (an HF dir or a --save dir); also the starting weights when --load holds "
                           "no checkpoint (slime's meaning); None = --hf-checkpoint.")
@@ -450,6 +479,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "debug": DebugConfig,
     "ci": CIConfig,
     "faults": FaultConfig,
+    "logging": LoggingConfig,
 }
 
 

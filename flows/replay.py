@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from prefect import flow
 
 from artifacts.compare import first_layer_difference, first_metric_difference, first_table_difference
 from artifacts.hashing import layer_hashes, weights_sha256
 from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_table
-from flows.config import RunConfig, load_yaml
+from flows.config import LoggingConfig, RunConfig, load_yaml
 from tasks import actors
 from tasks.refs import WeightsRef
 from tasks.stages import check, generate, log_prob, sync, train_step
 
-REPLAYABLE = ("generate", "log-prob", "train-step", "sync", "check")
+ReplayTask = Literal["generate", "log-prob", "train-step", "sync", "check"]  # a dropdown in the UI's Run form
+REPLAYABLE: tuple[str, ...] = get_args(ReplayTask)
 
 
 def load_run_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -72,14 +73,16 @@ def _checkpoint_hashes(path: Path) -> dict[str, str]:
 
 
 @flow(name="replay", flow_run_name="replay-{task}-{rollout_id}", log_prints=True)
-async def replay_flow(run_dir: str, rollout_id: int, task: str, overrides: dict[str, Any] | None = None) -> dict:
+async def replay_flow(run_dir: str, rollout_id: int, task: ReplayTask, overrides: dict[str, Any] | None = None) -> dict:
     """Re-run `task` of rollout `rollout_id` of the run in `run_dir`; returns {"identical", "difference"}."""
     if task not in REPLAYABLE:
         raise ValueError(f"--task {task!r}: replayable stages are {REPLAYABLE}")
     original = load_run_config(run_dir, overrides)
     paths = RunPaths(original.resolved_run_dir)
     out_dir = Path(run_dir) / "replays" / f"{task}_{rollout_id:06d}_{uuid.uuid4().hex[:8]}"
-    cfg = original.model_copy(update={"name": f"{original.name}-replay-{uuid.uuid4().hex[:6]}", "run_dir": str(out_dir)})
+    # no experiment trackers: a replay's records belong to the replay dir, not to the run's W&B / TensorBoard
+    cfg = original.model_copy(update={"name": f"{original.name}-replay-{uuid.uuid4().hex[:6]}", "run_dir": str(out_dir),
+                                      "logging": LoggingConfig()})
     (out_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     before = checkpoint_before(original, rollout_id)
     base = str(cfg.hf_checkpoint)

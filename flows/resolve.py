@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from artifacts.checkpoints import latest_checkpoint, model_dir
+from deployments.params import apply_served_defaults
 from flows.config import RunConfig, dump_yaml
 from recipes.registry import get_recipe
 from rollout.data import DataError
 from rollout.extensions import ExtensionError
 from rollout.source import RolloutSource, rollout_source
 from rollout.template import check_examples
+from tasks.trackers import require_trackers
 
 # Data flags that only make sense with --prompt-data (the recipe reads its own files with its own keys).
 _DATA_KEYS = ("input_key", "label_key", "metadata_key", "tool_key", "apply_chat_template", "apply_chat_template_kwargs",
@@ -66,7 +68,10 @@ def check_paths(cfg: RunConfig) -> None:
 
 
 def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tuple[RunConfig, RolloutSource]:
-    """The run's resolved config and data side; raises ValueError naming the flag, file, row or token."""
+    """The run's resolved config and data side; raises ValueError naming the flag, file, row or token.
+    In a deployment's flow run the served defaults are merged under the given fields first."""
+    cfg = apply_served_defaults(cfg)
+    require_trackers(cfg.logging)  # a missing W&B / TensorBoard package is refused here, naming the extra
     given = cfg.hf_checkpoint is not None
     cfg = apply_recipe(cfg, build=build)
     if build or given:

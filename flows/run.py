@@ -18,7 +18,7 @@ from flows import runtime
 from flows.config import RunConfig
 from tasks import actors
 from tasks.checks import metric_gate, raise_if_any, retry_unless_check_failed
-from tasks.metrics import log_metrics
+from tasks.metrics import close_run, log_metrics
 from tasks.recordings import inject, load_rollout
 from tasks.refs import WeightsRef
 from tasks.stages import (
@@ -176,6 +176,7 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None, resume: boo
     finally:
         actors.stop_actors(cfg)
         faults.expire_unfired()
+        close_run(cfg)  # trackers finished and plots/curves.png drawn, also when the run failed
         owned.release()
     evals = [r for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics, run_id=owned.info.run_id)
              if r["kind"] == "eval"]

@@ -1,14 +1,18 @@
-"""Metric records: one line in metrics.jsonl, one slime-style console line (`rollout N: {...}`)."""
+"""Metric records: one line in metrics.jsonl, one slime-style console line (`rollout N: {...}`), and the
+same record to the run's experiment trackers (W&B, TensorBoard; `tasks/trackers.py`)."""
 
 from __future__ import annotations
 
 import math
 import statistics
+import sys
+from pathlib import Path
 from typing import Any
 
 from artifacts.schema import Sample
 from artifacts.store import RunPaths, append_metrics
 from flows.config import RunConfig
+from tasks.trackers import finish_trackers, track
 from trainers.rollout_stats import mean as _mean
 
 # run dir -> the id of the run that owns it in this process (flows/runtime.own sets it)
@@ -26,7 +30,9 @@ def run_id_of(cfg: RunConfig) -> str | None:
 
 
 def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, Any], step: int | None = None) -> dict:
-    """Append `{"kind", "run_id"?, "rollout_id", "step"?, "metrics"}` to metrics.jsonl and print it as slime does."""
+    """Append `{"kind", "run_id"?, "rollout_id", "step"?, "metrics"}` to metrics.jsonl, print it as slime does,
+    then hand it to the trackers the config turns on (their failure raises `TrackerError`, after the record is
+    written)."""
     record: dict[str, Any] = {"kind": kind}
     run_id = run_id_of(cfg)
     if run_id is not None:
@@ -37,7 +43,27 @@ def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, A
     record["metrics"] = metrics
     append_metrics(RunPaths(cfg.resolved_run_dir).metrics, record)
     print(f"{kind} {step if kind == 'step' else rollout_id}: {metrics}", flush=True)
+    track(cfg, kind, rollout_id, metrics, step)
     return record
+
+
+def close_run(cfg: RunConfig) -> Path | None:
+    """End of a run, also of a failed one: finish its trackers (their files complete on disk), then draw the
+    run's curves into `<run dir>/plots/curves.png`. Returns the plot's path, or None when there was nothing
+    to draw or drawing failed; neither a tracker nor the plot changes the run's outcome here (both report
+    on stderr), since this runs in the run's `finally`."""
+    finish_trackers(cfg)
+    run_dir = cfg.resolved_run_dir
+    if not RunPaths(run_dir).metrics.is_file():
+        return None
+    from artifacts.plots import write_plot
+
+    try:
+        return write_plot([run_dir], run_dir / "plots" / "curves.png", labels=[cfg.name])
+    except Exception as e:  # a plot is a convenience; the run's result stands without it
+        print(f"rollflow: could not draw {run_dir / 'plots' / 'curves.png'}: {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        return None
 
 
 def reward_stats(samples: list[Sample], n_per_prompt: int) -> dict[str, float]:

@@ -36,3 +36,36 @@ def make_sample(index: int = 0, n: int = 4, vocab: int = 50_000, **changes: obje
         metadata={"source": "tiny-arith", "turn": index},
     )
     return dataclasses.replace(sample, **changes)
+
+
+def wandb_records(path: str) -> list:
+    """The records of a W&B transaction log (`run-<id>.wandb`) as `wandb_internal_pb2.Record` messages.
+
+    The file is a LevelDB-style log, as wandb-core writes it: a 7-byte header (`:W&B`, magic, version), then
+    32 KiB blocks of chunks, each with a 7-byte header (CRC32C, little-endian length, type: 1 full, 2 first,
+    3 middle, 4 last); a block's tail shorter than a header is zero padding."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b":W&B", f"{path}: not a W&B transaction log"
+    block, pos, pending, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 0:  # zero padding up to the end of the block
+            pos += left - 7 - length
+            continue
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            out.append(record)
+    return out

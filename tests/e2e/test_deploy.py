@@ -1,0 +1,111 @@
+"""Deployments against a real Prefect server (the test harness): the README's `prefect deploy` steps on a
+fresh server, and a served deployment run given a partial `cfg` that deep-merges over the served defaults,
+executed by Prefect's engine the way a worker or `serve` executes it."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from artifacts.store import RunPaths, read_metrics
+from flows.config import RunConfig
+from tests.helpers import wandb_records
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _prefect(*args: str) -> subprocess.CompletedProcess:
+    """`.venv/bin/prefect ARGS` in the repo root, as the README runs it, against the test server."""
+    from prefect.settings import PREFECT_API_URL
+
+    script = ROOT / ".venv" / "bin" / "prefect"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "prefect"]
+    # PYTHONPATH: the flows prefect.yaml names are loaded from this checkout, whatever the venv's install points at
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([*cmd, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_readme_deploy_steps_work_on_a_fresh_server(prefect_server):
+    from prefect.client.orchestration import get_client
+
+    readme = (ROOT / "README.md").read_text()
+    steps = [".venv/bin/prefect work-pool create rollflow --type process --overwrite", ".venv/bin/prefect deploy --all"]
+    for step in steps:
+        assert step in readme  # the test runs what the README says
+        done = _prefect(*step.split()[1:])
+        assert done.returncode == 0, f"{step}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+    async def read() -> tuple:
+        async with get_client() as client:
+            pool = await client.read_work_pool("rollflow")
+            run = await client.read_deployment_by_name("rollflow-run/tiny-arith")
+            replay = await client.read_deployment_by_name("replay/rollflow")
+            return pool, run, replay
+
+    pool, run, replay = asyncio.run(read())
+    assert pool.type == "process"
+    assert run.work_pool_name == replay.work_pool_name == "rollflow"
+    assert run.parameters == {"cfg": {"name": "tiny-arith-scheduled"}}
+    assert run.entrypoint == "flows/run.py:run_flow" and replay.entrypoint == "flows/replay.py:replay_flow"
+    schema = replay.parameter_openapi_schema
+    assert set(schema["required"]) == {"run_dir", "rollout_id", "task"}  # the UI's Run form asks for these
+    assert schema["properties"]["task"]["enum"] == ["generate", "log-prob", "train-step", "sync", "check"]
+
+
+def test_partial_parameters_merge_over_served_defaults(tmp_path, ray_session, prefect_server, base_checkpoint,
+                                                      monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow as run_in_engine
+
+    from deployments.serve import deployments
+    from flows.run import run_flow
+
+    monkeypatch.chdir(tmp_path)  # tensorboard_log/ lands here
+    served = RunConfig.model_validate({
+        "name": "served", "run_dir": str(tmp_path / "run"), "hf_checkpoint": base_checkpoint,
+        "rollout": {"num_rollout": 3, "rollout_batch_size": 4, "n_samples_per_prompt": 4},
+        "eval": {"eval_interval": None}, "train": {"global_batch_size": 8, "lr": 1e-2},
+        "logging": {"use_tensorboard": True, "tb_project_name": "p", "tb_experiment_name": "served",
+                    "use_wandb": True, "wandb_mode": "offline", "wandb_dir": str(tmp_path / "wb")}})
+    run_deployment, replay_deployment = deployments(served)
+
+    async def go() -> tuple:
+        async with get_client() as client:
+            deployment_id = await run_deployment.aapply()
+            await replay_deployment.aapply()
+            flow_run = await client.create_flow_run_from_deployment(
+                deployment_id, parameters={"cfg": {"rollout": {"num_rollout": 1}}})
+            assert flow_run.parameters == {"cfg": {"rollout": {"num_rollout": 1}}}  # Prefect's merge is shallow
+            state = await run_in_engine(run_flow, flow_run=flow_run, return_type="state")  # type: ignore[misc]
+            return state, await client.read_flow_run(flow_run.id)
+
+    state, flow_run = asyncio.run(go())
+    assert state.is_completed(), state.message
+    assert flow_run.name == "run/served"
+
+    written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert written["name"] == "served" and written["rollout"]["num_rollout"] == 1
+    assert written["rollout"]["rollout_batch_size"] == 4 and written["train"]["lr"] == 1e-2  # deep merge
+    records = read_metrics(RunPaths(tmp_path / "run").metrics)
+    assert {r["rollout_id"] for r in records if r["kind"] == "rollout"} == {0}
+
+    # the end of the run: plot drawn, trackers finished with slime's names
+    assert (tmp_path / "run" / "plots" / "curves.png").stat().st_size > 1000
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard_log" / "p" / "served"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("rollout/raw_reward")] == [0]
+    assert [e.step for e in acc.Scalars("train/grad_norm")] == [0, 1]
+    (wandb_file,) = glob.glob(str(tmp_path / "wb" / "wandb" / "offline-run-*" / "run-*.wandb"))
+    kinds = [r.WhichOneof("record_type") for r in wandb_records(wandb_file)]
+    assert kinds.count("history") >= 4 and "exit" in kinds
