@@ -255,11 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _resumed_config(args) if args.resume else build_config(args)
         refresh = [s for s in args.refresh.split(",") if s]
-        from flows.run import ALL_STAGES  # noqa: F401 - (cheap) the stage names --refresh is checked against
+        from tasks import STAGE_NAMES
 
-        unknown = sorted(set(refresh) - set(ALL_STAGES))
+        unknown = sorted(set(refresh) - set(STAGE_NAMES))
         if unknown:
-            raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {ALL_STAGES}")
+            raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {list(STAGE_NAMES)}")
         if args.dry_run:
             return _dry_run(cfg)
         from flows import runtime

@@ -16,7 +16,7 @@ from artifacts.store import RunPaths, read_metrics
 from faults import FaultInjector
 from flows import runtime
 from flows.config import RunConfig
-from tasks import actors
+from tasks import STAGE_NAMES, actors
 from tasks.checks import metric_gate, raise_if_any, retry_unless_check_failed
 from tasks.metrics import close_run, log_metrics
 from tasks.recordings import inject, load_rollout
@@ -37,6 +37,7 @@ STAGES = {"generate": generate, "save-rollout": save_rollout, "log-prob": log_pr
 
 
 ALL_STAGES = sorted(STAGES)
+assert tuple(ALL_STAGES) == STAGE_NAMES, "tasks.STAGE_NAMES must list every stage"
 
 
 class _Stages:
