@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {list(STAGE_NAMES)}")
         if args.dry_run:
             return _dry_run(cfg)
+        configure_prefect_env()
+        configure_ray_env(cfg.ray_address)  # before anything imports ray (it reads these at import time)
         from flows import runtime
         from flows.resolve import resolve
 
@@ -275,8 +277,6 @@ def main(argv: list[str] | None = None) -> int:
     from flows.reaper import start_reaper
 
     start_reaper()  # before Prefect's server and Ray exist: they end with this process, however it ends
-    configure_prefect_env()
-    configure_ray_env(cfg.ray_address)
     import asyncio
 
     from flows.run import run_flow
