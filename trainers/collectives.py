@@ -8,6 +8,8 @@ would have ordered the additions. Slow: for debugging only.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
@@ -36,3 +38,18 @@ def all_reduce_sum(tensor: torch.Tensor, *, deterministic: bool = False) -> None
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, tensor.contiguous())
     tensor.copy_(fixed_order_sum(parts))
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def init_method(master_addr: str, master_port: int, rendezvous_dir: str | Path) -> str:
+    """The process group's rendezvous. On one machine (a loopback master) a file store under `rendezvous_dir`:
+    torch's TCPStore listens on every interface whatever address it is given, and a file store opens no socket
+    at all (gloo's own connections stay on GLOO_SOCKET_IFNAME, loopback by default). Across machines, TCP at the
+    rank-0 node's address."""
+    if master_addr in LOOPBACK:
+        path = Path(rendezvous_dir) / f"rendezvous-{master_port}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"file://{path}"
+    return f"tcp://{master_addr}:{master_port}"

@@ -34,7 +34,7 @@ from faults import FaultInjector
 from flows.config import RunConfig
 from trainers.advantages import get_advantage_estimator
 from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
-from trainers.collectives import all_reduce_sum
+from trainers.collectives import all_reduce_sum, init_method
 from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
 from trainers.rollout_stats import logprob_stats
 
@@ -74,7 +74,8 @@ class TorchTrainer:
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the process group, build model, reference model, optimizer and LR schedule."""
         if not dist.is_initialized():
-            dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}",
+            rendezvous = init_method(master_addr, master_port, Path(self.cfg.resolved_run_dir) / "ft")
+            dist.init_process_group("gloo", init_method=rendezvous,
                                     rank=self.rank, world_size=self.world_size)
         torch.manual_seed(self.t.seed)
         self.model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32)
