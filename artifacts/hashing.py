@@ -1,32 +1,65 @@
-"""Per-layer model hashes (miles' `--ci-save-model-hash` layout).
+"""Per-layer and per-tensor model hashes (miles' `--ci-save-model-hash` layout).
 
 SHA-256 over each parameter's name, shape string, dtype string and raw bytes, grouped by decoder
 layer (`layer_0000`, ...) with everything else under `non_layer`, so a mismatch names the layer.
+`tensor_hashes` keeps one hash per tensor, so a mismatch can name the tensor itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 
 import torch
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
+def layer_of(name: str) -> str:
+    """The layer key of a tensor name: `layer_0003` for `model.layers.3.mlp.up_proj.weight`, else `non_layer`."""
+    m = _LAYER.search(name)
+    return f"layer_{int(m.group(1)):04d}" if m else "non_layer"
+
+
+def group_by_layer(names: Iterable[str]) -> dict[str, list[str]]:
+    """{layer key: sorted tensor names} over `names`, layer keys in order (`non_layer` last)."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        groups.setdefault(layer_of(name), []).append(name)
+    return {k: groups[k] for k in sorted(groups, key=lambda k: (k == "non_layer", k))}
+
+
+def _update(h: hashlib._Hash, t: torch.Tensor) -> None:
+    h.update(str(tuple(t.shape)).encode())
+    h.update(str(t.dtype).encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
 def layer_hashes(named: dict[str, torch.Tensor]) -> dict[str, str]:
     """{"layer_0000": sha256, ..., "non_layer": sha256} over the given named tensors."""
     groups: dict[str, hashlib._Hash] = {}
     for name in sorted(named):
-        t = named[name].detach().cpu().contiguous()
-        m = _LAYER.search(name)
-        key = f"layer_{int(m.group(1)):04d}" if m else "non_layer"
-        h = groups.setdefault(key, hashlib.sha256())
+        h = groups.setdefault(layer_of(name), hashlib.sha256())
         h.update(name.encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(str(t.dtype).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        _update(h, named[name].detach().cpu().contiguous())
     return {k: groups[k].hexdigest() for k in sorted(groups)}
+
+
+def tensor_hashes(named: dict[str, torch.Tensor]) -> dict[str, str]:
+    """{name: sha256 over the tensor's shape string, dtype string and raw bytes}, names sorted. Two sides that
+    disagree on `weights_sha256` compare these to name the tensors that differ."""
+    out = {}
+    for name in sorted(named):
+        h = hashlib.sha256()
+        _update(h, named[name].detach().cpu().contiguous())
+        out[name] = h.hexdigest()
+    return out
+
+
+def differing_tensors(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
+    """Sorted names whose hash differs between two `tensor_hashes` maps, or that only one side has."""
+    return sorted(n for n in set(expected) | set(actual) if expected.get(n) != actual.get(n))
 
 
 def weights_sha256(named: dict[str, torch.Tensor]) -> str:

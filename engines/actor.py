@@ -11,6 +11,7 @@ from artifacts.wire import WireWeights, from_wire, to_wire
 from engines.base import GenerateOutput, GenerateRequest
 from engines.registry import get_engine_class
 from faults import FaultHookRequest, FaultInjector
+from faults.drop_weight import dropped_weights
 
 
 @ray.remote(num_cpus=0)
@@ -25,7 +26,7 @@ class EngineActor:
                  run_dir: str | None = None, epoch: float | None = None) -> None:
         torch.set_num_threads(num_threads)
         self.index = engine_index
-        self.fault_drop_weight = fault_drop_weight  # --ci-fault-drop-weight: a planted sync bug
+        self.fault_drop_weight = fault_drop_weight  # --ci-fault-drop-weight: a planted sync bug (names or globs)
         self.engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
         self.faults = FaultInjector(faults or [], "engine", engine_index, run_dir, epoch)
         self.generate_calls = 0
@@ -41,9 +42,9 @@ class EngineActor:
         self.faults.reach("engine_update_weights_before_receive", weight_version=version, **(ctx or {}))
         named_tensors = from_wire(ray.get(weights[0]))
         self.faults.reach("engine_update_weights_after_receive", weight_version=version, **(ctx or {}))
-        if self.fault_drop_weight in named_tensors:
-            name = self.fault_drop_weight
-            named_tensors = {**named_tensors, name: self.engine.get_weights([name])[name]}
+        dropped = dropped_weights(self.fault_drop_weight, named_tensors)
+        if dropped:  # the planted bug: these tensors silently keep the engine's old copy
+            named_tensors = {**named_tensors, **self.engine.get_weights(dropped)}
         self.engine.update_weights(named_tensors, version)
 
     def snapshot_and_scramble(self) -> int:
@@ -61,6 +62,9 @@ class EngineActor:
 
     def weights_sha256(self) -> str:
         return self.engine.weights_sha256()
+
+    def tensor_hashes(self) -> dict[str, str]:
+        return self.engine.tensor_hashes()
 
     def release_memory(self) -> None:
         self.engine.release_memory()

@@ -68,6 +68,14 @@ class Engine(Protocol):
         """Names of the persistent weights not bitwise equal to `expected` (minus `skip`)."""
         ...
 
+    def weights_sha256(self) -> str:
+        """Identity of the weights now held (artifacts.hashing.weights_sha256)."""
+        ...
+
+    def tensor_hashes(self) -> dict[str, str]:
+        """{name: sha256} of every persistent weight now held (artifacts.hashing.tensor_hashes)."""
+        ...
+
     def release_memory(self) -> None:
         """Free accelerator memory before the trainer runs (a no-op on CPU)."""
         ...

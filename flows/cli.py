@@ -122,6 +122,13 @@ def make_parser() -> argparse.ArgumentParser:
     diff = sub.add_parser("diff", help="the first divergence between two runs (samples, metrics, layer hashes)")
     diff.add_argument("run_a")
     diff.add_argument("run_b")
+    doctor = sub.add_parser("doctor", help="name what is wrong with a run: ranked findings with evidence and the "
+                                           "knife that confirms each (exit 1 on an error)")
+    doctor.add_argument("run_dir", help="the run directory (holds config.yaml and metrics.jsonl)")
+    doctor.add_argument("--strict", action="store_true", help="exit 1 on warnings too, not only on errors")
+    lint = sub.add_parser("lint-ckpt", help="check a safetensors checkpoint against its index and config.json "
+                                            "(shards, tensors, dtypes, shapes, tied embeddings, quantisation)")
+    lint.add_argument("path", help="an HF model dir, a --save dir (every iter_* in it) or an iter_* dir")
     inspect = sub.add_parser("inspect", help="print metrics and samples of a recording (.parquet or slime .pt)")
     inspect.add_argument("path")
     inspect.add_argument("--fields", default="sample_index,prompt,response,label,reward,status",
@@ -230,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         from flows.diff import diff_command
 
         return diff_command(args.run_a, args.run_b)
+    if args.command in ("doctor", "lint-ckpt"):
+        from flows.doctor.commands import doctor_command, lint_ckpt_command
+
+        return doctor_command(args.run_dir, args.strict) if args.command == "doctor" else lint_ckpt_command(args.path)
     if args.command in ("inspect", "convert"):
         from flows.inspect import convert_command, inspect_command
 

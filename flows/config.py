@@ -229,7 +229,8 @@ class CIConfig(_Section):
     ci_save_grad_norm: str | None = Field(None, description="Write grad norms to TPL ({role}, {rollout_id}, {step_id}).")
     ci_load_grad_norm: str | None = Field(None, description="Compare grad norms with TPL (rel = abs = 0.03).")
     ci_fault_drop_weight: str | None = Field(
-        None, description="Fault injection: engines silently skip this tensor on every weight update.")
+        None, description="Fault injection: engines silently skip these tensors on every weight update: "
+                          "comma-separated names or globs (model.layers.*.mlp.up_proj.weight).")
 
     @property
     def weight_check(self) -> bool:

@@ -1,8 +1,11 @@
 """`rollflow diff RUN_A RUN_B`: the first divergence between two runs.
 
-Walks the rollouts in id order and reports, for the first rollout that differs: its samples
-(first column / sample), else its metrics (first metric; timing records excluded), else the
-per-layer hashes of the checkpoint saved after it. Exit 0 only when everything compared is identical.
+First everything both runs have, in rollout id order: for each rollout both recorded, its samples
+(first column / sample), else the metric records both logged for it (matched by kind and step; timing
+records excluded), else the per-layer hashes of the checkpoint saved after it. Only when all of that
+is identical does it report what one run has and the other lacks (rollouts, steps, records): a run
+that stopped early at a checker is compared on the rollouts it did finish, so the report names the
+first differing column rather than "rollout ids differ". Exit 0 only when everything is identical.
 """
 
 from __future__ import annotations
@@ -17,17 +20,27 @@ from flows.config import load_yaml
 
 _TIMING_KINDS = {"perf"}  # wall-clock figures differ run to run by nature
 
+RecordKey = tuple[str, int]  # (kind, step for step records / position among the rollout's records of that kind)
+
 
 def _rollout_ids(run: Path) -> list[int]:
     return sorted(int(p.stem.split("_")[1]) for p in (run / "rollouts").glob("rollout_*.parquet"))
 
 
-def _metrics_by_rollout(run: Path) -> dict[int, list[dict]]:
-    """Every non-timing record of a run, grouped by rollout id (one read of metrics.jsonl)."""
-    out: dict[int, list[dict]] = {}
+def _metrics_by_rollout(run: Path) -> dict[int, dict[RecordKey, dict]]:
+    """Every non-timing record of a run, by rollout id, keyed by (kind, step) for step records and
+    (kind, n-th record of that kind) otherwise, so two runs are compared record by record even when
+    one of them logged fewer (one read of metrics.jsonl)."""
+    out: dict[int, dict[RecordKey, dict]] = {}
     for r in read_metrics(RunPaths(run).metrics):
-        if r["kind"] not in _TIMING_KINDS:
-            out.setdefault(r["rollout_id"], []).append({"kind": r["kind"], "step": r.get("step"), **r["metrics"]})
+        if r["kind"] in _TIMING_KINDS:
+            continue
+        records = out.setdefault(r["rollout_id"], {})
+        if r["kind"] == "step" and r.get("step") is not None:
+            key = ("step", int(r["step"]))
+        else:
+            key = (r["kind"], sum(1 for kind, _ in records if kind == r["kind"]))
+        records[key] = {"kind": r["kind"], "step": r.get("step"), **r["metrics"]}
     return out
 
 
@@ -37,23 +50,46 @@ def _checkpoint(run: Path, rollout_id: int) -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
-def first_divergence(run_a: str | Path, run_b: str | Path) -> str | None:
-    """One line naming the first difference between two run directories, or None."""
+def _describe_key(key: RecordKey) -> str:
+    kind, n = key
+    return f"step {n}" if kind == "step" else f"{kind} record {n}"
+
+
+def _ranges(ids: list[int]) -> str:
+    """`0-2, 5` for [0, 1, 2, 5]."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "none"
+
+
+# The order in which a rollout's records were written: eval N (of the weights rollout N starts from), the
+# rollout's stats, its optimizer steps, its checks. The first difference in this order is the earliest one.
+_KIND_ORDER = {"eval": 0, "rollout": 1, "step": 2, "check": 3}
+
+
+def _in_log_order(keys: set[RecordKey]) -> list[RecordKey]:
+    return sorted(keys, key=lambda k: (_KIND_ORDER.get(k[0], len(_KIND_ORDER)), k))
+
+
+def _common_difference(a: Path, b: Path, rollouts: list[int], metrics_a: dict, metrics_b: dict) -> str | None:
+    """The first difference in what both runs have: rollouts both recorded, then records both logged."""
     from safetensors.torch import load_file
 
-    a, b = Path(run_a), Path(run_b)
-    ids_a, ids_b = _rollout_ids(a), _rollout_ids(b)
-    if ids_a != ids_b:
-        return f"rollout ids differ: {ids_a} vs {ids_b}"
-    metrics_a, metrics_b = _metrics_by_rollout(a), _metrics_by_rollout(b)
-    for rid in ids_a:
-        paths_a, paths_b = RunPaths(a), RunPaths(b)
-        diff = first_table_difference(read_table(paths_a.rollout(rid)), read_table(paths_b.rollout(rid)))
-        if diff:
-            return f"rollout {rid} samples: {diff}"
-        diff = first_metric_difference(metrics_a.get(rid, []), metrics_b.get(rid, []))
-        if diff:
-            return f"rollout {rid} metrics: {diff}"
+    paths_a, paths_b = RunPaths(a), RunPaths(b)
+    for rid in sorted(set(rollouts) | (set(metrics_a) & set(metrics_b))):
+        if rid in rollouts:
+            diff = first_table_difference(read_table(paths_a.rollout(rid)), read_table(paths_b.rollout(rid)))
+            if diff:
+                return f"rollout {rid} samples: {diff}"
+        recs_a, recs_b = metrics_a.get(rid, {}), metrics_b.get(rid, {})
+        for key in _in_log_order(set(recs_a) & set(recs_b)):
+            diff = first_metric_difference([recs_a[key]], [recs_b[key]])
+            if diff:
+                return f"rollout {rid} metrics: {_describe_key(key)}: {diff.removeprefix('record 0: ')}"
         ckpt_a, ckpt_b = _checkpoint(a, rid), _checkpoint(b, rid)
         if ckpt_a and ckpt_b:
             diff = first_layer_difference(layer_hashes(load_file(str(ckpt_a))), layer_hashes(load_file(str(ckpt_b))))
@@ -62,11 +98,63 @@ def first_divergence(run_a: str | Path, run_b: str | Path) -> str | None:
     return None
 
 
+def _first_lacking(names: tuple[str, str], ids: tuple[list[int], list[int]],
+                   metrics: tuple[dict, dict]) -> str | None:
+    """What one run has and the other lacks, the earliest rollout first: a rollout recording (then every
+    rollout one run lacks is listed), else a record of a rollout both logged."""
+    only = [sorted(set(ids[0]) - set(ids[1])), sorted(set(ids[1]) - set(ids[0]))]
+    for rid in sorted(set(ids[0]) | set(ids[1]) | set(metrics[0]) | set(metrics[1])):
+        if rid in only[0] or rid in only[1]:
+            common = sorted(set(ids[0]) & set(ids[1]))
+            notes = [f"{names[1 - i]} lacks rollout(s) {_ranges(only[i])} that {names[i]} has" for i in (0, 1)
+                     if only[i]]
+            same = f"rollouts {_ranges(common)} are identical in both" if common else "no rollout in common"
+            return (f"{same}; " + "; ".join(notes) +
+                    " (stopped early: a checker, a crash or --debug-exit-after-rollout?)")
+        recs_a, recs_b = metrics[0].get(rid, {}), metrics[1].get(rid, {})
+        for key in _in_log_order(set(recs_a) ^ set(recs_b)):
+            has, lacks = (names[0], names[1]) if key in recs_a else (names[1], names[0])
+            return f"rollout {rid} metrics: {_describe_key(key)} only in {has}; {lacks} lacks it"
+    return None
+
+
+def first_divergence(run_a: str | Path, run_b: str | Path) -> str | None:
+    """One line naming the first difference between two run directories, or None when identical.
+
+    What both runs have is compared first (see the module docstring); only then what one lacks."""
+    a, b = Path(run_a), Path(run_b)
+    ids_a, ids_b = _rollout_ids(a), _rollout_ids(b)
+    metrics_a, metrics_b = _metrics_by_rollout(a), _metrics_by_rollout(b)
+    common = sorted(set(ids_a) & set(ids_b))
+    return (_common_difference(a, b, common, metrics_a, metrics_b)
+            or _first_lacking((str(run_a), str(run_b)), (ids_a, ids_b), (metrics_a, metrics_b)))
+
+
+def lacking_rollouts(run_a: str | Path, run_b: str | Path) -> str | None:
+    """A note on the rollouts only one of the runs recorded (None when both recorded the same ids), printed
+    after a difference found in the rollouts both have."""
+    ids_a, ids_b = _rollout_ids(Path(run_a)), _rollout_ids(Path(run_b))
+    notes = [f"{other} lacks rollout(s) {_ranges(sorted(set(mine) - set(theirs)))}"
+             for mine, theirs, other in ((ids_a, ids_b, str(run_b)), (ids_b, ids_a, str(run_a)))
+             if set(mine) - set(theirs)]
+    return "; ".join(notes) or None
+
+
 def diff_command(run_a: str, run_b: str) -> int:
+    """Print the first divergence (or `identical`); exit 0 when identical, 1 when not, 2 for a bad run dir."""
     for run in (run_a, run_b):
         if not (Path(run) / "config.yaml").is_file():
             print(f"rollflow: error: {run} is not a run directory (no config.yaml)", file=sys.stderr)
             return 2
+        if not (Path(run) / "metrics.jsonl").is_file():
+            print(f"rollflow: error: {run} has no metrics.jsonl (did the run start?)", file=sys.stderr)
+            return 2
     diff = first_divergence(run_a, run_b)
-    print("identical" if diff is None else f"first divergence: {diff}")
-    return 0 if diff is None else 1
+    if diff is None:
+        print("identical")
+        return 0
+    print(f"first divergence: {diff}")
+    note = lacking_rollouts(run_a, run_b)
+    if note and "lacks rollout" not in diff:
+        print(f"also: {note}")
+    return 1

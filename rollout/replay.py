@@ -88,9 +88,12 @@ def check_injection(fresh: list[Sample], recorded: list[Sample], min_ratio: floa
     """Guard an injected recording: ``fresh`` (generated now) against ``recorded`` (injected).
 
     Samples are paired by ``sample_index``; both sides must hold the same indices. Prompt tokens
-    must be identical (else a wiring error: ``InjectionMismatch`` naming the first differing
-    sample index). Then the per-sample ``response_match_ratio`` of the response tokens is
-    averaged; unless ``mean > min_ratio`` (strict, as miles) ``InjectionMismatch`` is raised.
+    must be identical (else ``InjectionMismatch`` saying that the prompts differ, naming the first
+    differing sample index and token, with the likely causes in order). Then the per-sample
+    ``response_match_ratio`` of the response tokens is averaged; unless ``mean > min_ratio`` (strict,
+    as miles) ``InjectionMismatch`` is raised saying that the responses differ, naming the worst sample
+    and its first differing token, with the likely causes in order (the order follows the evidence:
+    differing seeds or weight versions move their cause first).
     Returns ``{"mean_match_ratio", "min_match_ratio" (the worst sample), "num_samples"}``.
     ``min_ratio`` must be in [0, 1) (a strict bound of 1 could never pass); miles' default is 0.9.
     """
@@ -106,24 +109,82 @@ def check_injection(fresh: list[Sample], recorded: list[Sample], min_ratio: floa
         )
     if not fresh_by:
         raise InjectionMismatch("no samples to compare: the guard cannot vouch for the engines' weights")
+    pairs = [(fresh_by[i], recorded_by[i]) for i in sorted(fresh_by)]
+    wrong_prompts = [(new, old) for new, old in pairs if new.prompt_tokens != old.prompt_tokens]
+    if wrong_prompts:
+        raise InjectionMismatch(_prompts_differ(wrong_prompts, len(pairs)))
 
-    ratios = []
-    for index in sorted(fresh_by):
-        new, old = fresh_by[index], recorded_by[index]
-        if new.prompt_tokens != old.prompt_tokens:
-            raise InjectionMismatch(
-                f"prompt tokens mismatch at sample_index {index}: generated from {len(new.prompt_tokens)} "
-                f"prompt tokens, recorded with {len(old.prompt_tokens)}; the recording is not of these "
-                "prompts (wrong rollout id, data order or tokenizer)"
-            )
-        ratios.append(response_match_ratio(new.response_tokens, old.response_tokens))
-
+    ratios = [response_match_ratio(new.response_tokens, old.response_tokens) for new, old in pairs]
     mean = math.fsum(ratios) / len(ratios)
     result = {"mean_match_ratio": mean, "min_match_ratio": min(ratios), "num_samples": len(ratios)}
     if not mean > min_ratio:
-        raise InjectionMismatch(
-            f"generated responses match the injected recording at only {mean:.4f} on average (worst sample "
-            f"{min(ratios):.4f}, {len(ratios)} samples), not above the threshold {min_ratio}; the engines "
-            "probably hold wrong weights: the weight sync is broken or was skipped"
-        )
+        raise InjectionMismatch(_responses_differ(pairs, ratios, mean, min_ratio))
     return result
+
+
+def _first_difference(a: list[int], b: list[int]) -> str:
+    """Where two token lists first differ: `position 3: 17 vs 12`, or where one ends."""
+    for pos, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"position {pos}: {x} vs {y}"
+    return f"position {min(len(a), len(b))}: one ends ({len(a)} vs {len(b)} tokens)"
+
+
+def _causes(ranked: list[str]) -> str:
+    return "likely causes, most likely first: " + "; ".join(f"({i}) {c}" for i, c in enumerate(ranked, start=1))
+
+
+def _prompts_differ(wrong: list[tuple[Sample, Sample]], total: int) -> str:
+    """Prompt tokens differ: which sample and token, whether the prompt text differs too, and the causes
+    ranked by that evidence (a recording of another rollout id; same text = tokenizer or template; other
+    text = data or order)."""
+    new, old = wrong[0]
+    same_text = new.prompt == old.prompt
+    rollout = (f"the recording is of rollout {old.rollout_id}, this is rollout {new.rollout_id}: the "
+               "--ci-inject-rollout-data-path template or --ci-inject-rollout-data-start-rollout-id points at "
+               "another rollout")
+    data = ("the prompt data or its order changed since the recording (--prompt-data, --rollout-shuffle, "
+            "--rollout-seed, --rollout-batch-size)")
+    tokenizer = ("the tokenizer or chat template changed since the recording (--hf-checkpoint, "
+                 "--apply-chat-template, --apply-chat-template-kwargs)")
+    ranked = [tokenizer, data] if same_text else [data, tokenizer]
+    if new.rollout_id != old.rollout_id:
+        ranked.insert(0, rollout)
+    text = ("the prompt text is the same, only its token ids differ" if same_text
+            else f"the prompt text differs too: {new.prompt[:60]!r} vs recorded {old.prompt[:60]!r}")
+    return (f"prompt tokens differ (responses were not compared): prompt tokens mismatch at sample_index "
+            f"{new.sample_index} ({len(wrong)} of {total} samples), generated vs recorded at "
+            f"{_first_difference(new.prompt_tokens, old.prompt_tokens)}; {text}; {_causes(ranked)}")
+
+
+def _responses_differ(pairs: list[tuple[Sample, Sample]], ratios: list[float], mean: float, min_ratio: float) -> str:
+    """Response tokens differ while prompts agree: the ratio, the worst sample and its first differing token,
+    and the causes ranked by the evidence the samples carry (seeds, weight versions)."""
+    worst = min(range(len(ratios)), key=lambda i: ratios[i])
+    new, old = pairs[worst]
+    seeds = next(((n, o) for n, o in pairs if n.seed != o.seed), None)
+    weights = ("the engines probably hold wrong weights: the weight sync is broken or was skipped "
+               "(--debug-skip-weight-update, --ci-fault-drop-weight; confirm with --check-weight-update-equal)")
+    if new.weight_version < old.weight_version:
+        weights += (f"; they hold weight version {new.weight_version}, the recording was generated with "
+                    f"version {old.weight_version}")
+    sampling = ("sampling differs from the recording's (--rollout-seed, --rollout-temperature, --rollout-top-p, "
+                "--rollout-top-k, --rollout-max-response-len)")
+    if seeds is not None:
+        sampling += f"; sample_index {seeds[0].sample_index} has seed {seeds[0].seed}, recorded {seeds[1].seed}"
+    origin = "the recording comes from another run or another point of this one (other weights: --hf-checkpoint, --load)"
+    if new.weight_version > old.weight_version:
+        origin += f"; it was generated with weight version {old.weight_version}, the engines hold {new.weight_version}"
+    numerics = ("numerics differ from the recording's (engine backend, --num-threads, device): one flipped "
+                "token changes the rest of a response")
+    if seeds is not None:
+        ranked = [sampling, weights, origin, numerics]
+    elif new.weight_version > old.weight_version:
+        ranked = [origin, weights, sampling, numerics]
+    else:
+        ranked = [weights, origin, sampling, numerics]
+    return (f"response tokens differ (prompt tokens are identical in all {len(pairs)} samples): generated "
+            f"responses match the injected recording at only {mean:.4f} on average (worst sample_index "
+            f"{new.sample_index}: {ratios[worst]:.4f}, generated vs recorded at "
+            f"{_first_difference(new.response_tokens, old.response_tokens)}), not above the threshold "
+            f"{min_ratio}; {_causes(ranked)}")

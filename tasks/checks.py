@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from artifacts.hashing import differing_tensors, group_by_layer
 from flows.config import RunConfig
 
 
@@ -119,6 +120,51 @@ def metric_gate(cfg: RunConfig, evals: list[dict[str, Any]]) -> list[Violation]:
     if not any(passing):
         return [Violation("metric", key, str(values), f">= {threshold} in at least one eval")]
     return []
+
+
+def tensors_by_layer(names: list[str]) -> str:
+    """Every name, grouped by layer: `layer_0000: a, b; layer_0001: c; non_layer: d`. All of them, not the first
+    few: a bug that touches many tensors shows which layers (e.g. every other one, the last pipeline stage)."""
+    return "; ".join(f"{layer}: {', '.join(group)}" for layer, group in group_by_layer(names).items())
+
+
+def weight_update_failure(engine_index: int, names: list[str]) -> str:
+    """The weight-update checker's line for one engine whose tensors `names` differ after the first sync."""
+    layers = group_by_layer(names)
+    return (f"[weight-update checker] engine {engine_index}: {len(names)} tensor(s) differ from the trainer's after "
+            f"the first sync (tolerance: bitwise equal), in {len(layers)} layer group(s): {tensors_by_layer(names)}")
+
+
+@dataclass(frozen=True)
+class EngineWeights:
+    """What one engine reports it holds after a sync: its weight version and weights sha256, and (asked for only
+    when they are wrong) its per-tensor hashes."""
+
+    index: int
+    version: int
+    sha256: str
+    tensor_hashes: dict[str, str] | None = None
+
+
+def out_of_sync_message(rollout_id: int, version: int, sha256: str, wrong: list[EngineWeights],
+                        trainer_hashes: dict[str, str] | None) -> str:
+    """Why engines fail the engines-in-sync check after rollout `rollout_id`'s sync to (`version`, `sha256`):
+    per engine, the version it holds, both weights hashes, and the tensors whose content differs from the
+    trainer's (the first one, then all of them by layer), so the message names the broken part."""
+    parts = []
+    for e in wrong:
+        what = [f"engine {e.index}: holds weight version {e.version}" +
+                (f" (expected {version}: the sync did not reach it)" if e.version != version else " as expected")]
+        if e.sha256 != sha256:
+            what.append(f"but its weights hash to {e.sha256}, the trainer's to {sha256}")
+            if e.tensor_hashes is not None and trainer_hashes is not None:
+                names = differing_tensors(trainer_hashes, e.tensor_hashes)
+                if names:
+                    what.append(f"first differing tensor {names[0]}; {len(names)} tensor(s) differ: "
+                                f"{tensors_by_layer(names)}")
+        parts.append(" ".join(what))
+    return (f"rollout {rollout_id}: engines {[e.index for e in wrong]} do not hold the trainer's weights after "
+            f"the sync: " + "; ".join(parts) + " (check the weight transfer: --check-weight-update-equal)")
 
 
 def raise_if_any(violations: list[Violation]) -> None:

@@ -17,7 +17,17 @@ from rollout.requests import Entry, build_requests, sampling_metadata, split_for
 from rollout.source import eval_params, rollout_source, train_params
 from tasks import actors
 from tasks.cache import RefCachePolicy
-from tasks.checks import CheckFailed, Violation, grad_norm_checker, kl_checker, logprob_checker, raise_if_any
+from tasks.checks import (
+    CheckFailed,
+    EngineWeights,
+    Violation,
+    grad_norm_checker,
+    kl_checker,
+    logprob_checker,
+    out_of_sync_message,
+    raise_if_any,
+    weight_update_failure,
+)
 from tasks.metrics import eval_stats, log_metrics, non_finite, reward_stats
 from tasks.recordings import record_rollout
 from tasks.recovery import guarded
@@ -158,9 +168,7 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
         bad = {i: names for i, names in enumerate(wrong) if names}
         log_metrics(cfg, "check", rollout_id + 1, {"check/weight_update_equal": 0.0 if bad else 1.0})
         if bad:
-            raise CheckFailed("; ".join(
-                f"[weight-update checker] engine {i}: {len(names)} tensor(s) differ from the trainer's after the "
-                f"first sync (tolerance: bitwise equal): {names[:8]}" for i, names in bad.items()))
+            raise CheckFailed("; ".join(weight_update_failure(i, names) for i, names in bad.items()))
     return WeightsRef(version=version, sha256=await sha256)
 
 
@@ -192,11 +200,23 @@ async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: Wei
     wrong = [i for i, (v, s) in enumerate(zip(versions, shas, strict=True))
              if v != weights.version or s != weights.sha256]
     if wrong:
-        raise RuntimeError(f"rollout {rollout_id}: engines {wrong} do not hold weight version {weights.version} "
-                           f"(sha {weights.sha256[:12]}); versions={versions}")
+        raise RuntimeError(await _out_of_sync(cfg, rollout_id, weights, wrong, versions, shas))
     result = {"check/finite_metrics": 1.0, "check/engines_in_sync": 1.0, "check/weight_version": weights.version}
     log_metrics(cfg, "check", rollout_id, result)
     return result
+
+
+async def _out_of_sync(cfg: RunConfig, rollout_id: int, weights: WeightsRef, wrong: list[int], versions: list,
+                       shas: list) -> str:
+    """The engines-in-sync failure message; per-tensor hashes are asked for only here, on a failure."""
+    engines = actors.engines(cfg)
+    mismatched = [i for i in wrong if shas[i] != weights.sha256]
+    hashes = await guarded(cfg, f"check {rollout_id}", asyncio.gather(
+        actors.trainers(cfg)[0].tensor_hashes.remote(), *[engines[i].tensor_hashes.remote() for i in mismatched]),
+        cfg.faults.rollout_timeout, engines=True, trainers=True, weights=weights) if mismatched else [None]
+    per_engine = dict(zip(mismatched, hashes[1:], strict=True))
+    states = [EngineWeights(i, versions[i], shas[i], per_engine.get(i)) for i in wrong]
+    return out_of_sync_message(rollout_id, weights.version, weights.sha256, states, hashes[0])
 
 
 def artifact_slug(name: str) -> str:

@@ -79,6 +79,9 @@ class TrainerActor:
     def model_hash(self) -> dict[str, str]:
         return self.trainer.model_hash()
 
+    def tensor_hashes(self) -> dict[str, str]:
+        return self.trainer.tensor_hashes()
+
     def save(self, directory: str, rollout_id: int, ctx: dict[str, Any] | None = None) -> None:
         self.faults.set_context(**(ctx or {}))
         self.trainer.save(directory, rollout_id)

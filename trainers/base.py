@@ -57,3 +57,8 @@ class Trainer(Protocol):
     def model_hash(self) -> dict[str, str]:
         """Per-layer SHA-256 of this rank's weights (see artifacts/hashing.py)."""
         ...
+
+    def tensor_hashes(self) -> dict[str, str]:
+        """Per-tensor SHA-256 of this rank's weights (artifacts.hashing.tensor_hashes): names what differs
+        when an engine's weights_sha256 does not match this rank's."""
+        ...

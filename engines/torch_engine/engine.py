@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from artifacts.hashing import weights_sha256
+from artifacts.hashing import tensor_hashes, weights_sha256
 from engines.base import GenerateOutput, GenerateRequest
 
 
@@ -30,6 +30,7 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self._version = 0
         self._sha256: str | None = None  # of the weights now held; None = not computed since the last change
+        self._tensor_hashes: dict[str, str] | None = None  # the same, per tensor (asked for only on a mismatch)
 
     # -- generation ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -109,7 +110,7 @@ class TorchEngine:
                            f"unknown={unknown[:5]}")
         for name, tensor in named_tensors.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-        self._version, self._sha256 = version, None
+        self._version, self._sha256, self._tensor_hashes = version, None, None
 
     def get_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """Copies of the named persistent weights (all when `names` is None)."""
@@ -121,7 +122,7 @@ class TorchEngine:
         """Keep a copy of every persistent weight, then overwrite each with noise (the weight-update
         check: only a complete, correct sync can restore them). Returns the number of tensors."""
         self._snapshot = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self._sha256 = None
+        self._sha256, self._tensor_hashes = None, None
         gen = torch.Generator().manual_seed(seed)
         for t in self.model.state_dict().values():
             t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype))
@@ -144,6 +145,13 @@ class TorchEngine:
         if self._sha256 is None:
             self._sha256 = weights_sha256(self.model.state_dict())
         return self._sha256
+
+    def tensor_hashes(self) -> dict[str, str]:
+        """{name: sha256} of every persistent weight now held (artifacts.hashing.tensor_hashes), so a
+        weights_sha256 mismatch can name the tensors; cached until the weights change, like weights_sha256."""
+        if self._tensor_hashes is None:
+            self._tensor_hashes = tensor_hashes(self.model.state_dict())
+        return self._tensor_hashes
 
     def release_memory(self) -> None:
         """Free accelerator memory (empties the CUDA cache; nothing to do on CPU)."""

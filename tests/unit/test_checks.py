@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from flows.config import RunConfig
-from tasks.checks import CheckFailed, kl_checker, logprob_checker, metric_gate, raise_if_any
+from tasks.checks import (
+    CheckFailed,
+    EngineWeights,
+    kl_checker,
+    logprob_checker,
+    metric_gate,
+    out_of_sync_message,
+    raise_if_any,
+    weight_update_failure,
+)
 
 
 def test_kl_checker_bounds():
@@ -40,3 +49,32 @@ def test_metric_gate_rules():
     assert metric_gate(exact, evals)  # exactly 2 evals, but the first is below the threshold
     with pytest.raises(CheckFailed, match=r"\[metric checker\]"):
         raise_if_any(metric_gate(exact, evals))
+
+
+def test_the_weight_update_failure_lists_every_differing_tensor_by_layer():
+    names = [f"model.layers.{i}.mlp.up_proj.weight" for i in range(12)] + ["model.layers.3.mlp.down_proj.weight",
+                                                                           "model.norm.weight"]
+    message = weight_update_failure(1, names)
+    assert message.startswith("[weight-update checker] engine 1: 14 tensor(s) differ from the trainer's after the "
+                              "first sync (tolerance: bitwise equal), in 13 layer group(s): layer_0000: ")
+    for name in names:  # all of them, not the first 8
+        assert name in message
+    assert ("layer_0003: model.layers.3.mlp.down_proj.weight, model.layers.3.mlp.up_proj.weight; layer_0004"
+            in message)
+    assert message.endswith("layer_0011: model.layers.11.mlp.up_proj.weight; non_layer: model.norm.weight")
+
+
+def test_the_engines_in_sync_failure_names_both_hashes_and_the_first_differing_tensor():
+    trainer = {"model.embed_tokens.weight": "e", "model.layers.0.mlp.up_proj.weight": "a",
+               "model.layers.1.mlp.up_proj.weight": "b"}
+    engine = {**trainer, "model.layers.0.mlp.up_proj.weight": "x", "model.layers.1.mlp.up_proj.weight": "y"}
+    sha_t, sha_e = "1" * 64, "2" * 64
+    message = out_of_sync_message(0, 1, sha_t, [EngineWeights(0, 1, sha_e, engine)], trainer)
+    assert message.startswith("rollout 0: engines [0] do not hold the trainer's weights after the sync: engine 0: "
+                              "holds weight version 1 as expected")
+    assert f"but its weights hash to {sha_e}, the trainer's to {sha_t}" in message
+    assert "first differing tensor model.layers.0.mlp.up_proj.weight; 2 tensor(s) differ: layer_0000: " in message
+    assert "layer_0001: model.layers.1.mlp.up_proj.weight" in message
+    stale = out_of_sync_message(3, 4, sha_t, [EngineWeights(1, 3, sha_t)], None)
+    assert "engine 1: holds weight version 3 (expected 4: the sync did not reach it)" in stale
+    assert "hash to" not in stale  # same content: only the version is wrong

@@ -73,6 +73,19 @@ def test_weight_update_round_trip_and_version(engine):
         engine.update_weights({k: v for k, v in list(w.items())[1:]}, version=1)
 
 
+def test_engine_tensor_hashes_follow_its_weights_and_name_what_changed(engine):
+    from artifacts.hashing import differing_tensors, tensor_hashes
+
+    w = engine.get_weights()
+    before = engine.tensor_hashes()
+    assert before == tensor_hashes(w) and engine.tensor_hashes() is before  # cached until the weights change
+    name = "model.layers.1.mlp.up_proj.weight"
+    engine.update_weights({**w, name: w[name] + 1.0}, version=3)
+    assert differing_tensors(before, engine.tensor_hashes()) == [name]
+    engine.update_weights(w, version=0)
+    assert engine.tensor_hashes() == before
+
+
 def test_trainer_logprobs_match_engine_and_step_is_applied_once(engine, base_checkpoint, tmp_path):
     from trainers.torch_trainer.trainer import TorchTrainer
 

@@ -119,8 +119,49 @@ def test_check_injection_threshold_is_strict() -> None:
 def test_check_injection_prompt_mismatch_names_first_index() -> None:
     recorded = [_sample(i, [1]) for i in range(4)]
     fresh = [_sample(0, [1]), _sample(1, [1]), _sample(2, [1], prompt=[9]), _sample(3, [1], prompt=[9])]
-    with pytest.raises(InjectionMismatch, match="prompt tokens mismatch at sample_index 2"):
+    with pytest.raises(InjectionMismatch, match="prompt tokens mismatch at sample_index 2") as info:
         check_injection(fresh, recorded, min_ratio=0.0)
+    message = str(info.value)
+    assert message.startswith("prompt tokens differ (responses were not compared)")
+    assert "(2 of 4 samples), generated vs recorded at position 0: 9 vs 2" in message
+    # same text, other ids: the tokenizer or template is the first suspect, the data order the second
+    assert "the prompt text is the same, only its token ids differ" in message
+    assert message.index("(1) the tokenizer or chat template changed") < message.index("(2) the prompt data")
+    assert "weights" not in message
+
+
+def test_check_injection_prompt_mismatch_ranks_causes_by_the_evidence() -> None:
+    recorded = [_sample(0, [1])]
+    other_text = [dataclasses.replace(recorded[0], prompt="q", prompt_tokens=[2, 0, 4])]
+    with pytest.raises(InjectionMismatch) as info:
+        check_injection(other_text, recorded, min_ratio=0.0)
+    assert "(1) the prompt data or its order changed" in str(info.value)
+    assert "the prompt text differs too: 'q' vs recorded 'p'" in str(info.value)
+    other_rollout = [dataclasses.replace(recorded[0], rollout_id=5, prompt_tokens=[2, 0, 4])]
+    with pytest.raises(InjectionMismatch, match=r"\(1\) the recording is of rollout 0, this is rollout 5"):
+        check_injection(other_rollout, recorded, min_ratio=0.0)
+
+
+def test_check_injection_response_mismatch_says_prompts_agree_and_ranks_causes() -> None:
+    recorded = [_sample(0, [5, 6, 7, 8]), _sample(1, [5, 6])]
+    fresh = [_sample(0, [5, 9, 9, 9]), _sample(1, [5, 6])]
+    with pytest.raises(InjectionMismatch) as info:
+        check_injection(fresh, recorded, min_ratio=0.9)
+    message = str(info.value)
+    assert message.startswith("response tokens differ (prompt tokens are identical in all 2 samples)")
+    assert "worst sample_index 0: 0.2500, generated vs recorded at position 1: 9 vs 6" in message
+    assert message.index("(1) the engines probably hold wrong weights") < message.index("(2) the recording comes")
+    assert "(4) numerics differ" in message
+    reseeded = [dataclasses.replace(s, seed=s.seed + 100) for s in fresh]
+    with pytest.raises(InjectionMismatch) as info:
+        check_injection(reseeded, recorded, min_ratio=0.9)
+    assert "(1) sampling differs from the recording's" in str(info.value)
+    assert "sample_index 0 has seed 100, recorded 0" in str(info.value)
+    stale = [dataclasses.replace(s, weight_version=0) for s in fresh]
+    ahead = [dataclasses.replace(s, weight_version=3) for s in recorded]
+    with pytest.raises(InjectionMismatch, match="they hold weight version 0, the recording was generated with "
+                                                "version 3"):
+        check_injection(stale, ahead, min_ratio=0.9)
 
 
 def test_check_injection_sample_sets_must_agree() -> None:

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 
 from artifacts.atomic import atomic_write_json, atomic_write_text
 from artifacts.checkpoints import LATEST_FILE, model_dir, resolve_checkpoint
-from artifacts.hashing import layer_hashes, weights_sha256
+from artifacts.hashing import layer_hashes, tensor_hashes, weights_sha256
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
 from faults import FaultInjector
@@ -340,6 +340,10 @@ class TorchTrainer:
     def model_hash(self) -> dict[str, str]:
         """Per-layer SHA-256 of this rank's weights."""
         return layer_hashes(self.model.state_dict())
+
+    def tensor_hashes(self) -> dict[str, str]:
+        """Per-tensor SHA-256 of this rank's weights (artifacts.hashing.tensor_hashes)."""
+        return tensor_hashes(self.model.state_dict())
 
     def save(self, directory: str, rollout_id: int, *, snapshot: bool = False) -> None:
         """Write iter_{rollout_id:07d}/ (model in HF format, optimizer, scheduler, RNG, the applied rollout's
