@@ -71,7 +71,7 @@ def test_loopback_servers_ray_token_and_one_run_per_dir(tmp_path, base_checkpoin
         found = re.search(r"--gcs-address=(\S+)", raylet)
         assert found
         address = found.group(1)
-        probe = "import ray; ray.init(address=%r, log_to_driver=False); print('CONNECTED')" % address
+        probe = f"import ray; ray.init(address={address!r}, log_to_driver=False); print('CONNECTED')"
         for token_env in ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}, {"RAY_AUTH_MODE": "disabled"}):
             intruder = {k: v for k, v in env.items() if not k.startswith("RAY_")}
             intruder.update({**token_env, "HOME": str(tmp_path / "home")})
