@@ -112,3 +112,14 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     Sorted keys make the bytes a function of the content only, so equal objects hash equal.
     """
     atomic_write_text(path, json.dumps(obj, sort_keys=True, indent=1) + "\n")
+
+
+def check_writable(where: str | os.PathLike[str]) -> None:
+    """Raise OSError unless files can be created at `where` (a dir that may not exist yet): a temp dir is
+    created and removed in its nearest existing parent."""
+    parent = Path(where).absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NotADirectoryError(f"{parent} is a file")
+    Path(tempfile.mkdtemp(prefix=".rollflow-write-check-", dir=parent)).rmdir()

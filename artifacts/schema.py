@@ -190,6 +190,8 @@ def table_to_samples(table: pa.Table) -> list[Sample]:
                 f"column {field.name!r} has {column.null_count} null value(s); samples need a value"
             )
         if not column.type.equals(field.type):
+            if not _same_family(column.type, field.type):
+                raise ValueError(f"column {field.name!r} has type {column.type}, but the schema says {field.type}")
             try:
                 column = column.cast(field.type, safe=True)  # safe: refuse overflow / truncation
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
@@ -210,7 +212,23 @@ def table_to_samples(table: pa.Table) -> list[Sample]:
             )
 
     names = SAMPLE_SCHEMA.names
-    return [
-        Sample(**dict(zip(names, values, strict=True)))
-        for values in zip(*(columns[n] for n in names), strict=True)
-    ]
+    samples = [Sample(**dict(zip(names, values, strict=True)))
+               for values in zip(*(columns[n] for n in names), strict=True)]
+    for row, sample in enumerate(samples):
+        try:
+            sample.validate()
+        except ValueError as e:
+            raise ValueError(f"row {row} (sample_index {sample.sample_index}): {e}") from None
+    return samples
+
+
+def _same_family(found: pa.DataType, wanted: pa.DataType) -> bool:
+    """Whether `found` may be cast to `wanted` without reinterpreting it: integer to integer, float to float,
+    string to string, list to list of such (text holding numbers is not a number column)."""
+    t = pa.types
+    for kind in (t.is_integer, t.is_floating, lambda x: t.is_string(x) or t.is_large_string(x)):
+        if kind(wanted):
+            return bool(kind(found))
+    if t.is_list(wanted):
+        return (t.is_list(found) or t.is_large_list(found)) and _same_family(found.value_type, wanted.value_type)
+    return found.equals(wanted)

@@ -260,7 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         configure_ray_env()
         from deployments.serve import serve_run
 
-        cfg = RunConfig.model_validate(load_yaml(args.config) if args.config else {})
+        try:
+            cfg = RunConfig.model_validate(load_yaml(args.config) if args.config else {})
+        except ValidationError as e:
+            print(f"rollflow: error: --config {args.config}: {'; '.join(_describe(err) for err in e.errors())}",
+                  file=sys.stderr)
+            return 2
+        except ValueError as e:
+            print(f"rollflow: error: {e}", file=sys.stderr)
+            return 2
         serve_run(cfg, cron=args.cron, interval=args.interval)
         return 0
     try:
@@ -334,12 +342,19 @@ def _dry_run(cfg: RunConfig) -> int:
     return 0
 
 
-def _replay(args: argparse.Namespace) -> int:
+def _start_replay(run_dir: str, rollout_id: int, task: str, overrides: dict) -> dict:
+    """Run the replay flow (Prefect and Ray start here)."""
     import asyncio
 
+    from flows.replay import replay_flow
+
+    return asyncio.run(replay_flow(run_dir, rollout_id, task, overrides))  # type: ignore[call-overload]
+
+
+def _replay(args: argparse.Namespace) -> int:
     import yaml
 
-    from flows.replay import replay_flow
+    from flows.replay import check_replay
 
     overrides = {}
     for item in args.override:
@@ -349,7 +364,8 @@ def _replay(args: argparse.Namespace) -> int:
             return 2
         overrides[key] = yaml.safe_load(value)
     try:
-        result = asyncio.run(replay_flow(args.run_dir, args.rollout_id, args.task, overrides))
+        check_replay(args.run_dir, args.rollout_id, args.task, overrides)  # before Prefect and Ray start
+        result = _start_replay(args.run_dir, args.rollout_id, args.task, overrides)
     except (FileNotFoundError, ValueError) as e:
         print(f"rollflow: error: {e}", file=sys.stderr)
         return 2

@@ -26,16 +26,17 @@ TrainBackend = Literal[tuple(TRAINERS)]  # type: ignore[valid-type]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: `--lr inf` or `--rollout-temperature nan` is a typo, never a setting
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class RolloutConfig(_Section):
     """What to generate each rollout and how to sample it."""
 
-    num_rollout: int = Field(100, ge=1, description="Number of rollouts (RL iterations) in the run.")
-    rollout_batch_size: int = Field(128, ge=1, description="Prompts per rollout.")
-    n_samples_per_prompt: int = Field(4, ge=1, description="Responses sampled per prompt (the GRPO group size).")
-    rollout_max_response_len: int = Field(6, ge=1, description="Max new tokens per response.")
+    num_rollout: int = Field(100, ge=1, le=10_000_000, description="Number of rollouts (RL iterations) in the run.")
+    rollout_batch_size: int = Field(128, ge=1, le=1_000_000, description="Prompts per rollout.")
+    n_samples_per_prompt: int = Field(4, ge=1, le=65_536, description="Responses sampled per prompt (the GRPO group size).")
+    rollout_max_response_len: int = Field(6, ge=1, le=10_000_000, description="Max new tokens per response.")
     rollout_temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
     rollout_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     rollout_top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables it.")
@@ -47,7 +48,7 @@ class RolloutConfig(_Section):
         None, description="Stop token ids, added to the defaults (the tokenizer's EOS and the chat template's "
                           "end-of-turn token).")
     rollout_backend: RolloutBackend = Field("torch", description="Inference engine backend.")  # type: ignore[valid-type]
-    rollout_num_engines: int = Field(1, ge=1, description="Engine actors; prompt groups are spread over them.")
+    rollout_num_engines: int = Field(1, ge=1, le=4096, description="Engine actors; prompt groups are spread over them.")
 
 
 class EvalConfig(_Section):
@@ -131,7 +132,7 @@ class TrainConfig(_Section):
     """The trainer: batch schedule, optimiser and the RL loss."""
 
     train_backend: TrainBackend = Field("torch", description="Trainer backend.")  # type: ignore[valid-type]
-    data_parallel_size: int = Field(1, ge=1, description="Trainer ranks (one Ray actor each, gloo on CPU).")
+    data_parallel_size: int = Field(1, ge=1, le=65_536, description="Trainer ranks (one Ray actor each, gloo on CPU).")
     global_batch_size: int | None = Field(
         128, ge=1, description="Samples per optimizer step; None = the whole rollout (one step per rollout)."
     )
@@ -491,9 +492,21 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"--config {path}: no such file")
-    data = yaml.safe_load(p.read_text()) or {}
+    try:
+        data = yaml.safe_load(p.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"--config {path}: not valid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: expected a mapping at the top level")
+        raise ValueError(f"--config {path}: expected a mapping at the top level, got {type(data).__name__}")
+    for section, value in data.items():
+        if section in SECTIONS and not isinstance(value, dict):
+            raise ValueError(f"--config {path}: section {section!r} must be a mapping of its fields, got "
+                             f"{type(value).__name__} {value!r}")
     return data
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from artifacts.compare import first_layer_difference, first_metric_difference, first_table_difference
 from artifacts.hashing import layer_hashes
-from artifacts.store import RunPaths, read_metrics, read_table
+from artifacts.store import ArtifactError, RunPaths, read_metrics, read_table
 from flows.config import load_yaml
 
 _TIMING_KINDS = {"perf"}  # wall-clock figures differ run to run by nature
@@ -149,7 +149,11 @@ def diff_command(run_a: str, run_b: str) -> int:
         if not (Path(run) / "metrics.jsonl").is_file():
             print(f"rollflow: error: {run} has no metrics.jsonl (did the run start?)", file=sys.stderr)
             return 2
-    diff = first_divergence(run_a, run_b)
+    try:
+        diff = first_divergence(run_a, run_b)
+    except (ArtifactError, ValueError, OSError) as e:  # a corrupt artifact or config.yaml: each names its file
+        print(f"rollflow: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     if diff is None:
         print("identical")
         return 0

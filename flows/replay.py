@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from prefect import flow
+from pydantic import ValidationError
 
 from artifacts.compare import first_layer_difference, first_metric_difference, first_table_difference
 from artifacts.hashing import layer_hashes, weights_sha256
@@ -37,6 +38,28 @@ def load_run_config(run_dir: str | Path, overrides: dict[str, Any] | None = None
             target = target.setdefault(s, {})
         target[name] = value
     return RunConfig.model_validate(data)
+
+
+def check_replay(run_dir: str, rollout_id: int, task: str, overrides: dict[str, Any] | None = None) -> None:
+    """Everything a replay reads, checked before Prefect or Ray start: the run's config, the rollout's recording
+    and the checkpoints the stage needs; ValueError / FileNotFoundError naming the file."""
+    if task not in REPLAYABLE:
+        raise ValueError(f"--task {task!r}: replayable stages are {REPLAYABLE}")
+    if not (Path(run_dir) / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run_dir}: not a run directory (no config.yaml)")
+    try:
+        original = load_run_config(run_dir, overrides)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"{Path(run_dir) / 'config.yaml'}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+    paths = RunPaths(original.resolved_run_dir)
+    for path in [paths.rollout(rollout_id)] + ([paths.logprobs(rollout_id)] if task == "train-step" else []):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: rollout {rollout_id} was not recorded by this run")
+    if task in ("log-prob", "train-step", "generate"):
+        checkpoint_before(original, rollout_id)
+    if task in ("sync", "check"):
+        _iter_dir(original, rollout_id)
 
 
 def checkpoint_before(cfg: RunConfig, rollout_id: int) -> Path | None:

@@ -64,7 +64,75 @@ def check_paths(cfg: RunConfig) -> None:
         except FileNotFoundError as e:
             raise ValueError(f"--ref-load {e}") from None
     if cfg.checkpoint.load:
-        latest_checkpoint(cfg.checkpoint.load)  # a missing or empty dir is fine (a first launch); a broken one is not
+        _check_checkpoint(cfg.checkpoint.load)
+    _check_recordings(cfg)
+    _check_writable(cfg)
+
+
+def _check_checkpoint(load: str) -> None:
+    """--load: a missing or empty dir is fine (a first launch), an HF dir too; a broken checkpoint names its file."""
+    import json
+
+    path = latest_checkpoint(load)
+    if path is None:
+        return
+    for name in ("meta.json", "model.safetensors"):
+        if not (path / name).is_file():
+            raise ValueError(f"--load {load}: {path / name} is missing (an incomplete checkpoint)")
+    try:
+        json.loads((path / "meta.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"--load {load}: {path / 'meta.json'} is not valid JSON ({e})") from None
+
+
+def _check_recordings(cfg: RunConfig) -> None:
+    """Recordings a run will read exist, and the first of them reads (format, checksum, pickling policy)."""
+    from artifacts.slime_format import read_any
+    from tasks.recordings import recording_path
+
+    d, r = cfg.debug, cfg.rollout
+    plans = []
+    if d.load_debug_rollout_data:
+        plans.append(("--load-debug-rollout-data", d.load_debug_rollout_data, range(r.num_rollout), False))
+    if d.ci_inject_rollout_data_path:
+        plans.append(("--ci-inject-rollout-data-path", d.ci_inject_rollout_data_path,
+                      range(d.ci_inject_rollout_data_start_rollout_id, r.num_rollout), False))
+    if d.load_forge_rollout_data:
+        plans.append(("--load-forge-rollout-data", d.load_forge_rollout_data, range(r.num_rollout), True))
+    for flag, template, ids, fallback in plans:
+        paths = []
+        for rid in ids:
+            try:
+                paths.append(recording_path(template, rid, fallback_to_zero=fallback))
+            except FileNotFoundError as e:
+                raise ValueError(f"{flag}: {e}") from None
+            if "{rollout_id}" not in template:
+                break  # a literal path: one file for every rollout
+        if paths:
+            try:
+                read_any(paths[0], trust_pickle=d.trust_pickle)
+            except Exception as e:  # the reader's errors name the file and what is wrong with it
+                raise ValueError(f"{flag}: {' '.join(str(e).split())}") from None
+
+
+def _check_writable(cfg: RunConfig) -> None:
+    """Every output location can be created and written (artifacts.atomic.check_writable)."""
+    from artifacts.atomic import check_writable
+
+    outputs = [("--run-dir", str(cfg.resolved_run_dir)), ("--save", cfg.checkpoint.save),
+               ("--dump-details", cfg.debug.dump_details)]
+    for flag, template in (("--save-debug-rollout-data", cfg.debug.save_debug_rollout_data),
+                           ("--save-debug-train-data", cfg.debug.save_debug_train_data),
+                           ("--ci-save-grad-norm", cfg.ci.ci_save_grad_norm)):
+        if template:
+            outputs.append((flag, str(Path(template).parent)))
+    for flag, where in outputs:
+        if not where:
+            continue
+        try:
+            check_writable(where)
+        except OSError as e:
+            raise ValueError(f"{flag} {where}: cannot be written ({e.strerror or e})") from None
 
 
 def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tuple[RunConfig, RolloutSource]:

@@ -1,0 +1,399 @@
+"""The bad inputs and hostile files rollflow is tried with: each must be refused before any work with one line
+naming the flag or file, a non-zero exit and no traceback. `tests/unit/test_bad_inputs.py` runs every case;
+`bench/bad_inputs.py` prints them as the README's table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: `argv(tmp)` builds the command line (and any file it needs) in `tmp`; the refusal must
+    contain `needle`."""
+
+    kind: str       # the class of bad input (one test per class at least)
+    what: str       # what is wrong, in words (the README's table)
+    argv: Callable[[Path], list[str]]
+    needle: str
+
+
+def _fixed(*argv: str) -> Callable[[Path], list[str]]:
+    return lambda tmp: list(argv)
+
+
+def run(*flags: str, needle: str, kind: str, what: str) -> Case:
+    """A `rollflow run` case, in a run dir of the test's own (an explicit --run-dir in `flags` wins)."""
+    return Case(kind, what, lambda tmp: ["run", "--run-dir", str(tmp / "run"), *flags], needle)
+
+
+# -- files to break -----------------------------------------------------------------------------------------
+def good_rollout(tmp: Path) -> Path:
+    """A valid rollout Parquet (the thing the hostile variants start from)."""
+    from artifacts.store import write_rollout
+    from tests.helpers import make_sample
+
+    path = tmp / "good" / "rollout_0.parquet"
+    if not path.is_file():
+        write_rollout(path, [make_sample(i) for i in range(4)])
+    return path
+
+
+def _hostile(name: str, make: Callable[[Path, Path], None]) -> Callable[[Path], Path]:
+    """A file `name` in tmp, made by `make(good_rollout, target)`."""
+    def build(tmp: Path) -> Path:
+        target = tmp / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        make(good_rollout(tmp), target)
+        return target
+    return build
+
+
+def _write(data: bytes) -> Callable[[Path, Path], None]:
+    return lambda good, target: target.write_bytes(data)
+
+
+def _truncate(good: Path, target: Path) -> None:
+    data = good.read_bytes()
+    target.write_bytes(data[: len(data) // 2])
+
+
+def _consistent(table: pa.Table, template: pa.Table, target: Path) -> None:
+    """Write `table` with the template's metadata and a content checksum that matches: a file whose checksum
+    holds, so that only the reader's schema checks can catch what is wrong with it."""
+    from artifacts.store import table_content_sha256
+
+    meta = dict(template.schema.metadata or {})
+    key = next(k for k in meta if k.endswith(b"content_sha256"))
+    meta[key] = json.dumps(table_content_sha256(table)).encode() if meta[key].startswith(b'"') else \
+        table_content_sha256(table).encode()
+    pq.write_table(table.replace_schema_metadata(meta), target)
+
+
+def _retype(good: Path, target: Path) -> None:  # reward as text: a column of the wrong type
+    table = pq.read_table(good)
+    i = table.schema.get_field_index("reward")
+    _consistent(table.set_column(i, "reward", pa.array([str(v) for v in table.column(i).to_pylist()])), table, target)
+
+
+def _drop_column(good: Path, target: Path) -> None:
+    table = pq.read_table(good)
+    _consistent(table.drop_columns(["response_tokens"]), table, target)
+
+
+def _tamper(good: Path, target: Path) -> None:  # content changed, checksum in the metadata kept
+    table = pq.read_table(good)
+    i = table.schema.get_field_index("reward")
+    changed = table.set_column(i, "reward", pa.array([9.0] * table.num_rows))
+    pq.write_table(changed.replace_schema_metadata(table.schema.metadata), target)
+
+
+def _future(good: Path, target: Path) -> None:
+    table = pq.read_table(good)
+    meta = dict(table.schema.metadata or {})
+    key = next(k for k in meta if b"version" in k)
+    meta[key] = b"999"
+    pq.write_table(table.replace_schema_metadata(meta), target)
+
+
+def _pickle_code(good: Path, target: Path) -> None:
+    import pickle
+
+    class Evil:
+        def __reduce__(self):  # noqa: D105 - the point of the file: unpickling it runs code
+            return (print, ("pwned",))
+    with open(target, "wb") as f:
+        pickle.dump({"rollout_id": 0, "samples": [Evil()]}, f)
+
+
+def _pt_no_samples(good: Path, target: Path) -> None:
+    import torch
+
+    torch.save({"rollout_id": 0, "metadata": {}}, target)
+
+
+def _mismatched_lists(good: Path, target: Path) -> None:  # loss_mask shorter than the response
+    table = pq.read_table(good)
+    i = table.schema.get_field_index("loss_mask")
+    short = pa.array([m[:-1] for m in table.column(i).to_pylist()], pa.list_(pa.int8()))
+    _consistent(table.set_column(i, "loss_mask", short), table, target)
+
+
+HOSTILE_FILES: dict[str, tuple[str, Callable[[Path], Path]]] = {
+    "empty.parquet": ("an empty file", _hostile("h/empty.parquet", _write(b""))),
+    "noise.parquet": ("random bytes", _hostile("h/noise.parquet", _write(bytes(range(256)) * 8))),
+    "half.parquet": ("a Parquet file cut in half", _hostile("h/half.parquet", _truncate)),
+    "retyped.parquet": ("reward stored as text", _hostile("h/retyped.parquet", _retype)),
+    "dropped.parquet": ("the response_tokens column missing", _hostile("h/dropped.parquet", _drop_column)),
+    "tampered.parquet": ("rewards edited, checksum left as it was", _hostile("h/tampered.parquet", _tamper)),
+    "future.parquet": ("a schema version from the future", _hostile("h/future.parquet", _future)),
+    "lists.parquet": ("loss_mask shorter than the response", _hostile("h/lists.parquet", _mismatched_lists)),
+    "code.pt": ("a .pt whose unpickling runs code", _hostile("h/code.pt", _pickle_code)),
+    "noise.pt": ("random bytes as .pt", _hostile("h/noise.pt", _write(b"\x80\x04garbage" * 10))),
+    "empty.pt": ("an empty .pt", _hostile("h/empty.pt", _write(b""))),
+    "nosamples.pt": ("a slime dump without samples", _hostile("h/nosamples.pt", _pt_no_samples)),
+    "data.csv": ("an unsupported extension", _hostile("h/data.csv", _write(b"a,b\n1,2\n"))),
+}
+
+
+def _file(name: str) -> Callable[[Path], str]:
+    return lambda tmp: str(HOSTILE_FILES[name][1](tmp))
+
+
+def inspect(name: str, needle: str) -> Case:
+    return Case("hostile file", f"`inspect` of {HOSTILE_FILES[name][0]}", lambda tmp: ["inspect", _file(name)(tmp)],
+                needle)
+
+
+def _run_dir(tmp: Path, broken: str) -> str:
+    """A small run dir made by hand, with one part broken."""
+    d = tmp / f"run-{broken}"
+    (d / "rollouts").mkdir(parents=True, exist_ok=True)
+    shutil.copy(good_rollout(tmp), d / "rollouts" / "rollout_000000.parquet")
+    (d / "metrics.jsonl").write_text(json.dumps({"kind": "step", "rollout_id": 0, "step": 0,
+                                                 "metrics": {"train/loss": 0.1}}) + "\n")
+    (d / "config.yaml").write_text("name: x\n")
+    if broken == "yaml":
+        (d / "config.yaml").write_text("name: [unclosed\n")
+    if broken == "rollout":
+        (d / "rollouts" / "rollout_000000.parquet").write_bytes(b"PAR1 garbage")
+    if broken == "unknown-key":
+        (d / "config.yaml").write_text("train: {learning_rate: 1}\n")
+    if broken == "noconfig":
+        (d / "config.yaml").unlink()
+    return str(d)
+
+
+def _checkpoint(tmp: Path, broken: str) -> str:
+    """A --load dir with one broken part."""
+    d = tmp / f"ckpt-{broken}"
+    it = d / "iter_0000000"
+    it.mkdir(parents=True, exist_ok=True)
+    (it / "meta.json").write_text(json.dumps({"rollout_id": 0, "global_step": 1}))
+    (it / "config.json").write_text("{}")
+    (it / "model.safetensors").write_bytes(b"not safetensors")
+    (d / "latest_checkpointed_iteration.txt").write_text("0")
+    if broken == "latest":
+        (d / "latest_checkpointed_iteration.txt").write_text("zero")
+    if broken == "missing-iter":
+        (d / "latest_checkpointed_iteration.txt").write_text("7")
+    if broken == "meta":
+        (it / "meta.json").write_text("{not json")
+    return str(d)
+
+
+def _yaml(tmp: Path, text: str, name: str) -> str:
+    path = tmp / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def _jsonl(tmp: Path, text: str, name: str) -> str:
+    path = tmp / f"{name}.jsonl"
+    path.write_bytes(text.encode("latin-1") if name == "binary" else text.encode())
+    return str(path)
+
+
+def _model_dir_without_config(tmp: Path) -> str:
+    d = tmp / "not-a-model"
+    d.mkdir(exist_ok=True)
+    return str(d)
+
+
+CASES: list[Case] = [
+    # -- numbers out of range or not finite ----------------------------------------------------------------
+    run("--rollout-batch-size", "0", needle="--rollout-batch-size", kind="number", what="zero prompts per rollout"),
+    run("--rollout-batch-size", "-3", needle="--rollout-batch-size", kind="number", what="negative batch"),
+    run("--num-rollout", "0", needle="--num-rollout", kind="number", what="zero rollouts"),
+    run("--num-rollout", "100000000", needle="--num-rollout", kind="number", what="10^8 rollouts"),
+    run("--n-samples-per-prompt", "0", needle="--n-samples-per-prompt", kind="number", what="zero samples per prompt"),
+    run("--n-samples-per-prompt", "1000000", needle="--n-samples-per-prompt", kind="number",
+        what="a million samples per prompt"),
+    run("--rollout-max-response-len", "0", needle="--rollout-max-response-len", kind="number",
+        what="zero new tokens"),
+    run("--rollout-max-response-len", "100000000", needle="--rollout-max-response-len", kind="number",
+        what="10^8 new tokens"),
+    run("--rollout-temperature", "0", needle="--rollout-temperature", kind="number", what="temperature 0"),
+    run("--rollout-temperature", "inf", needle="--rollout-temperature", kind="number", what="temperature inf"),
+    run("--rollout-temperature", "nan", needle="--rollout-temperature", kind="number", what="temperature NaN"),
+    run("--rollout-top-p", "1.5", needle="--rollout-top-p", kind="number", what="top-p above 1"),
+    run("--rollout-top-k", "-2", needle="--rollout-top-k", kind="number", what="top-k -2"),
+    run("--lr", "inf", needle="--lr", kind="number", what="learning rate inf"),
+    run("--lr", "nan", needle="--lr", kind="number", what="learning rate NaN"),
+    run("--lr", "0", needle="--lr", kind="number", what="learning rate 0"),
+    run("--lr", "-1e-4", needle="--lr", kind="number", what="negative learning rate"),
+    run("--lr", "fast", needle="--lr", kind="number", what="learning rate not a number"),
+    run("--min-lr", "inf", needle="--min-lr", kind="number", what="min lr inf"),
+    run("--eps-clip", "0", needle="--eps-clip", kind="number", what="clip range 0"),
+    run("--eps-clip-c", "0.5", needle="--eps-clip-c", kind="number", what="dual-clip constant below 1"),
+    run("--adam-beta1", "1.0", needle="--adam-beta1", kind="number", what="Adam beta1 = 1"),
+    run("--weight-decay", "-1", needle="--weight-decay", kind="number", what="negative weight decay"),
+    run("--clip-grad", "-1", needle="--clip-grad", kind="number", what="negative grad clip"),
+    run("--rollout-num-engines", "0", needle="--rollout-num-engines", kind="number", what="zero engines"),
+    run("--num-threads", "0", needle="--num-threads", kind="number", what="zero threads"),
+    run("--eval-interval", "0", needle="--eval-interval", kind="number", what="eval every 0 rollouts"),
+    run("--task-retries", "-1", needle="--task-retries", kind="number", what="negative retries"),
+    run("--prefect-timeout", "0", needle="--prefect-timeout", kind="number", what="Prefect timeout 0"),
+    run("--rollout-timeout", "-5", needle="--rollout-timeout", kind="number", what="negative stage timeout"),
+    # -- combinations ------------------------------------------------------------------------------------------
+    run("--global-batch-size", "7", needle="--global-batch-size 7 must divide", kind="combination",
+        what="global batch does not divide the rollout"),
+    run("--data-parallel-size", "3", needle="--data-parallel-size 3", kind="combination",
+        what="batch not divisible by the ranks"),
+    run("--micro-batch-size", "5", needle="--micro-batch-size 5", kind="combination",
+        what="micro-batch does not divide the rank's share"),
+    run("--kl-loss-coef", "0.1", needle="--use-kl-loss", kind="combination", what="KL coefficient without KL loss"),
+    run("--save-interval", "2", needle="--save DIR", kind="combination", what="save interval without --save"),
+    run("--ci-save-model-hash", needle="needs --save", kind="combination", what="model hashes without --save"),
+    run("--ci-check-model-hash", needle="needs --load", kind="combination", what="hash check without --load"),
+    run("--debug-rollout-only", "--debug-train-only", needle="mutually exclusive", kind="combination",
+        what="rollout-only and train-only"),
+    run("--ci-metric-checker-key", "eval/x", needle="go together", kind="combination",
+        what="gate key without threshold"),
+    run("--input-key", "question", needle="--input-key given without --prompt-data", kind="combination",
+        what="a data key without --prompt-data"),
+    run("--ci-fault-hooks", "[]", "--ci-fault-hooks-path", "/tmp/h.json", needle="mutually exclusive",
+        kind="combination", what="fault hooks given twice"),
+    Case("combination", "--resume with other flags", lambda tmp: ["run", "--resume", _run_dir(tmp, "ok"), "--lr",
+                                                                  "1e-3"], "drop --lr"),
+    # -- names and choices -------------------------------------------------------------------------------------
+    run("--train-backend", "nope", needle="invalid choice", kind="name", what="an unknown trainer backend"),
+    run("--rollout-backend", "nope", needle="invalid choice", kind="name", what="an unknown engine backend"),
+    run("--kl-loss-type", "k9", needle="invalid choice", kind="name", what="an unknown KL estimator"),
+    run("--advantage-estimator", "magic", needle="invalid choice", kind="name", what="an unknown estimator"),
+    run("--name", "my run!", needle="--name", kind="name", what="a run name with spaces"),
+    run("--refresh", "generat", needle="--refresh: unknown stage", kind="name", what="a misspelt --refresh stage"),
+    run("--rm-type", "bogus", "--prompt-data", "/nonexistent.jsonl", needle="no such file", kind="name",
+        what="an unknown reward with a missing file (the file first)"),
+    run("--no-such-flag", "1", needle="unrecognized arguments", kind="name", what="an unknown flag"),
+    # -- templates ---------------------------------------------------------------------------------------------
+    run("--save-debug-rollout-data", "/tmp/x.parquet", needle="has no {rollout_id}", kind="template",
+        what="a recording path without {rollout_id}"),
+    run("--save-debug-rollout-data", "/tmp/x_{rollout_id}.csv", needle="the extension picks the format",
+        kind="template", what="a recording with an unknown extension"),
+    run("--save-debug-rollout-data", "/tmp/x_{rollout_id:06d}.parquet", needle="bad template", kind="template",
+        what="a template with a format spec"),
+    run("--ci-save-grad-norm", "/tmp/{x}.json", needle="bad template", kind="template",
+        what="a grad-norm template with an unknown field"),
+    # -- paths -------------------------------------------------------------------------------------------------
+    run("--hf-checkpoint", "/nonexistent/model", needle="--hf-checkpoint /nonexistent/model", kind="path",
+        what="a model dir that does not exist"),
+    Case("path", "a model dir without config.json",
+         lambda tmp: ["run", "--hf-checkpoint", _model_dir_without_config(tmp)], "no config.json"),
+    run("--ref-load", "/nonexistent/ref", needle="--ref-load", kind="path", what="a reference that does not exist"),
+    Case("path", "--load with a broken latest_checkpointed_iteration.txt",
+         lambda tmp: ["run", "--load", _checkpoint(tmp, "latest")], "not an iteration number"),
+    Case("path", "--load naming an iteration that is missing",
+         lambda tmp: ["run", "--load", _checkpoint(tmp, "missing-iter")], "missing or incomplete"),
+    run("--load-debug-rollout-data", "/nonexistent/r_{rollout_id}.parquet", needle="recording for rollout 0",
+        kind="path", what="train-only from recordings that do not exist"),
+    run("--ci-inject-rollout-data-path", "/nonexistent/r_{rollout_id}.parquet", needle="recording for rollout 0",
+        kind="path", what="injection from recordings that do not exist"),
+    run("--load-forge-rollout-data", "/nonexistent/r.parquet", needle="recording for rollout 0", kind="path",
+        what="forge replay of a missing recording"),
+    run("--save", "/proc/ckpt", needle="--save /proc/ckpt", kind="path", what="an unwritable --save dir"),
+    run("--run-dir", "/proc/run", needle="/proc/run", kind="path", what="an unwritable run dir"),
+    run("--dump-details", "/proc/dump", needle="--dump-details /proc/dump", kind="path",
+        what="an unwritable --dump-details dir"),
+    run("--save-debug-rollout-data", "/proc/r_{rollout_id}.parquet", needle="--save-debug-rollout-data",
+        kind="path", what="an unwritable recording path"),
+    run("--prompt-data", "/nonexistent.jsonl", "--rm-type", "math", needle="no such file", kind="path",
+        what="prompt data that does not exist"),
+    Case("path", "--resume of a dir that does not exist", _fixed("run", "--resume", "/nonexistent/run"),
+         "--resume /nonexistent/run"),
+    run("--ci-fault-hooks-path", "/nonexistent/h.json", needle="no such file", kind="path",
+        what="a fault plan that does not exist"),
+    # -- data and reward ---------------------------------------------------------------------------------------
+    Case("data", "prompt data with an unreadable JSONL line",
+         lambda tmp: ["run", "--prompt-data", _jsonl(tmp, '{"input": "a"}\n{oops\n', "badline"), "--rm-type", "math"],
+         "line 2: not valid JSON"),
+    Case("data", "prompt data that is not UTF-8",
+         lambda tmp: ["run", "--prompt-data", _jsonl(tmp, '{"input": "\xe9"}\n', "binary"), "--rm-type", "math"],
+         "not UTF-8"),
+    Case("data", "a row without --input-key",
+         lambda tmp: ["run", "--prompt-data", _jsonl(tmp, '{"question": "a"}\n', "nokey"), "--rm-type", "math"],
+         "no key 'input'"),
+    Case("data", "a custom reward that does not import",
+         lambda tmp: ["run", "--prompt-data", _jsonl(tmp, '{"input": "a"}\n', "ok"), "--custom-rm-path",
+                      "nowhere_xyz.fn"], "cannot import 'nowhere_xyz'"),
+    run("--eval-prompt-data", "a", "/x.jsonl", "a", "/y.jsonl", needle="duplicate eval dataset name", kind="data",
+        what="two eval datasets with one name"),
+    run("--eval-prompt-data", "a", needle="NAME PATH pairs", kind="data", what="an eval name without a path"),
+    run("--apply-chat-template-kwargs", "{bad", needle="--apply-chat-template-kwargs", kind="data",
+        what="template kwargs that are not JSON"),
+    run("--ci-fault-hooks", "[{", needle="not valid JSON", kind="data", what="a fault plan that is not JSON"),
+    run("--ci-fault-hooks", '[{"request_id": "a", "hook_name": "nope", "action": {"kind": "observe"}}]',
+        needle="unknown hook 'nope'", kind="data", what="a fault request for a hook that does not exist"),
+    run("--rollout-stop", "", needle="empty stop string", kind="data", what="an empty stop string"),
+    run("--rollout-stop-token-ids", "999999", needle="outside the tokenizer's vocabulary", kind="data",
+        what="a stop id outside the vocabulary"),
+    # -- config files ------------------------------------------------------------------------------------------
+    run("--config", "/nonexistent.yaml", needle="--config /nonexistent.yaml: no such file", kind="config file",
+        what="a config file that does not exist"),
+    Case("config file", "a YAML syntax error", lambda tmp: ["run", "--config", _yaml(tmp, "train: [1,\n", "syntax")],
+         "line"),
+    Case("config file", "a section given as a scalar", lambda tmp: ["run", "--config", _yaml(tmp, "train: 5\n", "scalar")],
+         "train"),
+    Case("config file", "an unknown key", lambda tmp: ["run", "--config", _yaml(tmp, "train: {lrr: 1}\n", "unknown")],
+         "--lrr"),
+    Case("config file", "a list at the top level", lambda tmp: ["run", "--config", _yaml(tmp, "- 1\n", "list")],
+         "mapping"),
+    Case("config file", "binary garbage as YAML",
+         lambda tmp: ["run", "--config", _yaml(tmp, "\x00\x01\x02: [", "garbage")], "--config"),
+    # -- hostile files for the other commands ------------------------------------------------------------------
+    inspect("empty.parquet", "empty.parquet"),
+    inspect("noise.parquet", "noise.parquet"),
+    inspect("half.parquet", "half.parquet"),
+    inspect("retyped.parquet", "reward"),
+    inspect("dropped.parquet", "response_tokens"),
+    inspect("tampered.parquet", "checksum"),
+    inspect("future.parquet", "version"),
+    inspect("lists.parquet", "loss_mask"),
+    inspect("code.pt", "--trust-pickle"),
+    inspect("noise.pt", "noise.pt"),
+    inspect("empty.pt", "empty.pt"),
+    inspect("nosamples.pt", "samples"),
+    inspect("data.csv", "data.csv"),
+    Case("hostile file", "`inspect` of a path that does not exist", _fixed("inspect", "/nonexistent.parquet"),
+         "/nonexistent.parquet"),
+    Case("hostile file", "`inspect` of a directory", lambda tmp: ["inspect", str(tmp)], ""),
+    Case("hostile file", "`convert` from a corrupt Parquet",
+         lambda tmp: ["convert", _file("half.parquet")(tmp), str(tmp / "out.pt")], "half.parquet"),
+    Case("hostile file", "`convert` to an unknown extension",
+         lambda tmp: ["convert", str(good_rollout(tmp)), str(tmp / "out.txt")], "out.txt"),
+    Case("hostile file", "`convert` into a directory that cannot be written",
+         lambda tmp: ["convert", str(good_rollout(tmp)), "/proc/out.parquet"], "/proc/out.parquet"),
+    Case("hostile file", "`diff` of a dir that is not a run", lambda tmp: ["diff", str(tmp), str(tmp)],
+         "not a run directory"),
+    Case("hostile file", "`diff` of a run with a corrupt rollout",
+         lambda tmp: ["diff", _run_dir(tmp, "rollout"), _run_dir(tmp, "ok")], "rollout_000000.parquet"),
+    Case("hostile file", "`diff` of a run whose config.yaml is not YAML",
+         lambda tmp: ["diff", _run_dir(tmp, "yaml"), _run_dir(tmp, "ok")], "config.yaml"),
+    Case("hostile file", "`replay` of a run without config.yaml",
+         lambda tmp: ["replay", _run_dir(tmp, "noconfig"), "--rollout-id", "0", "--task", "generate"],
+         "config.yaml"),
+    Case("hostile file", "`replay` of a run whose config has an unknown key",
+         lambda tmp: ["replay", _run_dir(tmp, "unknown-key"), "--rollout-id", "0", "--task", "generate"],
+         "learning"),
+    Case("hostile file", "`replay` of a rollout that was never recorded",
+         lambda tmp: ["replay", _run_dir(tmp, "ok"), "--rollout-id", "5", "--task", "train-step"], "rollout_000005"),
+    Case("hostile file", "`serve` with a config file that does not exist", _fixed("serve", "--config", "/none.yaml"),
+         "/none.yaml"),
+    Case("hostile file", "`serve` with a YAML syntax error",
+         lambda tmp: ["serve", "--config", _yaml(tmp, "rollout: {num_rollout: [\n", "serve-syntax")], "line"),
+    Case("hostile file", "`--load` of a checkpoint whose meta.json is not JSON",
+         lambda tmp: ["run", "--load", _checkpoint(tmp, "meta")], "meta.json"),
+    Case("hostile file", "`check-template` of a model dir that does not exist",
+         _fixed("check-template", "--hf-checkpoint", "/nonexistent/model"), "/nonexistent/model"),
+    Case("hostile file", "`--load-debug-rollout-data` of a .pt whose unpickling runs code",
+         lambda tmp: ["run", "--load-debug-rollout-data", _file("code.pt")(tmp)], "--trust-pickle"),
+    Case("hostile file", "`--load-debug-rollout-data` of a corrupt Parquet",
+         lambda tmp: ["run", "--load-debug-rollout-data", _file("half.parquet")(tmp)], "half.parquet"),
+]

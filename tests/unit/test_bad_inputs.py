@@ -1,0 +1,45 @@
+"""Every bad input and hostile file of tests/bad_inputs.py is refused before any work: one line naming the flag
+or file, a non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from tests.bad_inputs import CASES, Case
+
+
+class WouldStartWork(AssertionError):
+    """Raised where a command would start Ray, Prefect or a run: the case got past validation."""
+
+
+def refuse(*_: object, **__: object) -> None:
+    raise WouldStartWork("validation passed: the command would have started work")
+
+
+def run_case(case: Case, tmp_path, monkeypatch) -> tuple[int, str]:
+    import deployments.serve
+    import flows.reaper
+    from flows.cli import main
+
+    monkeypatch.setattr(flows.reaper, "start_reaper", refuse)   # `run`: called right after validation
+    monkeypatch.setattr(deployments.serve, "serve_run", refuse)
+    monkeypatch.setattr("flows.cli._start_replay", refuse)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(case.argv(tmp_path))
+        except SystemExit as e:  # argparse's own refusals
+            code = int(e.code or 0)
+    return code, err.getvalue() + out.getvalue()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.kind}: {c.what}" for c in CASES])
+def test_refused_before_work_with_one_line(case, tmp_path, monkeypatch):
+    code, output = run_case(case, tmp_path, monkeypatch)
+    assert code != 0, output
+    assert "Traceback" not in output, output
+    last = [line for line in output.splitlines() if line.strip()][-1]
+    assert last.startswith("rollflow") and case.needle in last, output
