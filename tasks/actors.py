@@ -35,7 +35,7 @@ def trainers(cfg: RunConfig) -> list[Any]:
     """The run's trainer actors, in rank order (none in rollout-only mode)."""
     if cfg.rollout_only:
         return []
-    return [_get(cfg, f"trainer-{r}") for r in range(cfg.train.data_parallel_size)]
+    return [_get(cfg, f"trainer-{r}") for r in range(cfg.trainer_world_size)]
 
 
 def _get(cfg: RunConfig, name: str) -> Any:
@@ -76,10 +76,10 @@ async def start_engines(cfg: RunConfig, checkpoint: str) -> list[Any]:
 
 
 async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
-    """One trainer actor per rank, joined in one process group."""
+    """One trainer actor per rank (tensor x data parallel), joined in one process group."""
     from trainers.actor import TrainerActor
 
-    world = cfg.train.data_parallel_size
+    world = cfg.trainer_world_size
     actors = [
         TrainerActor.options(  # type: ignore[attr-defined]
             name=f"trainer-{r}", namespace=namespace(cfg)).remote(cfg, checkpoint, r, world)
@@ -94,7 +94,7 @@ async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
 def stop_actors(cfg: RunConfig) -> None:
     """Kill every actor of the run that is still alive."""
     for name in [f"engine-{i}" for i in range(cfg.rollout.rollout_num_engines)] + \
-                [f"trainer-{r}" for r in range(cfg.train.data_parallel_size)]:  # all names: modes may differ
+                [f"trainer-{r}" for r in range(cfg.trainer_world_size)]:  # all names: modes may differ
         with contextlib.suppress(ValueError):  # no such actor: already gone, or never created in this mode
             ray.kill(ray.get_actor(name, namespace=namespace(cfg)))
     for key in [k for k in _HANDLES if k[0] == namespace(cfg)]:
