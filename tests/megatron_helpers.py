@@ -118,3 +118,21 @@ def spawn_worker(rank: int, world: int, port: int, task: dict[str, Any]) -> None
         trainer.save(task["save"], 0)
     torch.save(result, Path(task["out"]) / f"rank{rank}.pt")
     torch.distributed.destroy_process_group()
+
+
+def run_world(world: int, task: dict[str, Any], timeout: float = 600.0) -> list[dict[str, Any]]:
+    """Run `spawn_worker` on `world` spawned ranks (gloo) and return each rank's result; a rank that fails
+    fails the caller, and a world that hangs is killed after `timeout` seconds."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(spawn_worker, args=(world, free_port(), task), nprocs=world, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.kill()
+            raise TimeoutError(f"spawned trainer world of {world} did not finish in {timeout} s")
+    return [torch.load(Path(task["out"]) / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -74,6 +74,12 @@ def hf_sources(name: str, arch: ModelArch) -> tuple[list[str], str]:
     return [f"model.layers.{m.group(1)}.{s}" for s in hf], kind
 
 
+def tp_split_dim(name: str, arch: ModelArch) -> int | None:
+    """The dimension Megatron parameter `name` is split along over TP ranks; None when it is replicated."""
+    kind = hf_sources(name, arch)[1]
+    return None if kind == "replicated" else 1 if kind == "columns" else 0
+
+
 def hf_names(arch: ModelArch) -> list[str]:
     """The HF state-dict names (what `model.state_dict()` lists, `lm_head.weight` included when tied)."""
     out = [n for name in megatron_names(arch) for n in hf_sources(name, arch)[0]]

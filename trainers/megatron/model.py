@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 from megatron.core.transformer import TransformerConfig
 
-from trainers.megatron import cpu_patches
+from trainers.megatron import convert, cpu_patches
 from trainers.megatron.arch import ModelArch
 
 
@@ -86,6 +87,17 @@ def build_model(arch: ModelArch, tp_size: int, device: torch.device) -> GPTModel
         rotary_percent=1.0,
         rotary_base=arch.rope_theta,  # type: ignore[arg-type]  # annotated int upstream, used as a float
     )
+    # megatron's parallel layers tag their weights as TP-sharded only when they initialise them themselves
+    # (perform_initialization), which is skipped here; the grad norm reads the tag to count replicated
+    # parameters (RMSNorm weights) once, so set it from the layout the converter shards by
+    for name, param in model.named_parameters():
+        dim = convert.tp_split_dim(name, arch)
+        if hasattr(param, "tensor_model_parallel"):  # biases and the embedding are tagged regardless
+            if bool(param.tensor_model_parallel) != (dim is not None):
+                raise RuntimeError(f"{name}: megatron tags it tensor_model_parallel={param.tensor_model_parallel}, "
+                                   f"the converter splits it along {dim}")
+            continue
+        set_tensor_model_parallel_attributes(param, is_parallel=dim is not None, dim=dim or 0, stride=1)
     if arch.pad_token_id is not None:
         model.embedding.word_embeddings.register_forward_hook(_padding_idx_hook(arch.pad_token_id))
     return model.to(device)
