@@ -7,8 +7,9 @@ import math
 from collections.abc import Callable
 
 
-def lr_lambda(*, lr: float, min_lr: float, warmup_iters: int, decay_style: str,
-              total_steps: int) -> Callable[[int], float]:
+def lr_lambda(
+    *, lr: float, min_lr: float, warmup_iters: int, decay_style: str, total_steps: int
+) -> Callable[[int], float]:
     """Factor of step `s`: linear warm-up (s+1)/warmup over the first `warmup_iters` steps, then constant,
     linear or cosine decay from 1 to `min_lr / lr` at `total_steps` (and flat after it)."""
     floor = min_lr / lr

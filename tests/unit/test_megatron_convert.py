@@ -23,8 +23,14 @@ CASES = {  # name: (family, tied, vocab, heads, kv_heads)
 @pytest.fixture(scope="module", params=sorted(CASES))
 def hf_model(request, tmp_path_factory):
     family, tied, vocab, heads, kv = CASES[request.param]
-    path = build_hf_model(tmp_path_factory.mktemp(request.param), family=family, tied=tied, vocab=vocab,
-                          heads=heads, kv_heads=kv)
+    path = build_hf_model(
+        tmp_path_factory.mktemp(request.param),
+        family=family,
+        tied=tied,
+        vocab=vocab,
+        heads=heads,
+        kv_heads=kv,
+    )
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -63,22 +69,26 @@ def test_tensor_parallel_layout(hf_model):
         assert qkv.shape == ((hpg + 2) * d * g // 2, arch.hidden_size)
         for local in range(g // 2):  # each rank holds whole key/value groups, in order
             group = r * g // 2 + local
-            rows = qkv[local * (hpg + 2) * d:(local + 1) * (hpg + 2) * d]
-            assert torch.equal(rows[:hpg * d], q[group * hpg * d:(group + 1) * hpg * d])
-            assert torch.equal(rows[hpg * d:(hpg + 1) * d], k[group * d:(group + 1) * d])
-            assert torch.equal(rows[(hpg + 1) * d:], v[group * d:(group + 1) * d])
+            rows = qkv[local * (hpg + 2) * d : (local + 1) * (hpg + 2) * d]
+            assert torch.equal(rows[: hpg * d], q[group * hpg * d : (group + 1) * hpg * d])
+            assert torch.equal(rows[hpg * d : (hpg + 1) * d], k[group * d : (group + 1) * d])
+            assert torch.equal(rows[(hpg + 1) * d :], v[group * d : (group + 1) * d])
         fc1 = shard["decoder.layers.1.mlp.linear_fc1.weight"]
         half = slice(r * f // 2, (r + 1) * f // 2)
         gate, up = hf[pre + "mlp.gate_proj.weight"], hf[pre + "mlp.up_proj.weight"]
         assert torch.equal(fc1, torch.cat([gate[half], up[half]]))
         cols = slice(r * arch.hidden_size // 2, (r + 1) * arch.hidden_size // 2)
-        assert torch.equal(shard["decoder.layers.1.self_attention.linear_proj.weight"],
-                           hf[pre + "self_attn.o_proj.weight"][:, cols])
-        assert torch.equal(shard["decoder.layers.1.input_layernorm.weight"], hf[pre + "input_layernorm.weight"])
+        assert torch.equal(
+            shard["decoder.layers.1.self_attention.linear_proj.weight"],
+            hf[pre + "self_attn.o_proj.weight"][:, cols],
+        )
+        assert torch.equal(
+            shard["decoder.layers.1.input_layernorm.weight"], hf[pre + "input_layernorm.weight"]
+        )
     embedding = torch.cat([s[convert.EMBEDDING] for s in ranks])
     assert embedding.shape[0] == arch.padded_vocab(2) and embedding.shape[0] % 2 == 0
-    assert torch.equal(embedding[:arch.vocab_size], hf["model.embed_tokens.weight"])
-    assert not embedding[arch.vocab_size:].any()  # padding rows are zeros
+    assert torch.equal(embedding[: arch.vocab_size], hf["model.embed_tokens.weight"])
+    assert not embedding[arch.vocab_size :].any()  # padding rows are zeros
 
 
 def test_tensor_parallel_split_dims(hf_model):
@@ -90,18 +100,28 @@ def test_tensor_parallel_split_dims(hf_model):
     assert dims["decoder.layers.0.pre_mlp_layernorm.weight"] is None
 
 
-BASE = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 30}
+BASE = {
+    "model_type": "qwen2",
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 30,
+}
 
 
-@pytest.mark.parametrize("change, needle", [
-    ({"model_type": "gpt2"}, "model_type 'gpt2'"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"use_sliding_window": True}, "sliding-window"),
-    ({"attention_dropout": 0.1}, "attention_dropout"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type 'yarn'"),
-    ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"model_type": "gpt2"}, "model_type 'gpt2'"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"use_sliding_window": True}, "sliding-window"),
+        ({"attention_dropout": 0.1}, "attention_dropout"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type 'yarn'"),
+        ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
+    ],
+)
 def test_architectures_it_would_get_wrong_are_refused(change, needle):
     with pytest.raises(ValueError, match=needle):
         ModelArch.from_hf_config({**BASE, **change})
@@ -113,5 +133,7 @@ def test_arch_reads_rope_theta_old_and_new_style_and_checks_tp():
     assert arch.rope_theta == 5e5 and arch.qkv_bias and arch.head_dim == 8
     assert not ModelArch.from_hf_config({**BASE, "model_type": "llama"}).qkv_bias
     arch.check_tp(2)
-    with pytest.raises(ValueError, match="--tensor-model-parallel-size 4 must divide the model's key/value heads"):
+    with pytest.raises(
+        ValueError, match="--tensor-model-parallel-size 4 must divide the model's key/value heads"
+    ):
         arch.check_tp(4)

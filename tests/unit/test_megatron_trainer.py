@@ -32,8 +32,10 @@ TOL = 1e-5  # float32: the issue's bound for log-probs, loss and grad norm
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("megatron-models")
-    return {"qwen2-tied": build_hf_model(root / "qwen2", family="qwen2", tied=True, vocab=31),
-            "llama-untied": build_hf_model(root / "llama", family="llama", tied=False, vocab=30)}
+    return {
+        "qwen2-tied": build_hf_model(root / "qwen2", family="qwen2", tied=True, vocab=31),
+        "llama-untied": build_hf_model(root / "llama", family="llama", tied=False, vocab=30),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +45,10 @@ def rollouts(tmp_path_factory):
     return [synthetic_rollout(root / f"r{i}.parquet", vocab=30, seed=i, rollout_id=i)[1] for i in range(2)]
 
 
-def _trainer(cls, cfg: RunConfig, checkpoint) -> TorchTrainer | MegatronTrainer:
-    trainer = cls(cfg, str(checkpoint), 0, 1)
+def _trainer(cls, cfg: RunConfig, checkpoint, **kwargs) -> TorchTrainer | MegatronTrainer:
+    if cls is MegatronTrainer:
+        kwargs.setdefault("device", "cpu")  # the CPU suite stays on the CPU where a GPU is present too
+    trainer = cls(cfg, str(checkpoint), 0, 1, **kwargs)
     trainer.setup("127.0.0.1", free_port())
     return trainer
 
@@ -113,15 +117,24 @@ def test_failed_step_restores_weights_optimizer_and_schedule(models, rollouts, t
 def test_tensor_parallel_2_matches_1_and_its_checkpoint_loads_at_tp_1(models, rollouts, tmp_path):
     ckpt, rollout = models["qwen2-tied"], rollouts[0]  # vocab 31: padded to 32 rows at TP=2
     cfg2 = _megatron_cfg(ckpt, tensor_model_parallel_size=2)
-    task = {"cfg": cfg2.model_dump_json(), "checkpoint": str(ckpt), "rollout": rollout.model_dump(),
-            "logprobs": str(tmp_path / "lp_tp2.parquet"), "out": str(tmp_path), "save": str(tmp_path / "save")}
+    task = {
+        "cfg": cfg2.model_dump_json(),
+        "checkpoint": str(ckpt),
+        "rollout": rollout.model_dump(),
+        "logprobs": str(tmp_path / "lp_tp2.parquet"),
+        "out": str(tmp_path),
+        "save": str(tmp_path / "save"),
+    }
     tp2 = run_world(2, task)
     assert tp2[0]["metrics"] == tp2[1]["metrics"]  # both TP ranks report the replica's metrics
     assert tp2[0]["hash"] != tp2[1]["hash"]  # ... from different shards
 
     tp1 = _trainer(MegatronTrainer, _megatron_cfg(ckpt), ckpt)
     lp = tp1.compute_log_probs(rollout, str(tmp_path / "lp_tp1.parquet"))
-    diffs = {k: max_row_diff(log_prob_rows(lp), tp2[0]["rows"], k) for k in ("log_probs", "entropy", "ref_log_probs")}
+    diffs = {
+        k: max_row_diff(log_prob_rows(lp), tp2[0]["rows"], k)
+        for k in ("log_probs", "entropy", "ref_log_probs")
+    }
     steps = tp1.train_step(rollout, lp)
     metric_diff = max(abs(a[k] - b[k]) for a, b in zip(steps, tp2[0]["metrics"], strict=True) for k in a)
     print(f"TP=2 vs TP=1: log-prob diffs {diffs}, max metric diff {metric_diff:.3g}")
@@ -129,8 +142,15 @@ def test_tensor_parallel_2_matches_1_and_its_checkpoint_loads_at_tp_1(models, ro
     assert _max_weight_diff(tp1.export_weights(), tp2[0]["weights"]) < 1e-4
 
     saved = tmp_path / "save" / "iter_0000000"
-    assert {"metadata.json", "common.pt", ".metadata", "model.safetensors", "config.json",
-            "model_hash_tp0_pp0_dp0_cp0.json", "model_hash_tp1_pp0_dp0_cp0.json"} <= {p.name for p in saved.iterdir()}
+    assert {
+        "metadata.json",
+        "common.pt",
+        ".metadata",
+        "model.safetensors",
+        "config.json",
+        "model_hash_tp0_pp0_dp0_cp0.json",
+        "model_hash_tp1_pp0_dp0_cp0.json",
+    } <= {p.name for p in saved.iterdir()}
     assert json.loads((saved / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
     moments_tp1 = {n: tp1.optimizer.state[p]["exp_avg"].clone() for n, p in tp1.model.named_parameters()}
     fresh = _trainer(MegatronTrainer, _megatron_cfg(ckpt), ckpt)
@@ -138,8 +158,10 @@ def test_tensor_parallel_2_matches_1_and_its_checkpoint_loads_at_tp_1(models, ro
     loaded = fresh.export_weights()
     assert all(torch.equal(loaded[k], v) for k, v in tp2[0]["weights"].items())  # resharded 2 -> 1, bitwise
     assert fresh.weights_sha256() == tp2[0]["sha"]
-    moment_diff = max((fresh.optimizer.state[p]["exp_avg"] - moments_tp1[n]).abs().max().item()
-                      for n, p in fresh.model.named_parameters())
+    moment_diff = max(
+        (fresh.optimizer.state[p]["exp_avg"] - moments_tp1[n]).abs().max().item()
+        for n, p in fresh.model.named_parameters()
+    )
     assert moment_diff < 1e-4  # the AdamW moments were saved sharded and resharded too
     assert fresh.optimizer.param_groups[0]["lr"] == tp1.optimizer.param_groups[0]["lr"]
 
@@ -148,8 +170,14 @@ def test_data_parallel_2_equals_1_with_two_micro_batches_bitwise(models, rollout
     ckpt, rollout = models["llama-untied"], rollouts[1]
     det = DebugConfig(debug_deterministic_collective=True)
     cfg2 = _megatron_cfg(ckpt, data_parallel_size=2).model_copy(update={"debug": det})
-    task = {"cfg": cfg2.model_dump_json(), "checkpoint": str(ckpt), "rollout": rollout.model_dump(),
-            "logprobs": str(tmp_path / "lp_dp2.parquet"), "out": str(tmp_path), "save": str(tmp_path / "dp2")}
+    task = {
+        "cfg": cfg2.model_dump_json(),
+        "checkpoint": str(ckpt),
+        "rollout": rollout.model_dump(),
+        "logprobs": str(tmp_path / "lp_dp2.parquet"),
+        "out": str(tmp_path),
+        "save": str(tmp_path / "dp2"),
+    }
     dp2 = run_world(2, task)
 
     cfg1 = _megatron_cfg(ckpt).model_copy(update={"debug": det})
@@ -160,15 +188,27 @@ def test_data_parallel_2_equals_1_with_two_micro_batches_bitwise(models, rollout
     assert dp1.train_step(rollout, lp) == dp2[0]["metrics"] == dp2[1]["metrics"]
     dp1.save(str(tmp_path / "dp1"), 1)
     one = json.loads((tmp_path / "dp1" / "iter_0000001" / "model_hash_tp0_pp0_dp0_cp0.json").read_text())
-    two = [json.loads((tmp_path / "dp2" / "iter_0000000" / f"model_hash_tp0_pp0_dp{d}_cp0.json").read_text())
-           for d in (0, 1)]
+    two = [
+        json.loads((tmp_path / "dp2" / "iter_0000000" / f"model_hash_tp0_pp0_dp{d}_cp0.json").read_text())
+        for d in (0, 1)
+    ]
     assert len(one) == 3 and one == two[0] == two[1]  # layer_0000, layer_0001, non_layer
 
 
 def test_save_load_round_trip_resumes_bitwise(models, rollouts, tmp_path):
     ckpt = models["llama-untied"]
-    cfg = _megatron_cfg(ckpt).model_copy(update={"checkpoint": RunConfig().checkpoint.model_copy(
-        update={"save": str(tmp_path), "ci_save_model_hash": True, "load": str(tmp_path), "ci_check_model_hash": True})})
+    cfg = _megatron_cfg(ckpt).model_copy(
+        update={
+            "checkpoint": RunConfig().checkpoint.model_copy(
+                update={
+                    "save": str(tmp_path),
+                    "ci_save_model_hash": True,
+                    "load": str(tmp_path),
+                    "ci_check_model_hash": True,
+                }
+            )
+        }
+    )
     first = _trainer(MegatronTrainer, cfg, ckpt)
     first.train_step(rollouts[0], first.compute_log_probs(rollouts[0], str(tmp_path / "lp0.parquet")))
     first.save(str(tmp_path), 0)
@@ -179,12 +219,16 @@ def test_save_load_round_trip_resumes_bitwise(models, rollouts, tmp_path):
     assert resumed.optimizer.param_groups[0]["lr"] == first.optimizer.param_groups[0]["lr"]
     for (_, p), (_, q) in zip(first.model.named_parameters(), resumed.model.named_parameters(), strict=True):
         assert torch.equal(p, q)
-        assert all(torch.equal(first.optimizer.state[p][k], resumed.optimizer.state[q][k])
-                   for k in ("step", "exp_avg", "exp_avg_sq"))
+        assert all(
+            torch.equal(first.optimizer.state[p][k], resumed.optimizer.state[q][k])
+            for k in ("step", "exp_avg", "exp_avg_sq")
+        )
     with pytest.raises(RuntimeError, match="refusing to train twice"):
         resumed.train_step(rollouts[0], first.compute_log_probs(rollouts[0], str(tmp_path / "lp0b.parquet")))
-    steps = [t.train_step(rollouts[1], t.compute_log_probs(rollouts[1], str(tmp_path / f"lp1_{i}.parquet")))
-             for i, t in enumerate((first, resumed))]
+    steps = [
+        t.train_step(rollouts[1], t.compute_log_probs(rollouts[1], str(tmp_path / f"lp1_{i}.parquet")))
+        for i, t in enumerate((first, resumed))
+    ]
     assert steps[0] == steps[1]
     assert first.weights_sha256() == resumed.weights_sha256()
 
@@ -196,8 +240,10 @@ def test_save_load_round_trip_resumes_bitwise(models, rollouts, tmp_path):
 
 
 def test_load_of_an_hf_dir_and_of_a_torch_backend_checkpoint(models, rollouts, tmp_path):
-    ckpt, other = models["qwen2-tied"], build_hf_model(tmp_path / "other", family="qwen2", tied=True, vocab=31,
-                                                       seed=1)
+    ckpt, other = (
+        models["qwen2-tied"],
+        build_hf_model(tmp_path / "other", family="qwen2", tied=True, vocab=31, seed=1),
+    )
     mega = _trainer(MegatronTrainer, _megatron_cfg(ckpt), ckpt)
     assert mega.load(str(other)) == -1  # an HF dir carries weights only
     reference = _trainer(TorchTrainer, run_config(other), other)
@@ -210,7 +256,35 @@ def test_load_of_an_hf_dir_and_of_a_torch_backend_checkpoint(models, rollouts, t
     assert mega.weights_sha256() == torch_t.weights_sha256()
     assert mega.optimizer.param_groups[0]["lr"] == torch_t.optimizer.param_groups[0]["lr"]
     # the AdamW moments came across too: the next rollout trains as the torch backend does
-    steps = [t.train_step(rollouts[1], t.compute_log_probs(rollouts[1], str(tmp_path / f"lp1_{i}.parquet")))
-             for i, t in enumerate((torch_t, mega))]
+    steps = [
+        t.train_step(rollouts[1], t.compute_log_probs(rollouts[1], str(tmp_path / f"lp1_{i}.parquet")))
+        for i, t in enumerate((torch_t, mega))
+    ]
     worst = max(abs(a[k] - b[k]) for a, b in zip(*steps, strict=True) for k in a)
     assert worst < TOL and math.isfinite(worst)
+
+
+@pytest.mark.gpu
+def test_on_cuda_log_probs_and_train_step_match_the_torch_backend(models, rollouts, tmp_path):
+    """The same equivalence with the Megatron model on the GPU (in its own process: a process runs megatron
+    on one kind of device) against the torch backend on the CPU."""
+    ckpt, rollout = models["qwen2-tied"], rollouts[0]
+    task = {
+        "cfg": _megatron_cfg(ckpt).model_dump_json(),
+        "checkpoint": str(ckpt),
+        "rollout": rollout.model_dump(),
+        "logprobs": str(tmp_path / "lp_cuda.parquet"),
+        "out": str(tmp_path),
+        "device": "cuda",
+    }
+    (cuda,) = run_world(1, task)
+    torch_t = _trainer(TorchTrainer, run_config(ckpt), ckpt)
+    lp = torch_t.compute_log_probs(rollout, str(tmp_path / "lp_cpu.parquet"))
+    diffs = {
+        k: max_row_diff(log_prob_rows(lp), cuda["rows"], k) for k in ("log_probs", "entropy", "ref_log_probs")
+    }
+    steps = torch_t.train_step(rollout, lp)
+    worst = max(abs(a[k] - b[k]) for a, b in zip(steps, cuda["metrics"], strict=True) for k in a)
+    print(f"CUDA megatron vs CPU torch: log-prob diffs {diffs}, max metric diff {worst:.3g}")
+    assert max(diffs.values()) < TOL and worst < TOL
+    assert _max_weight_diff(torch_t.export_weights(), cuda["weights"]) < 1e-4

@@ -43,28 +43,39 @@ class ModelArch:
 
     def check_tp(self, tp_size: int) -> None:
         """Refuse a tensor-parallel size this model cannot be split into, naming the flag."""
-        for what, n in (("attention heads", self.num_heads), ("key/value heads", self.num_kv_heads),
-                        ("MLP hidden size", self.ffn_hidden_size)):
+        for what, n in (
+            ("attention heads", self.num_heads),
+            ("key/value heads", self.num_kv_heads),
+            ("MLP hidden size", self.ffn_hidden_size),
+        ):
             if n % tp_size:
-                raise ValueError(f"--tensor-model-parallel-size {tp_size} must divide the model's {what} ({n})")
+                raise ValueError(
+                    f"--tensor-model-parallel-size {tp_size} must divide the model's {what} ({n})"
+                )
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> ModelArch:
         """Read an HF `config.json` dict; anything this conversion would silently get wrong is refused."""
         model_type = config.get("model_type")
         if model_type not in SUPPORTED:
-            raise ValueError(f"megatron backend: model_type {model_type!r} is not supported (only {SUPPORTED})")
+            raise ValueError(
+                f"megatron backend: model_type {model_type!r} is not supported (only {SUPPORTED})"
+            )
         act = config.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"megatron backend: hidden_act {act!r} is not supported (SwiGLU with silu only)")
         if config.get("use_sliding_window"):
             raise ValueError("megatron backend: Qwen2 sliding-window attention is not supported")
         if config.get("mlp_bias") or config.get("attention_bias"):
-            raise ValueError("megatron backend: Llama mlp_bias / attention_bias (biases on o_proj and the MLP) "
-                             "are not supported")
+            raise ValueError(
+                "megatron backend: Llama mlp_bias / attention_bias (biases on o_proj and the MLP) "
+                "are not supported"
+            )
         if float(config.get("attention_dropout", 0.0)):
-            raise ValueError("megatron backend: attention_dropout must be 0 (the old-policy log-prob pass and the "
-                             "first train step must see the same forward)")
+            raise ValueError(
+                "megatron backend: attention_dropout must be 0 (the old-policy log-prob pass and the "
+                "first train step must see the same forward)"
+            )
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":

@@ -57,14 +57,25 @@ class SyncTorchDistSave(SaveShardedStrategy):
 
     def save(self, sharded_state_dict: ShardedStateDict, checkpoint_dir: str | Path) -> None:
         """Write every main-replica shard of `sharded_state_dict` under `checkpoint_dir` (collective)."""
-        flat, _, _ = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict, keep_only_main_replica=True)
-        dcp.save(mcore_to_pyt_state_dict(flat, False),
-                 storage_writer=dcp.FileSystemWriter(str(checkpoint_dir), thread_count=1),
-                 planner=MCoreSavePlanner(flatten_state_dict=False))
+        flat, _, _ = _replace_state_dict_keys_with_sharded_keys(
+            sharded_state_dict, keep_only_main_replica=True
+        )
+        dcp.save(
+            mcore_to_pyt_state_dict(flat, False),
+            storage_writer=dcp.FileSystemWriter(str(checkpoint_dir), thread_count=1),
+            planner=MCoreSavePlanner(flatten_state_dict=False),
+        )
 
 
-def sharded_state(model: GPTModel, optimizer: torch.optim.Optimizer | None, rank: int, world_size: int,
-                  *, for_loading: bool, rng: bool = True) -> ShardedStateDict:
+def sharded_state(
+    model: GPTModel,
+    optimizer: torch.optim.Optimizer | None,
+    rank: int,
+    world_size: int,
+    *,
+    for_loading: bool,
+    rng: bool = True,
+) -> ShardedStateDict:
     """The sharded part of a checkpoint: the model's sharded tensors, AdamW moments sharded like their
     parameters (`optimizer.state.exp_avg.<model key>`), and (with `rng`) this rank's torch RNG state, one
     object per rank of a world of `world_size` (so it only loads back into the same world size).
@@ -76,11 +87,20 @@ def sharded_state(model: GPTModel, optimizer: torch.optim.Optimizer | None, rank
         params = [p for group in optimizer.param_groups for p in group["params"]]
         sharded = get_param_id_to_sharded_param_map(model_sd, params)
         out["optimizer_state"] = {
-            i: {k: make_sharded_optimizer_tensor(sharded[i], torch.empty_like(p) if for_loading else optimizer.state[p][k],
-                                                 prefix=f"optimizer.state.{k}") for k in MOMENTS}
-            for i, p in enumerate(params)}
+            i: {
+                k: make_sharded_optimizer_tensor(
+                    sharded[i],
+                    torch.empty_like(p) if for_loading else optimizer.state[p][k],
+                    prefix=f"optimizer.state.{k}",
+                )
+                for k in MOMENTS
+            }
+            for i, p in enumerate(params)
+        }
     if rng:
-        out["rng_state"] = ShardedObject("rng_state", torch.get_rng_state(), (world_size,), (rank,), replica_id=0)
+        out["rng_state"] = ShardedObject(
+            "rng_state", torch.get_rng_state(), (world_size,), (rank,), replica_id=0
+        )
     return out
 
 
@@ -110,8 +130,11 @@ def hf_reader(directory: Path) -> Callable[[str], torch.Tensor]:
     """Reads one tensor at a time, by HF name, from `directory`'s `model.safetensors` or from the shards
     named by `model.safetensors.index.json` (so converting never holds the whole HF model)."""
     index = directory / "model.safetensors.index.json"
-    files = ({name: directory / f for name, f in json.loads(index.read_text())["weight_map"].items()}
-             if index.is_file() else None)
+    files = (
+        {name: directory / f for name, f in json.loads(index.read_text())["weight_map"].items()}
+        if index.is_file()
+        else None
+    )
     handles: dict[Path, Any] = {}
 
     def read(name: str) -> torch.Tensor:

@@ -34,10 +34,14 @@ _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 # megatron suffix inside a layer -> (HF suffixes inside model.layers.{i}., how it is split over TP ranks)
 _LAYER_PARAMS: dict[str, tuple[tuple[str, ...], str]] = {
     "input_layernorm.weight": (("input_layernorm.weight",), "replicated"),
-    "self_attention.linear_qkv.weight": (("self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                          "self_attn.v_proj.weight"), "qkv"),
-    "self_attention.linear_qkv.bias": (("self_attn.q_proj.bias", "self_attn.k_proj.bias",
-                                        "self_attn.v_proj.bias"), "qkv"),
+    "self_attention.linear_qkv.weight": (
+        ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+        "qkv",
+    ),
+    "self_attention.linear_qkv.bias": (
+        ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+        "qkv",
+    ),
     "self_attention.linear_proj.weight": (("self_attn.o_proj.weight",), "columns"),
     "pre_mlp_layernorm.weight": (("post_attention_layernorm.weight",), "replicated"),
     "mlp.linear_fc1.weight": (("mlp.gate_proj.weight", "mlp.up_proj.weight"), "gated"),
@@ -93,11 +97,14 @@ def _qkv_full(qkv: list[Tensor], arch: ModelArch) -> Tensor:
     q, k, v = qkv
     rest = q.shape[1:]
     g, hpg, d = arch.num_kv_heads, arch.heads_per_group, arch.head_dim
-    return torch.cat([q.reshape(g, hpg, d, *rest), k.reshape(g, 1, d, *rest), v.reshape(g, 1, d, *rest)], dim=1)
+    return torch.cat(
+        [q.reshape(g, hpg, d, *rest), k.reshape(g, 1, d, *rest), v.reshape(g, 1, d, *rest)], dim=1
+    )
 
 
-def to_megatron(name: str, hf: Callable[[str], Tensor], arch: ModelArch, tp_size: int = 1,
-                tp_rank: int = 0) -> Tensor:
+def to_megatron(
+    name: str, hf: Callable[[str], Tensor], arch: ModelArch, tp_size: int = 1, tp_rank: int = 0
+) -> Tensor:
     """TP rank `tp_rank`'s shard of Megatron parameter `name`, built from the HF tensors `hf(hf_name)`.
 
     Shapes: see the module doc (e.g. linear_qkv.weight [(heads + 2 kv_heads) * head_dim / tp, hidden]).
@@ -123,7 +130,9 @@ def to_megatron(name: str, hf: Callable[[str], Tensor], arch: ModelArch, tp_size
     return mine.reshape(-1, *full.shape[3:]).clone()
 
 
-def hf_to_megatron(hf: Mapping[str, Tensor], arch: ModelArch, tp_size: int = 1, tp_rank: int = 0) -> dict[str, Tensor]:
+def hf_to_megatron(
+    hf: Mapping[str, Tensor], arch: ModelArch, tp_size: int = 1, tp_rank: int = 0
+) -> dict[str, Tensor]:
     """One TP rank's Megatron state dict from a whole HF state dict (a tied one may lack `lm_head.weight`)."""
     return {name: to_megatron(name, hf.__getitem__, arch, tp_size, tp_rank) for name in megatron_names(arch)}
 
@@ -139,7 +148,7 @@ def to_hf(name: str, shards: Sequence[Tensor], arch: ModelArch) -> dict[str, Ten
     if kind == "replicated":
         return {sources[0]: shards[0].clone()}
     if kind == "vocab":
-        full = torch.cat(list(shards), dim=0)[:arch.vocab_size].clone()
+        full = torch.cat(list(shards), dim=0)[: arch.vocab_size].clone()
         out = {sources[0]: full}
         if name == EMBEDDING and arch.tied_embeddings:
             out["lm_head.weight"] = full
@@ -152,9 +161,11 @@ def to_hf(name: str, shards: Sequence[Tensor], arch: ModelArch) -> dict[str, Ten
     rest = shards[0].shape[1:]  # kind == "qkv"
     g, hpg, d = arch.num_kv_heads, arch.heads_per_group, arch.head_dim
     full = torch.cat(list(shards), dim=0).reshape(g, hpg + 2, d, *rest)
-    return {sources[0]: full[:, :hpg].reshape(g * hpg * d, *rest).clone(),
-            sources[1]: full[:, hpg].reshape(g * d, *rest).clone(),
-            sources[2]: full[:, hpg + 1].reshape(g * d, *rest).clone()}
+    return {
+        sources[0]: full[:, :hpg].reshape(g * hpg * d, *rest).clone(),
+        sources[1]: full[:, hpg].reshape(g * d, *rest).clone(),
+        sources[2]: full[:, hpg + 1].reshape(g * d, *rest).clone(),
+    }
 
 
 def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], arch: ModelArch) -> dict[str, Tensor]:

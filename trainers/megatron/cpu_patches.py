@@ -1,9 +1,10 @@
 """The few places where megatron-core 0.16.1 reaches for CUDA on paths a CPU run takes.
 
-Each patch replaces one upstream function with the same code but the CPU as the device, is applied
-only when CUDA is not available (`apply()` does nothing on a GPU machine), and is idempotent. Nothing
-here makes torch claim a GPU: `torch.cuda.is_available()` stays False and every other megatron path
-that needs CUDA still fails loudly.
+Each patch replaces one upstream function with the same code but the CPU as the device. They are
+installed (idempotently) by a process that runs its Megatron model on the CPU, and only then: a process
+runs megatron on one kind of device, and `trainers.megatron.model.init_parallel` refuses a CUDA model
+in a process that installed them. Nothing here makes torch claim a GPU: `torch.cuda.is_available()` is
+untouched and every other megatron path that needs CUDA still fails loudly.
 
 Not patches, but part of running on the CPU (see trainers/megatron/model.py): megatron's RNG tracker is
 created with `initialize_rng_tracker(inference_rng_tracker=True)`, whose `fork()` is a no-op instead
@@ -24,10 +25,15 @@ import torch
 _MARK = "_rollflow_cpu_patch"
 
 
-def _global_buffer_get_tensor(self: Any, tensor_shape: Any, dtype: torch.dtype, name: str,
-                              mem_alloc_context: Callable[[], Any] | None = None) -> torch.Tensor:
+def _global_buffer_get_tensor(
+    self: Any,
+    tensor_shape: Any,
+    dtype: torch.dtype,
+    name: str,
+    mem_alloc_context: Callable[[], Any] | None = None,
+) -> torch.Tensor:
     """Replaces `megatron.core.utils.GlobalMemoryBuffer.get_tensor`: same reuse-or-grow buffer, allocated
-    on the CPU instead of `torch.cuda.current_device()` (tensor-parallel all-gathers borrow it)."""
+    on the CPU instead of `torch.cuda.current_device()` (DotProductAttention's baddbmm output borrows it)."""
     required = reduce(operator.mul, tensor_shape, 1)
     buffer = self.buffer.get((name, dtype))
     if buffer is None or buffer.numel() < required:
@@ -54,13 +60,17 @@ def _replace(owner: type, attr: str, fn: Callable[..., Any]) -> None:
     setattr(owner, attr, fn)
 
 
-def apply() -> bool:
-    """Install the CPU patches when CUDA is unavailable; returns whether they are (now) in place."""
-    if torch.cuda.is_available():
-        return False
+def apply() -> None:
+    """Install the CPU patches (a no-op when they are in place already)."""
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.utils import GlobalMemoryBuffer
 
     _replace(GlobalMemoryBuffer, "get_tensor", _global_buffer_get_tensor)
     _replace(RotaryEmbedding, "get_emb", _rotary_get_emb)
-    return True
+
+
+def applied() -> bool:
+    """Whether this process installed the CPU patches."""
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    return bool(getattr(GlobalMemoryBuffer.get_tensor, _MARK, False))

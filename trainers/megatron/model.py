@@ -23,13 +23,21 @@ def init_parallel(tp_size: int, seed: int, device: torch.device) -> None:
     `tp_size` consecutive ranks, data parallel across them (megatron's default order tp-cp-ep-dp-pp).
     Re-entrant for the same TP size (several trainers in one test process share the state)."""
     if parallel_state.model_parallel_is_initialized():
-        if parallel_state.get_tensor_model_parallel_world_size() != tp_size:
-            raise RuntimeError(f"megatron parallel state already holds TP={parallel_state.get_tensor_model_parallel_world_size()}, "
-                               f"asked for TP={tp_size} in the same process")
+        held = parallel_state.get_tensor_model_parallel_world_size()
+        if held != tp_size:
+            raise RuntimeError(
+                f"megatron parallel state already holds TP={held}, asked for TP={tp_size} in this process"
+            )
     else:
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size,
-                                                 create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp_size, create_gloo_process_groups=False
+        )
     if device.type == "cuda":
+        if cpu_patches.applied():
+            raise RuntimeError(
+                "this process already runs megatron on the CPU (its CPU patches are installed); "
+                "run the CUDA model in another process"
+            )
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
     else:
         cpu_patches.apply()
@@ -94,8 +102,10 @@ def build_model(arch: ModelArch, tp_size: int, device: torch.device) -> GPTModel
         dim = convert.tp_split_dim(name, arch)
         if hasattr(param, "tensor_model_parallel"):  # biases and the embedding are tagged regardless
             if bool(param.tensor_model_parallel) != (dim is not None):
-                raise RuntimeError(f"{name}: megatron tags it tensor_model_parallel={param.tensor_model_parallel}, "
-                                   f"the converter splits it along {dim}")
+                raise RuntimeError(
+                    f"{name}: megatron tags it tensor_model_parallel={param.tensor_model_parallel}, "
+                    f"the converter splits it along {dim}"
+                )
             continue
         set_tensor_model_parallel_attributes(param, is_parallel=dim is not None, dim=dim or 0, stride=1)
     if arch.pad_token_id is not None:

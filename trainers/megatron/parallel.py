@@ -30,13 +30,16 @@ class Layout:
     @classmethod
     def current(cls) -> Layout:
         """Read megatron's parallel state (initialised by trainers.megatron.model.init_parallel)."""
-        return cls(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                   tp_size=parallel_state.get_tensor_model_parallel_world_size(),
-                   tp_rank=parallel_state.get_tensor_model_parallel_rank(),
-                   dp_size=parallel_state.get_data_parallel_world_size(),
-                   dp_rank=parallel_state.get_data_parallel_rank(),
-                   tp_group=parallel_state.get_tensor_model_parallel_group(),
-                   dp_group=parallel_state.get_data_parallel_group())
+        return cls(
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            tp_size=parallel_state.get_tensor_model_parallel_world_size(),
+            tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+            dp_size=parallel_state.get_data_parallel_world_size(),
+            dp_rank=parallel_state.get_data_parallel_rank(),
+            tp_group=parallel_state.get_tensor_model_parallel_group(),
+            dp_group=parallel_state.get_data_parallel_group(),
+        )
 
 
 class _GatherVocab(torch.autograd.Function):
@@ -53,7 +56,7 @@ class _GatherVocab(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: D102
-        return grad[..., ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width].contiguous(), None
+        return grad[..., ctx.rank * ctx.width : (ctx.rank + 1) * ctx.width].contiguous(), None
 
 
 def gather_vocab(local: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -73,12 +76,13 @@ def sum_grads_over_dp(params: list[torch.nn.Parameter], layout: Layout, *, deter
     all_reduce_sum(flat, deterministic=deterministic, group=layout.dp_group)
     offset = 0
     for p, g in zip(params, grads, strict=True):
-        p.grad = g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        p.grad = g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, layout: Layout, *,
-                   deterministic: bool) -> torch.Tensor:
+def clip_grad_norm(
+    params: list[torch.nn.Parameter], max_norm: float, layout: Layout, *, deterministic: bool
+) -> torch.Tensor:
     """Global L2 norm of all gradients before clipping (each parameter counted once: a tensor-parallel
     shard on every rank, a replicated one such as an RMSNorm weight on TP rank 0 only), then scale the
     gradients by min(1, max_norm / (norm + 1e-6)) exactly as `torch.nn.utils.clip_grad_norm_` does.
@@ -88,7 +92,11 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, layout: La
         total = torch.nn.utils.get_total_norm(grads, 2.0)
     else:
         mine = [p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
-        squared = torch.nn.utils.get_total_norm(mine, 2.0).pow(2) if mine else torch.zeros((), device=params[0].device)
+        squared = (
+            torch.nn.utils.get_total_norm(mine, 2.0).pow(2)
+            if mine
+            else torch.zeros((), device=params[0].device)
+        )
         all_reduce_sum(squared, deterministic=deterministic, group=layout.tp_group)
         total = squared.sqrt()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)

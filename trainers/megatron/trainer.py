@@ -65,12 +65,17 @@ class _Snapshot:
 class MegatronTrainer:
     """Implements `trainers.base.Trainer` on megatron-core for HF Qwen2/Llama checkpoints."""
 
-    def __init__(self, cfg: RunConfig, checkpoint: str, rank: int, world_size: int) -> None:
+    def __init__(
+        self, cfg: RunConfig, checkpoint: str, rank: int, world_size: int, device: str | None = None
+    ) -> None:
+        """`device`: "cpu", "cuda" or None = CUDA when available (one GPU per rank: rank % device count)."""
         self.s = from_run_config(cfg)  # the only read of the run config
         torch.set_num_threads(self.s.num_threads)
         self.checkpoint, self.rank, self.world_size = checkpoint, rank, world_size
-        self.device = torch.device("cuda", rank % torch.cuda.device_count()) if torch.cuda.is_available() \
-            else torch.device("cpu")
+        kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = (
+            torch.device("cuda", rank % torch.cuda.device_count()) if kind == "cuda" else torch.device(kind)
+        )
         self.applied: dict[int, list[dict[str, float]]] = {}
         self.last_applied_rollout = -1
         self.global_step = 0
@@ -87,13 +92,18 @@ class MegatronTrainer:
         the LR schedule; load the HF checkpoint's weights (converted, this rank's TP shard)."""
         tp = self.s.tensor_model_parallel_size
         if self.world_size % tp:
-            raise ValueError(f"world size {self.world_size} is not a multiple of --tensor-model-parallel-size {tp}")
+            raise ValueError(
+                f"world size {self.world_size} is not a multiple of --tensor-model-parallel-size {tp}"
+            )
         if not dist.is_initialized():
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
-                                    init_method=f"tcp://{master_addr}:{master_port}",
-                                    rank=self.rank, world_size=self.world_size)
+            dist.init_process_group(
+                "nccl" if self.device.type == "cuda" else "gloo",
+                init_method=f"tcp://{master_addr}:{master_port}",
+                rank=self.rank,
+                world_size=self.world_size,
+            )
         torch.manual_seed(self.s.seed)
         init_parallel(tp, self.s.seed, self.device)
         self.layout = Layout.current()
@@ -104,21 +114,40 @@ class MegatronTrainer:
         self.model = self._build(Path(self.checkpoint))
         self.ref_model = None
         if self.s.need_ref_model:
-            self.ref_model = self._build(model_dir(self.s.ref_load) if self.s.ref_load else Path(self.checkpoint))
+            self.ref_model = self._build(
+                model_dir(self.s.ref_load) if self.s.ref_load else Path(self.checkpoint)
+            )
             self.ref_model.requires_grad_(False)
         self.params = list(self.model.parameters())
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if not self.s.disable_optimizer:
-            self.optimizer = torch.optim.AdamW(self.params, lr=self.s.lr, betas=(self.s.adam_beta1, self.s.adam_beta2),
-                                               weight_decay=self.s.weight_decay)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(
-                lr=self.s.lr, min_lr=self.s.min_lr, warmup_iters=self.s.lr_warmup_iters,
-                decay_style=self.s.lr_decay_style, total_steps=self.s.total_steps))
+            self.optimizer = torch.optim.AdamW(
+                self.params,
+                lr=self.s.lr,
+                betas=(self.s.adam_beta1, self.s.adam_beta2),
+                weight_decay=self.s.weight_decay,
+            )
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer,
+                lr_lambda(
+                    lr=self.s.lr,
+                    min_lr=self.s.min_lr,
+                    warmup_iters=self.s.lr_warmup_iters,
+                    decay_style=self.s.lr_decay_style,
+                    total_steps=self.s.total_steps,
+                ),
+            )
         self._refresh_export()
-        return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "tp_rank": self.layout.tp_rank,
-                "dp_rank": self.layout.dp_rank, "device": str(self.device),
-                "params": sum(p.numel() for p in self.params)}
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "pid": os.getpid(),
+            "tp_rank": self.layout.tp_rank,
+            "dp_rank": self.layout.dp_rank,
+            "device": str(self.device),
+            "params": sum(p.numel() for p in self.params),
+        }
 
     def _build(self, hf_dir: Path) -> torch.nn.Module:
         """A GPTModel holding this rank's shard of the HF weights in `hf_dir` (same architecture required)."""
@@ -136,9 +165,13 @@ class MegatronTrainer:
         params = dict(model.named_parameters())
         names = convert.megatron_names(self.arch)
         if sorted(params) != sorted(names):
-            raise RuntimeError(f"GPTModel parameters {sorted(set(params) ^ set(names))} do not match the converter")
+            raise RuntimeError(
+                f"GPTModel parameters {sorted(set(params) ^ set(names))} do not match the converter"
+            )
         for name in names:
-            params[name].copy_(convert.to_megatron(name, read, self.arch, self.layout.tp_size, self.layout.tp_rank))
+            params[name].copy_(
+                convert.to_megatron(name, read, self.arch, self.layout.tp_size, self.layout.tp_rank)
+            )
 
     # -- forward -------------------------------------------------------------------------------
     def _response_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
@@ -150,7 +183,7 @@ class MegatronTrainer:
         logits = model(ids, positions, causal_mask(length, self.device))  # [B, S, V_padded / tp]
         idx = mb.response_index.to(self.device)[:, :, None].expand(-1, -1, logits.shape[-1])
         full = gather_vocab(logits.gather(1, idx), self.layout)
-        return full[..., :self.arch.vocab_size].float() / self.s.temperature
+        return full[..., : self.arch.vocab_size].float() / self.s.temperature
 
     def _rollout(self, ref: ArtifactRef) -> list[Sample]:
         """The rollout's samples ordered by sample_index (read once per rollout, by content hash)."""
@@ -173,9 +206,14 @@ class MegatronTrainer:
         return read_table(ref).to_pylist()
 
     def _my_micro_batches(self, samples: list[Sample]) -> list[list[list[int]]]:
-        """This data-parallel rank's steps -> micro-batches -> positions (TP ranks of a replica share them)."""
-        return schedule(len(samples), self.s.global_batch_size, self.layout.dp_size, self.layout.dp_rank,
-                        self.s.micro_batch_size)
+        """This data-parallel rank's steps -> micro-batches -> positions (a replica's TP ranks share them)."""
+        return schedule(
+            len(samples),
+            self.s.global_batch_size,
+            self.layout.dp_size,
+            self.layout.dp_rank,
+            self.s.micro_batch_size,
+        )
 
     @torch.no_grad()
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
@@ -201,10 +239,11 @@ class MegatronTrainer:
                     policy_s += time.perf_counter() - began
                 if self.ref_model is not None:
                     began = time.perf_counter()
-                    ref = log_probs_from_logits(self._response_logits(self.ref_model, mb),
-                                                mb.response_tokens.to(self.device)).cpu()
+                    ref = log_probs_from_logits(
+                        self._response_logits(self.ref_model, mb), mb.response_tokens.to(self.device)
+                    ).cpu()
                     for i, s in enumerate(batch):
-                        rows[s.sample_index]["ref_log_probs"] = ref[i, :s.response_length].tolist()
+                        rows[s.sample_index]["ref_log_probs"] = ref[i, : s.response_length].tolist()
                     ref_s += time.perf_counter() - began
         self._perf = {"perf/log_probs_time": policy_s, "perf/ref_log_probs_time": ref_s}
         gathered: list[Any] = [None] * self.world_size
@@ -218,7 +257,9 @@ class MegatronTrainer:
             if key in merged[order[0]]:
                 cols[key] = pa.array([merged[i][key] for i in order], pa.list_(pa.float32()))
         table = pa.table(cols)
-        written = write_table(out_path, table, kind="logprobs", metadata={"rollout_sha256": rollout_ref.sha256})
+        written = write_table(
+            out_path, table, kind="logprobs", metadata={"rollout_sha256": rollout_ref.sha256}
+        )
         self._written_logprobs = (written.sha256, table.to_pylist())
         return written
 
@@ -227,8 +268,9 @@ class MegatronTrainer:
         return logprob_stats(self._rollout(rollout_ref), self._logprob_rows(logprob_ref))
 
     # -- training ------------------------------------------------------------------------------
-    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef,
-                   dump_template: str | None = None) -> list[dict[str, float]]:
+    def train_step(
+        self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef, dump_template: str | None = None
+    ) -> list[dict[str, float]]:
         """All optimizer steps of one rollout; refuses to apply a rollout twice (see base.Trainer).
         `dump_template` ({rollout_id}, {rank} = the DP rank) receives this replica's batch after training."""
         samples = self._rollout(rollout_ref)
@@ -236,8 +278,10 @@ class MegatronTrainer:
         if rollout_id in self.applied:
             return self.applied[rollout_id]
         if rollout_id <= self.last_applied_rollout:
-            raise RuntimeError(f"rollout {rollout_id} was already applied to these weights "
-                               f"(trainer is at rollout {self.last_applied_rollout}); refusing to train twice")
+            raise RuntimeError(
+                f"rollout {rollout_id} was already applied to these weights "
+                f"(trainer is at rollout {self.last_applied_rollout}); refusing to train twice"
+            )
         snapshot = self._snapshot()
         began = time.perf_counter()
         try:
@@ -262,21 +306,30 @@ class MegatronTrainer:
         if self.s.use_rollout_logprobs:
             missing = [s.sample_index for s in samples if len(s.rollout_log_probs) != s.response_length]
             if missing:
-                raise ValueError(f"--use-rollout-logprobs: rollout {samples[0].rollout_id} has samples without "
-                                 f"engine log-probs (rollout_log_probs), e.g. sample_index {missing[:5]}")
-            return {s.sample_index: {**old[s.sample_index], "log_probs": list(s.rollout_log_probs)} for s in samples}
+                raise ValueError(
+                    f"--use-rollout-logprobs: rollout {samples[0].rollout_id} has samples without "
+                    f"engine log-probs (rollout_log_probs), e.g. sample_index {missing[:5]}"
+                )
+            return {
+                s.sample_index: {**old[s.sample_index], "log_probs": list(s.rollout_log_probs)}
+                for s in samples
+            }
         if any(r.get("log_probs") is None for r in lp_rows):
-            raise ValueError(f"rollout {samples[0].rollout_id}: the log-prob artifact has no trainer log_probs "
-                             "(computed with --use-rollout-logprobs?); train with that flag or recompute them")
+            raise ValueError(
+                f"rollout {samples[0].rollout_id}: the log-prob artifact has no trainer log_probs "
+                "(computed with --use-rollout-logprobs?); train with that flag or recompute them"
+            )
         return old
 
-    def _train_rollout(self, samples: list[Sample], lp_rows: list[dict],
-                       dump_template: str | None) -> list[dict[str, float]]:
+    def _train_rollout(
+        self, samples: list[Sample], lp_rows: list[dict], dump_template: str | None
+    ) -> list[dict[str, float]]:
         old = self._old_log_probs(samples, lp_rows)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
         advantages = get_advantage_estimator(self.s.advantage_estimator)(
-            rewards, groups, normalize_std=self.s.normalize_std)
+            rewards, groups, normalize_std=self.s.normalize_std
+        )
         use_rollout_lp = all(len(s.rollout_log_probs) == s.response_length for s in samples)
         det = self.s.deterministic_collective
         out = []
@@ -298,8 +351,12 @@ class MegatronTrainer:
             keys = sorted(sums)
             vec = torch.stack([sums[k] for k in keys]).to(self.device)
             all_reduce_sum(vec, deterministic=det, group=self.layout.dp_group)
-            grad_norm = clip_grad_norm(self.params, self.s.clip_grad if self.s.clip_grad > 0 else float("inf"),
-                                       self.layout, deterministic=det)
+            grad_norm = clip_grad_norm(
+                self.params,
+                self.s.clip_grad if self.s.clip_grad > 0 else float("inf"),
+                self.layout,
+                deterministic=det,
+            )
             record = {f"train/{k}": float(v) for k, v in zip(keys, vec.cpu(), strict=True)}
             record.update({"train/grad_norm": float(grad_norm), "train/step": self.global_step})
             if self.optimizer is not None and self.scheduler is not None:
@@ -313,8 +370,14 @@ class MegatronTrainer:
             self._dump_batch(dump_template, samples, mine, advantages, old)
         return out
 
-    def _micro_step(self, batch: list[Sample], mb: MicroBatch, adv: torch.Tensor, old: dict[int, dict],
-                    use_rollout_lp: bool) -> dict[str, torch.Tensor]:
+    def _micro_step(
+        self,
+        batch: list[Sample],
+        mb: MicroBatch,
+        adv: torch.Tensor,
+        old: dict[int, dict],
+        use_rollout_lp: bool,
+    ) -> dict[str, torch.Tensor]:
         width, dev = mb.response_tokens.shape[1], self.device
         logits = self._response_logits(self.model, mb)
         log_probs = log_probs_from_logits(logits, mb.response_tokens.to(dev))
@@ -323,21 +386,41 @@ class MegatronTrainer:
         else:
             with torch.no_grad():
                 entropy = entropy_from_logits(logits)
-        ref = (pad_rows([old[s.sample_index]["ref_log_probs"] for s in batch], width).to(dev)
-               if self.s.use_kl_loss else None)
+        ref = (
+            pad_rows([old[s.sample_index]["ref_log_probs"] for s in batch], width).to(dev)
+            if self.s.use_kl_loss
+            else None
+        )
         rollout_lp = pad_rows([s.rollout_log_probs for s in batch], width).to(dev) if use_rollout_lp else None
         loss, metrics = policy_objective(
-            log_probs, pad_rows([old[s.sample_index]["log_probs"] for s in batch], width).to(dev),
-            adv.to(dev)[:, None].expand_as(log_probs), mb.loss_mask.to(dev), entropy, ref,
-            policy_loss=self.s.policy_loss, eps_clip=self.s.eps_clip, eps_clip_high=self.s.eps_clip_high,
-            eps_clip_c=self.s.eps_clip_c, entropy_coef=self.s.entropy_coef, use_kl_loss=self.s.use_kl_loss,
-            kl_loss_coef=self.s.kl_loss_coef, kl_loss_type=self.s.kl_loss_type, rollout_log_probs=rollout_lp,
-            normaliser=float(self.s.global_batch_size))
+            log_probs,
+            pad_rows([old[s.sample_index]["log_probs"] for s in batch], width).to(dev),
+            adv.to(dev)[:, None].expand_as(log_probs),
+            mb.loss_mask.to(dev),
+            entropy,
+            ref,
+            policy_loss=self.s.policy_loss,
+            eps_clip=self.s.eps_clip,
+            eps_clip_high=self.s.eps_clip_high,
+            eps_clip_c=self.s.eps_clip_c,
+            entropy_coef=self.s.entropy_coef,
+            use_kl_loss=self.s.use_kl_loss,
+            kl_loss_coef=self.s.kl_loss_coef,
+            kl_loss_type=self.s.kl_loss_type,
+            rollout_log_probs=rollout_lp,
+            normaliser=float(self.s.global_batch_size),
+        )
         loss.backward()
         return metrics
 
-    def _dump_batch(self, template: str, samples: list[Sample], positions: list[int], advantages: torch.Tensor,
-                    old: dict[int, dict]) -> None:
+    def _dump_batch(
+        self,
+        template: str,
+        samples: list[Sample],
+        positions: list[int],
+        advantages: torch.Tensor,
+        old: dict[int, dict],
+    ) -> None:
         """This replica's share of the rollout as trained: joins back to the rollout by sample_index."""
         rows = [samples[p] for p in positions]
         dp_rank = self.layout.dp_rank
@@ -350,8 +433,9 @@ class MegatronTrainer:
             "log_probs": pa.array([old[s.sample_index]["log_probs"] for s in rows], pa.list_(pa.float32())),
         }
         if all(old[s.sample_index].get("ref_log_probs") is not None for s in rows):
-            cols["ref_log_probs"] = pa.array([old[s.sample_index]["ref_log_probs"] for s in rows],
-                                             pa.list_(pa.float32()))
+            cols["ref_log_probs"] = pa.array(
+                [old[s.sample_index]["ref_log_probs"] for s in rows], pa.list_(pa.float32())
+            )
         path = template.format(rollout_id=rows[0].rollout_id, rank=dp_rank)
         if not path.endswith(".parquet"):
             path = str(Path(path).with_suffix(".parquet"))
@@ -364,9 +448,14 @@ class MegatronTrainer:
         groups: list[dict[str, Any]] = []
         sched: dict[str, Any] = {}
         if self.optimizer is not None and self.scheduler is not None:
-            opt_state = {p: {k: v.clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in st.items()}
-                         for p, st in self.optimizer.state.items()}
-            groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+            opt_state = {
+                p: {k: v.clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in st.items()}
+                for p, st in self.optimizer.state.items()
+            }
+            groups = [
+                {k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                for g in self.optimizer.param_groups
+            ]
             sched = copy.deepcopy(self.scheduler.state_dict())
         return _Snapshot(weights, opt_state, groups, sched, self.global_step, self._export)
 
@@ -406,11 +495,16 @@ class MegatronTrainer:
         """CPU copies of every persistent weight by HF name (global rank 0 only when TP > 1)."""
         if self.layout.tp_size == 1:
             params = dict(self.model.named_parameters())
-            return {k: v.detach().cpu() for name in convert.megatron_names(self.arch)
-                    for k, v in convert.to_hf(name, [params[name].detach()], self.arch).items()}
+            return {
+                k: v.detach().cpu()
+                for name in convert.megatron_names(self.arch)
+                for k, v in convert.to_hf(name, [params[name].detach()], self.arch).items()
+            }
         if self._export is None:
-            raise RuntimeError(f"rank {self.rank}: with tensor parallelism only global rank 0 holds the gathered "
-                               "HF weights; ask trainer 0")
+            raise RuntimeError(
+                f"rank {self.rank}: with tensor parallelism only global rank 0 holds the gathered "
+                "HF weights; ask trainer 0"
+            )
         return dict(self._export)
 
     def weights_sha256(self) -> str:
@@ -435,16 +529,26 @@ class MegatronTrainer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        state = checkpoint.sharded_state(self.model, self.optimizer, self.rank, self.world_size, for_loading=False)
+        state = checkpoint.sharded_state(
+            self.model, self.optimizer, self.rank, self.world_size, for_loading=False
+        )
         state.update(self._common_state(rollout_id))
         checkpoint.save(tmp, state)
         if hashes is not None:
-            atomic_write_json(tmp / f"model_hash_tp{self.layout.tp_rank}_pp0_dp{self.layout.dp_rank}_cp0.json",
-                              hashes)
+            atomic_write_json(
+                tmp / f"model_hash_tp{self.layout.tp_rank}_pp0_dp{self.layout.dp_rank}_cp0.json", hashes
+            )
         if self.rank == 0:
             checkpoint.write_hf(tmp, self.export_weights(), self.config_json)
-            atomic_write_json(tmp / "meta.json", {"rollout_id": rollout_id, "global_step": self.global_step,
-                                                  "config_hash": self.s.config_hash, "format": "megatron"})
+            atomic_write_json(
+                tmp / "meta.json",
+                {
+                    "rollout_id": rollout_id,
+                    "global_step": self.global_step,
+                    "config_hash": self.s.config_hash,
+                    "format": "megatron",
+                },
+            )
         dist.barrier()
         if self.rank == 0:
             old = final.with_name(final.name + ".old")
@@ -461,10 +565,16 @@ class MegatronTrainer:
         step = None
         if self.optimizer is not None and self.optimizer.state:
             step = float(next(iter(self.optimizer.state.values()))["step"])  # AdamW steps every parameter
-        return {"rollout_id": rollout_id, "iteration": self.global_step, "global_step": self.global_step,
-                "world_size": self.world_size, "tensor_model_parallel_size": self.layout.tp_size,
-                "has_optimizer": self.optimizer is not None, "optimizer_step": step,
-                "scheduler": {k: v for k, v in sched.items() if k != "lr_lambdas"}}
+        return {
+            "rollout_id": rollout_id,
+            "iteration": self.global_step,
+            "global_step": self.global_step,
+            "world_size": self.world_size,
+            "tensor_model_parallel_size": self.layout.tp_size,
+            "has_optimizer": self.optimizer is not None,
+            "optimizer_step": step,
+            "scheduler": {k: v for k, v in sched.items() if k != "lr_lambdas"},
+        }
 
     def load(self, directory: str) -> int:
         """Collective. Restore a checkpoint: the latest one of a --save dir, or an iter_ dir, in the Megatron
@@ -491,18 +601,31 @@ class MegatronTrainer:
 
     def _load_dist(self, path: Path) -> None:
         common = checkpoint.load_common(path)
-        with_opt = self.optimizer is not None and bool(common["has_optimizer"]) and common["optimizer_step"] is not None
-        same_world = common["world_size"] == self.world_size  # per-rank RNG states only map onto the same ranks
-        state = checkpoint.sharded_state(self.model, self.optimizer if with_opt else None, self.rank,
-                                         self.world_size, for_loading=True, rng=same_world)
+        with_opt = (
+            self.optimizer is not None
+            and bool(common["has_optimizer"])
+            and common["optimizer_step"] is not None
+        )
+        same_world = (
+            common["world_size"] == self.world_size
+        )  # per-rank RNG states only map onto the same ranks
+        state = checkpoint.sharded_state(
+            self.model,
+            self.optimizer if with_opt else None,
+            self.rank,
+            self.world_size,
+            for_loading=True,
+            rng=same_world,
+        )
         got = checkpoint.load(path, state)
         with torch.no_grad():
             for name, p in self.model.named_parameters():
                 p.copy_(got["model"][name])
         if with_opt and self.optimizer is not None:
             step = torch.tensor(common["optimizer_step"], dtype=torch.float32)
-            self._set_optimizer_state({i: {"step": step.clone(), **moments}
-                                       for i, moments in got["optimizer_state"].items()})
+            self._set_optimizer_state(
+                {i: {"step": step.clone(), **moments} for i, moments in got["optimizer_state"].items()}
+            )
         self._set_scheduler_state(common["scheduler"])
         if same_world:
             torch.set_rng_state(got["rng_state"])
@@ -510,7 +633,11 @@ class MegatronTrainer:
     def _load_torch_format(self, path: Path) -> None:
         """A torch-backend checkpoint: HF weights, AdamW state keyed `{hf name}::{field}`, scheduler, RNG."""
         self._load_hf_weights(self.model, checkpoint.hf_reader(path))
-        opt = load_file(str(path / "optimizer.safetensors")) if (path / "optimizer.safetensors").is_file() else {}
+        opt = (
+            load_file(str(path / "optimizer.safetensors"))
+            if (path / "optimizer.safetensors").is_file()
+            else {}
+        )
         if opt and self.optimizer is not None:
             tp, tp_rank, state = self.layout.tp_size, self.layout.tp_rank, {}
             by_field: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)  # field -> HF name -> tensor
@@ -521,7 +648,9 @@ class MegatronTrainer:
                 first = convert.hf_sources(name, self.arch)[0][0]
                 state[i] = {"step": by_field["step"][first].clone()}
                 for field in checkpoint.MOMENTS:
-                    state[i][field] = convert.to_megatron(name, by_field[field].__getitem__, self.arch, tp, tp_rank)
+                    state[i][field] = convert.to_megatron(
+                        name, by_field[field].__getitem__, self.arch, tp, tp_rank
+                    )
             self._set_optimizer_state(state)
         self._set_scheduler_state(json.loads((path / "scheduler.json").read_text()))
         torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
@@ -542,17 +671,21 @@ class MegatronTrainer:
             group["lr"] = lr
 
     def _check_model_hash(self, path: Path) -> None:
-        """--ci-check-model-hash: this rank's loaded shard must match the hashes saved for its (tp, dp) slot."""
+        """--ci-check-model-hash: this rank's loaded shard must match the hashes saved for its (tp, dp)."""
         name = f"model_hash_tp{self.layout.tp_rank}_pp0_dp{self.layout.dp_rank}_cp0.json"
         saved = path / name
         if not saved.is_file():
             saved = path / f"model_hash_tp{self.layout.tp_rank}_pp0_dp0_cp0.json"
         if not saved.is_file():
-            raise FileNotFoundError(f"--ci-check-model-hash: {path} has no {name} (was it saved with "
-                                    f"--ci-save-model-hash and the same --tensor-model-parallel-size?)")
+            raise FileNotFoundError(
+                f"--ci-check-model-hash: {path} has no {name} (was it saved with "
+                f"--ci-save-model-hash and the same --tensor-model-parallel-size?)"
+            )
         expected = json.loads(saved.read_text())
         got = self.model_hash()
         bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
         if bad:
-            raise RuntimeError(f"--ci-check-model-hash: rank {self.rank} loaded weights differ from {saved.name} "
-                               f"in layers {bad}")
+            raise RuntimeError(
+                f"--ci-check-model-hash: rank {self.rank} loaded weights differ from {saved.name} "
+                f"in layers {bad}"
+            )
