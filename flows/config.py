@@ -404,11 +404,13 @@ def _check_parallelism(t: TrainConfig) -> None:
         raise ValueError(f"--tensor-model-parallel-size {t.tensor_model_parallel_size} needs --train-backend "
                          f"megatron (the {t.train_backend} backend is data parallel only)")
     if t.train_backend == "megatron":
-        import importlib.util
+        from importlib import metadata
 
-        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        try:  # the installed distribution, not an import: megatron is only ever imported by its backend
+            metadata.version("megatron-core")
+        except metadata.PackageNotFoundError:
             raise ValueError("--train-backend megatron needs megatron-core: install the extra, "
-                             "pip install 'rollflow[megatron]'")
+                             "pip install 'rollflow[megatron]'") from None
 
 
 def _check_debug(d: DebugConfig) -> None:

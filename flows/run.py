@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass
@@ -126,7 +127,8 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None) -> dict:
         trainers = [] if cfg.rollout_only else await actors.start_trainers(cfg, _start_weights(cfg, resume))
         start = 0
         if resume is not None and trainers:
-            start = 1 + max([await t.load.remote(str(resume)) for t in trainers])
+            # all ranks at once: a backend's load may be collective (megatron's distributed checkpoint)
+            start = 1 + max(await asyncio.gather(*[t.load.remote(str(resume)) for t in trainers]))
             print(f"resumed from {resume} at rollout {start}")
         elif cfg.checkpoint.load:
             print(f"--load {cfg.checkpoint.load} holds no checkpoint yet: starting from {_start_weights(cfg, None)}")

@@ -1,4 +1,5 @@
-"""End to end with `--train-backend megatron`: the real flow, tensor parallel 2, every --ci-test checker."""
+"""End to end with `--train-backend megatron`: the real flow, tensor parallel 2, every --ci-test checker,
+then a bitwise replay of a train step and a resume from the Megatron checkpoints it saved."""
 
 from __future__ import annotations
 
@@ -51,3 +52,20 @@ def test_megatron_tp2_run_passes_every_checker_and_saves_both_formats(
         load_file(str(saved / "model.safetensors")),
     )
     assert any(not torch.equal(base[k], trained[k]) for k in base)  # the HF export moved with training
+
+    # replay: fresh TP=2 trainers load iter_0000000 and retrain rollout 1 bitwise (metrics and weights)
+    from flows.replay import replay_flow
+
+    result = asyncio.run(replay_flow(str(cfg.resolved_run_dir), 1, "train-step"))
+    assert result["identical"], result["difference"]
+
+    # resume: the TP=2 trainers load the distributed checkpoint (and check its per-rank hashes), train on
+    resumed = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 3}, eval={"eval_interval": None},
+                           train={"train_backend": "megatron", "tensor_model_parallel_size": 2},
+                           checkpoint={"load": str(tmp_path / "ckpt"), "ci_save_model_hash": True,
+                                       "ci_check_model_hash": True},
+                           ci=ci_flags(base_checkpoint))
+    asyncio.run(run_flow(resumed))
+    steps = [r for r in read_metrics(RunPaths(resumed.resolved_run_dir).metrics) if r["kind"] == "step"]
+    assert [r["rollout_id"] for r in steps][-2:] == [2, 2] and [r["step"] for r in steps][-2:] == [4, 5]
+    assert (tmp_path / "ckpt" / "iter_0000002" / "model_hash_tp1_pp0_dp0_cp0.json").is_file()
