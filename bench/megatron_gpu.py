@@ -16,7 +16,9 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -33,13 +35,16 @@ from tests.megatron_helpers import (  # noqa: E402
 from trainers.megatron.trainer import MegatronTrainer  # noqa: E402
 from trainers.torch_trainer.trainer import TorchTrainer  # noqa: E402
 
+T = TypeVar("T")
+
 
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
 
 
-def _timed(device: str, fn):  # noqa: ANN001, ANN202 - any callable, its result
+def _timed(device: str, fn: Callable[[], T]) -> tuple[T, float]:
+    """fn() and its wall seconds, the device synchronised before and after."""
     _sync(device)
     began = time.perf_counter()
     out = fn()
@@ -99,6 +104,7 @@ def main() -> None:
         lp_m, m_lp = _timed(
             args.device, lambda: mega.compute_log_probs(rollout, str(root / "lp_mega.parquet"))
         )
+        assert lp_t is not None and lp_m is not None  # rank 0 of a world of one writes them
         steps_t, t_train = _timed("cpu", lambda: torch_t.train_step(rollout, lp_t))
         steps_m, m_train = _timed(args.device, lambda: mega.train_step(rollout, lp_m))
 
@@ -121,12 +127,12 @@ def main() -> None:
             f"{max((weights_t[k] - weights_m[k]).abs().max().item() for k in weights_t):.3g}"
         )
         print("\nseconds            torch(cpu)   megatron")
-        for name, a, b in (
+        for stage, torch_s, mega_s in (
             ("setup", t_setup, m_setup),
             ("log-probs", t_lp, m_lp),
             ("train step", t_train, m_train),
         ):
-            print(f"  {name:<16} {a:>10.3f} {b:>10.3f}")
+            print(f"  {stage:<16} {torch_s:>10.3f} {mega_s:>10.3f}")
 
 
 if __name__ == "__main__":

@@ -56,13 +56,14 @@ def build_hf_model(
         bos_token_id=1,
         rms_norm_eps=1e-6,
     )
-    config_cls, model_cls = (
-        (Qwen2Config, Qwen2ForCausalLM) if family == "qwen2" else (LlamaConfig, LlamaForCausalLM)
-    )
-    config = config_cls(**common, rope_theta=5000.0) if family == "llama" else config_cls(**common)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config)
+        model: torch.nn.Module
+        if family == "qwen2":
+            model = Qwen2ForCausalLM(Qwen2Config(**common))  # type: ignore[arg-type]
+        else:  # a non-default RoPE theta, so a conversion that ignores it shows
+            rope = {"rope_type": "default", "rope_theta": 5000.0}
+            model = LlamaForCausalLM(LlamaConfig(**common, rope_parameters=rope))  # type: ignore[arg-type]
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith("bias") or "norm" in name:

@@ -6,6 +6,8 @@ self-attention with optional q/k/v bias, RoPE, SwiGLU MLP, tied or untied output
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
@@ -93,7 +95,7 @@ def build_model(arch: ModelArch, tp_size: int, device: torch.device) -> GPTModel
         share_embeddings_and_output_weights=arch.tied_embeddings,
         position_embedding_type="rope",
         rotary_percent=1.0,
-        rotary_base=arch.rope_theta,  # type: ignore[arg-type]  # annotated int upstream, used as a float
+        rotary_base=arch.rope_theta,  # annotated int upstream; used as a float there too
     )
     # megatron's parallel layers tag their weights as TP-sharded only when they initialise them themselves
     # (perform_initialization), which is skipped here; the grad norm reads the tag to count replicated
@@ -113,7 +115,9 @@ def build_model(arch: ModelArch, tp_size: int, device: torch.device) -> GPTModel
     return model.to(device)
 
 
-def _padding_idx_hook(pad_id: int):  # noqa: ANN202 - a torch forward hook
+def _padding_idx_hook(
+    pad_id: int,
+) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor], torch.Tensor]:
     """HF's `nn.Embedding(..., padding_idx=pad)`: looking up the pad token gives its row but sends no
     gradient back into it. Megatron's embedding has no padding_idx, so the pad positions' outputs are
     detached instead (same values, same gradients), or a tied model's pad row would train differently."""

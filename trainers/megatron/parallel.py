@@ -47,7 +47,8 @@ class _GatherVocab(torch.autograd.Function):
     backward (every TP rank computes the same loss from the gathered logits, so no sum is needed)."""
 
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, group: Any) -> torch.Tensor:  # noqa: D102
+    def forward(ctx: Any, local: torch.Tensor, group: Any) -> torch.Tensor:
+        """[..., V/tp] -> [..., V]: this rank's slice, all-gathered in TP rank order."""
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         ctx.width, ctx.rank = local.shape[-1], rank
         parts = [torch.empty_like(local) for _ in range(size)]
@@ -55,7 +56,8 @@ class _GatherVocab(torch.autograd.Function):
         return torch.cat(parts, dim=-1)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: D102
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """[..., V] -> [..., V/tp]: the gradient of this rank's own slice."""
         return grad[..., ctx.rank * ctx.width : (ctx.rank + 1) * ctx.width].contiguous(), None
 
 

@@ -95,9 +95,9 @@ class MegatronTrainer:
             raise ValueError(
                 f"world size {self.world_size} is not a multiple of --tensor-model-parallel-size {tp}"
             )
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # megatron allocates on the current device
         if not dist.is_initialized():
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
             dist.init_process_group(
                 "nccl" if self.device.type == "cuda" else "gloo",
                 init_method=f"tcp://{master_addr}:{master_port}",
