@@ -392,14 +392,14 @@ def _check_template(flag: str, template: str | None, *, need_id: bool, extra: tu
 
 def _check_parallelism(t: TrainConfig) -> None:
     """Parallelism the chosen backend cannot do is refused here, not silently ignored."""
+    can = "tensor and data parallel" if t.train_backend == "megatron" else "data parallel"
     for flag, value in (("--pipeline-model-parallel-size", t.pipeline_model_parallel_size),
                         ("--context-parallel-size", t.context_parallel_size)):
         if value > 1:
-            raise ValueError(f"{flag} {value}: not supported yet (the {t.train_backend} backend runs tensor and "
-                             f"data parallel only); leave it at 1")
+            raise ValueError(f"{flag} {value}: not supported yet (the {t.train_backend} backend runs {can} only); "
+                             "leave it at 1")
     if t.sequence_parallel:
-        raise ValueError(f"--sequence-parallel: not supported yet (the {t.train_backend} backend runs tensor and "
-                         "data parallel only)")
+        raise ValueError(f"--sequence-parallel: not supported yet (the {t.train_backend} backend runs {can} only)")
     if t.train_backend != "megatron" and t.tensor_model_parallel_size > 1:
         raise ValueError(f"--tensor-model-parallel-size {t.tensor_model_parallel_size} needs --train-backend "
                          f"megatron (the {t.train_backend} backend is data parallel only)")

@@ -114,8 +114,9 @@ def test_failed_step_restores_weights_optimizer_and_schedule(models, rollouts, t
     assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())
 
 
-def test_tensor_parallel_2_matches_1_and_its_checkpoint_loads_at_tp_1(models, rollouts, tmp_path):
-    ckpt, rollout = models["qwen2-tied"], rollouts[0]  # vocab 31: padded to 32 rows at TP=2
+@pytest.mark.parametrize("model", ["qwen2-tied", "llama-untied"])  # Qwen2's vocab 31 is padded to 32 at TP=2
+def test_tensor_parallel_2_matches_1_and_its_checkpoint_loads_at_tp_1(models, rollouts, tmp_path, model):
+    ckpt, rollout = models[model], rollouts[0]
     cfg2 = _megatron_cfg(ckpt, tensor_model_parallel_size=2)
     task = {
         "cfg": cfg2.model_dump_json(),
@@ -137,7 +138,7 @@ def test_tensor_parallel_2_matches_1_and_its_checkpoint_loads_at_tp_1(models, ro
     }
     steps = tp1.train_step(rollout, lp)
     metric_diff = max(abs(a[k] - b[k]) for a, b in zip(steps, tp2[0]["metrics"], strict=True) for k in a)
-    print(f"TP=2 vs TP=1: log-prob diffs {diffs}, max metric diff {metric_diff:.3g}")
+    print(f"{model} TP=2 vs TP=1: log-prob diffs {diffs}, max metric diff {metric_diff:.3g}")
     assert max(diffs.values()) < TOL and metric_diff < TOL
     assert _max_weight_diff(tp1.export_weights(), tp2[0]["weights"]) < 1e-4
 
@@ -288,3 +289,21 @@ def test_on_cuda_log_probs_and_train_step_match_the_torch_backend(models, rollou
     print(f"CUDA megatron vs CPU torch: log-prob diffs {diffs}, max metric diff {worst:.3g}")
     assert max(diffs.values()) < TOL and worst < TOL
     assert _max_weight_diff(torch_t.export_weights(), cuda["weights"]) < 1e-4
+
+
+def test_world_size_is_tp_times_dp_and_unsupported_parallelism_is_refused():
+    train = {
+        "train_backend": "megatron",
+        "tensor_model_parallel_size": 2,
+        "data_parallel_size": 2,
+        "global_batch_size": 8,
+    }
+    assert RunConfig.model_validate({"train": train}).trainer_world_size == 4
+    for change, needle in (
+        ({"sequence_parallel": True}, "--sequence-parallel: not supported yet"),
+        ({"pipeline_model_parallel_size": 2}, "--pipeline-model-parallel-size 2: not supported"),
+        ({"context_parallel_size": 2}, "--context-parallel-size 2: not supported"),
+    ):
+        with pytest.raises(ValueError, match=needle) as e:
+            RunConfig.model_validate({"train": {**train, **change}})
+        assert "megatron backend runs tensor and data parallel only" in str(e.value)

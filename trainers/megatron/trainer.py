@@ -38,6 +38,7 @@ from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
 from flows.config import RunConfig
 from trainers.advantages import get_advantage_estimator
+from trainers.base import Trainer
 from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
 from trainers.collectives import all_reduce_sum
 from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
@@ -689,3 +690,8 @@ class MegatronTrainer:
                 f"--ci-check-model-hash: rank {self.rank} loaded weights differ from {saved.name} "
                 f"in layers {bad}"
             )
+
+
+def _implements_trainer(trainer: MegatronTrainer) -> Trainer:
+    """Never called: mypy checks here that MegatronTrainer satisfies the `trainers.base.Trainer` Protocol."""
+    return trainer
