@@ -16,12 +16,10 @@ the DP group, deterministically with --debug-deterministic-collective.
 from __future__ import annotations
 
 import copy
-import json
 import os
-import shutil
 import time
-import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +27,8 @@ from typing import Any
 import pyarrow as pa
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
 
-from artifacts.atomic import atomic_write_json, atomic_write_text
-from artifacts.checkpoints import LATEST_FILE, model_dir, resolve_checkpoint
+from artifacts.checkpoints import model_dir
 from artifacts.hashing import layer_hashes, weights_sha256
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
@@ -43,7 +39,7 @@ from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
 from trainers.collectives import all_reduce_sum
 from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
 from trainers.lr_schedule import lr_lambda
-from trainers.megatron import checkpoint, convert
+from trainers.megatron import checkpoint, convert, persistence
 from trainers.megatron.arch import ModelArch
 from trainers.megatron.model import build_model, causal_mask, init_parallel
 from trainers.megatron.parallel import Layout, clip_grad_norm, gather_vocab, sum_grads_over_dp
@@ -139,7 +135,7 @@ class MegatronTrainer:
                     total_steps=self.s.total_steps,
                 ),
             )
-        self._refresh_export()
+        self.refresh_export()
         return {
             "rank": self.rank,
             "world_size": self.world_size,
@@ -156,12 +152,12 @@ class MegatronTrainer:
         if arch != self.arch:
             raise ValueError(f"{hf_dir}: architecture {arch} differs from the policy's {self.arch}")
         model = build_model(self.arch, self.layout.tp_size, self.device)
-        self._load_hf_weights(model, checkpoint.hf_reader(hf_dir))
+        self.load_hf_weights(model, checkpoint.hf_reader(hf_dir))
         model.train()  # dropout is refused (ModelArch); train mode matches what the loss sees
         return model
 
     @torch.no_grad()
-    def _load_hf_weights(self, model: torch.nn.Module, read: Any) -> None:
+    def load_hf_weights(self, model: torch.nn.Module, read: Callable[[str], torch.Tensor]) -> None:
         """Copy this rank's converted shard of every parameter from the HF tensors `read(name)`."""
         params = dict(model.named_parameters())
         names = convert.megatron_names(self.arch)
@@ -287,7 +283,7 @@ class MegatronTrainer:
         began = time.perf_counter()
         try:
             metrics = self._train_rollout(samples, self._logprob_rows(logprob_ref), dump_template)
-            self._refresh_export()
+            self.refresh_export()
         except BaseException:
             self._restore(snapshot)  # a failed step leaves the weights as they were, so a retry is safe
             raise
@@ -475,7 +471,7 @@ class MegatronTrainer:
 
     # -- weights -------------------------------------------------------------------------------
     @torch.no_grad()
-    def _refresh_export(self) -> None:
+    def refresh_export(self) -> None:
         """TP > 1: gather every parameter's TP shards to TP rank 0 of DP replica 0 (global rank 0), one
         parameter at a time, and keep its HF conversion there (the only full copy). TP = 1: nothing to do,
         export_weights converts rank 0's own parameters on demand."""
@@ -516,180 +512,16 @@ class MegatronTrainer:
         """Per-layer SHA-256 of this rank's Megatron parameters (its TP shard), miles' layout."""
         return layer_hashes({n: p for n, p in self.model.named_parameters()})
 
-    # -- checkpoints ---------------------------------------------------------------------------
+    # -- checkpoints (trainers/megatron/persistence.py) ------------------------------------------
     def save(self, directory: str, rollout_id: int) -> None:
-        """Collective: write iter_{rollout_id:07d}/ with megatron's distributed checkpoint (model, AdamW
-        moments, per-rank RNG; step, schedule and ids in common.pt), the HF export, meta.json and, with
-        --ci-save-model-hash, each rank's model_hash_tp{t}_pp0_dp{d}_cp0.json; then the latest marker."""
-        hashes = self.model_hash() if self.s.save_model_hash else None
-        final = Path(directory) / f"iter_{rollout_id:07d}"
-        name = [f"{final.name}.tmp-{uuid.uuid4().hex[:12]}"]
-        dist.broadcast_object_list(name, src=0)  # every rank writes into the same temporary directory
-        tmp = final.with_name(name[0])
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier()
-        state = checkpoint.sharded_state(
-            self.model, self.optimizer, self.rank, self.world_size, for_loading=False
-        )
-        state.update(self._common_state(rollout_id))
-        checkpoint.save(tmp, state)
-        if hashes is not None:
-            atomic_write_json(
-                tmp / f"model_hash_tp{self.layout.tp_rank}_pp0_dp{self.layout.dp_rank}_cp0.json", hashes
-            )
-        if self.rank == 0:
-            checkpoint.write_hf(tmp, self.export_weights(), self.config_json)
-            atomic_write_json(
-                tmp / "meta.json",
-                {
-                    "rollout_id": rollout_id,
-                    "global_step": self.global_step,
-                    "config_hash": self.s.config_hash,
-                    "format": "megatron",
-                },
-            )
-        dist.barrier()
-        if self.rank == 0:
-            old = final.with_name(final.name + ".old")
-            if final.exists():
-                final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-            atomic_write_text(Path(directory) / LATEST_FILE, str(rollout_id))
-        dist.barrier()  # no rank returns before the checkpoint is in place
-
-    def _common_state(self, rollout_id: int) -> dict[str, Any]:
-        """The plain values of a checkpoint (identical on every rank; megatron puts them in common.pt)."""
-        sched = self.scheduler.state_dict() if self.scheduler is not None else {}
-        step = None
-        if self.optimizer is not None and self.optimizer.state:
-            step = float(next(iter(self.optimizer.state.values()))["step"])  # AdamW steps every parameter
-        return {
-            "rollout_id": rollout_id,
-            "iteration": self.global_step,
-            "global_step": self.global_step,
-            "world_size": self.world_size,
-            "tensor_model_parallel_size": self.layout.tp_size,
-            "has_optimizer": self.optimizer is not None,
-            "optimizer_step": step,
-            "scheduler": {k: v for k, v in sched.items() if k != "lr_lambdas"},
-        }
+        """Collective: write iter_{rollout_id:07d}/ (megatron distributed checkpoint + HF export, meta.json,
+        per-rank model hashes with --ci-save-model-hash) and the latest marker."""
+        persistence.save(self, directory, rollout_id)
 
     def load(self, directory: str) -> int:
-        """Collective. Restore a checkpoint: the latest one of a --save dir, or an iter_ dir, in the Megatron
-        format (any TP size) or the torch backend's (HF weights + optimizer in HF names); returns its
-        rollout id. A plain HF model dir sets the weights only and returns -1 (no rollout applied)."""
-        path = Path(directory)
-        if (path / "config.json").is_file() and not (path / "meta.json").is_file():
-            self._load_hf_weights(self.model, checkpoint.hf_reader(path))
-            self.applied, self.last_applied_rollout = {}, -1
-            self._refresh_export()
-            return -1
-        path = resolve_checkpoint(directory)
-        if checkpoint.is_dist_checkpoint(path):
-            self._load_dist(path)
-        else:
-            self._load_torch_format(path)
-        if self.s.check_model_hash:
-            self._check_model_hash(path)
-        meta = json.loads((path / "meta.json").read_text())
-        self.global_step = int(meta["global_step"])
-        self.last_applied_rollout = int(meta["rollout_id"])
-        self._refresh_export()
-        return self.last_applied_rollout
-
-    def _load_dist(self, path: Path) -> None:
-        common = checkpoint.load_common(path)
-        with_opt = (
-            self.optimizer is not None
-            and bool(common["has_optimizer"])
-            and common["optimizer_step"] is not None
-        )
-        same_world = (
-            common["world_size"] == self.world_size
-        )  # per-rank RNG states only map onto the same ranks
-        state = checkpoint.sharded_state(
-            self.model,
-            self.optimizer if with_opt else None,
-            self.rank,
-            self.world_size,
-            for_loading=True,
-            rng=same_world,
-        )
-        got = checkpoint.load(path, state)
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                p.copy_(got["model"][name])
-        if with_opt and self.optimizer is not None:
-            step = torch.tensor(common["optimizer_step"], dtype=torch.float32)
-            self._set_optimizer_state(
-                {i: {"step": step.clone(), **moments} for i, moments in got["optimizer_state"].items()}
-            )
-        self._set_scheduler_state(common["scheduler"])
-        if same_world:
-            torch.set_rng_state(got["rng_state"])
-
-    def _load_torch_format(self, path: Path) -> None:
-        """A torch-backend checkpoint: HF weights, AdamW state keyed `{hf name}::{field}`, scheduler, RNG."""
-        self._load_hf_weights(self.model, checkpoint.hf_reader(path))
-        opt = (
-            load_file(str(path / "optimizer.safetensors"))
-            if (path / "optimizer.safetensors").is_file()
-            else {}
-        )
-        if opt and self.optimizer is not None:
-            tp, tp_rank, state = self.layout.tp_size, self.layout.tp_rank, {}
-            by_field: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)  # field -> HF name -> tensor
-            for key, value in opt.items():
-                hf_name, _, field = key.partition("::")
-                by_field[field][hf_name] = value
-            for i, (name, _) in enumerate(self.model.named_parameters()):  # the order of self.params
-                first = convert.hf_sources(name, self.arch)[0][0]
-                state[i] = {"step": by_field["step"][first].clone()}
-                for field in checkpoint.MOMENTS:
-                    state[i][field] = convert.to_megatron(
-                        name, by_field[field].__getitem__, self.arch, tp, tp_rank
-                    )
-            self._set_optimizer_state(state)
-        self._set_scheduler_state(json.loads((path / "scheduler.json").read_text()))
-        torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
-
-    def _set_optimizer_state(self, state: dict[int, dict[str, torch.Tensor]]) -> None:
-        """Load AdamW state given per parameter index (the order of self.params)."""
-        assert self.optimizer is not None
-        sd = self.optimizer.state_dict()
-        sd["state"] = state
-        self.optimizer.load_state_dict(sd)
-
-    def _set_scheduler_state(self, saved: dict[str, Any]) -> None:
-        if self.scheduler is None or self.optimizer is None or not saved:
-            return
-        self.scheduler.load_state_dict({**self.scheduler.state_dict(), **saved})
-        # the scheduler sets a group's lr only when it steps: put back the lr it had reached
-        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
-            group["lr"] = lr
-
-    def _check_model_hash(self, path: Path) -> None:
-        """--ci-check-model-hash: this rank's loaded shard must match the hashes saved for its (tp, dp)."""
-        name = f"model_hash_tp{self.layout.tp_rank}_pp0_dp{self.layout.dp_rank}_cp0.json"
-        saved = path / name
-        if not saved.is_file():
-            saved = path / f"model_hash_tp{self.layout.tp_rank}_pp0_dp0_cp0.json"
-        if not saved.is_file():
-            raise FileNotFoundError(
-                f"--ci-check-model-hash: {path} has no {name} (was it saved with "
-                f"--ci-save-model-hash and the same --tensor-model-parallel-size?)"
-            )
-        expected = json.loads(saved.read_text())
-        got = self.model_hash()
-        bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
-        if bad:
-            raise RuntimeError(
-                f"--ci-check-model-hash: rank {self.rank} loaded weights differ from {saved.name} "
-                f"in layers {bad}"
-            )
+        """Collective: restore a Megatron or torch-backend checkpoint (returns its rollout id), or the
+        weights of a plain HF model dir (returns -1)."""
+        return persistence.load(self, directory)
 
 
 def _implements_trainer(trainer: MegatronTrainer) -> Trainer:
