@@ -132,7 +132,15 @@ class TrainConfig(_Section):
     """The trainer: batch schedule, optimiser and the RL loss."""
 
     train_backend: TrainBackend = Field("torch", description="Trainer backend.")  # type: ignore[valid-type]
-    data_parallel_size: int = Field(1, ge=1, le=65_536, description="Trainer ranks (one Ray actor each, gloo on CPU).")
+    data_parallel_size: int = Field(1, ge=1, le=65_536, description="Data-parallel trainer ranks (gloo on CPU); the trainer "
+                                                         "actors are tensor x data parallel, one rank each.")
+    tensor_model_parallel_size: int = Field(
+        1, ge=1, description="Tensor-parallel ranks per model replica (megatron backend only).")
+    pipeline_model_parallel_size: int = Field(
+        1, ge=1, description="Pipeline-parallel stages; only 1 is supported so far (refused otherwise).")
+    context_parallel_size: int = Field(
+        1, ge=1, description="Context-parallel ranks; only 1 is supported so far (refused otherwise).")
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism; not supported yet (refused).")
     global_batch_size: int | None = Field(
         128, ge=1, description="Samples per optimizer step; None = the whole rollout (one step per rollout)."
     )
@@ -347,6 +355,7 @@ class RunConfig(_Section):
                 f"--micro-batch-size {t.micro_batch_size} must divide the per-rank batch {per_rank} "
                 f"(--global-batch-size / --data-parallel-size)"
             )
+        _check_parallelism(t)
         if t.kl_loss_coef and not t.use_kl_loss:
             raise ValueError("--kl-loss-coef is set but --use-kl-loss is not")
         if c.save_interval is not None and c.save is None:
@@ -398,6 +407,11 @@ class RunConfig(_Section):
         return Path(self.run_dir or f"runs/{self.name}").resolve()
 
     @property
+    def trainer_world_size(self) -> int:
+        """Trainer ranks (one actor each): tensor-parallel x data-parallel."""
+        return self.train.tensor_model_parallel_size * self.train.data_parallel_size
+
+    @property
     def samples_per_rollout(self) -> int:
         return self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt
 
@@ -442,6 +456,29 @@ def _check_template(flag: str, template: str | None, *, need_id: bool, extra: tu
                          f"by every rollout; use e.g. /tmp/rollout_{{rollout_id}}.parquet")
     if not template.endswith(RECORDING_FORMATS):
         raise ValueError(f"{flag} {template!r}: the extension picks the format; use one of {RECORDING_FORMATS}")
+
+
+def _check_parallelism(t: TrainConfig) -> None:
+    """Parallelism the chosen backend cannot do is refused here, not silently ignored."""
+    can = "tensor and data parallel" if t.train_backend == "megatron" else "data parallel"
+    for flag, value in (("--pipeline-model-parallel-size", t.pipeline_model_parallel_size),
+                        ("--context-parallel-size", t.context_parallel_size)):
+        if value > 1:
+            raise ValueError(f"{flag} {value}: not supported yet (the {t.train_backend} backend runs {can} only); "
+                             "leave it at 1")
+    if t.sequence_parallel:
+        raise ValueError(f"--sequence-parallel: not supported yet (the {t.train_backend} backend runs {can} only)")
+    if t.train_backend != "megatron" and t.tensor_model_parallel_size > 1:
+        raise ValueError(f"--tensor-model-parallel-size {t.tensor_model_parallel_size} needs --train-backend "
+                         f"megatron (the {t.train_backend} backend is data parallel only)")
+    if t.train_backend == "megatron":
+        from importlib import metadata
+
+        try:  # the installed distribution, not an import: megatron is only ever imported by its backend
+            metadata.version("megatron-core")
+        except metadata.PackageNotFoundError:
+            raise ValueError("--train-backend megatron needs megatron-core: install the extra, "
+                             "pip install 'rollflow[megatron]'") from None
 
 
 def _check_debug(d: DebugConfig) -> None:

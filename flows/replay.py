@@ -9,6 +9,7 @@ one (`--save DIR --save-interval 1`).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from artifacts.compare import first_layer_difference, first_metric_difference, first_table_difference
 from artifacts.hashing import layer_hashes, weights_sha256
 from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_table
+from artifacts.wire import from_wire
 from flows.config import LoggingConfig, RunConfig, load_yaml
 from tasks import actors
 from tasks.refs import WeightsRef
@@ -132,9 +134,8 @@ async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_
     if task in ("log-prob", "train-step"):  # no engines in these replays
         cfg = cfg.model_copy(update={"debug": cfg.debug.model_copy(update={"debug_train_only": True})})
     trainers = await actors.start_trainers(cfg, base)
-    if before is not None:
-        for t in trainers:
-            await t.load.remote(str(before))
+    if before is not None:  # all ranks at once: a backend's load may be collective
+        await asyncio.gather(*[t.load.remote(str(before)) for t in trainers])
     if task == "log-prob":
         weights = WeightsRef(version=rollout_id, sha256=await trainers[0].weights_sha256.remote())
         fresh = await log_prob.with_options(refresh_cache=True)(cfg, rollout_id, rollout, weights)
@@ -147,12 +148,13 @@ async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_
         if diff is None and original.checkpoint.save:
             after = Path(original.checkpoint.save) / f"iter_{rollout_id:07d}"
             if (after / "model.safetensors").is_file():
-                diff = first_layer_difference(_checkpoint_hashes(after), await trainers[0].model_hash.remote())
+                # both sides by HF name, so any backend compares (a Megatron rank's own hashes are of its shard)
+                trained = layer_hashes(from_wire(await trainers[0].export_weights.remote()))
+                diff = first_layer_difference(_checkpoint_hashes(after), trained)
         return diff
     # sync / check: the trainer holds the weights after rollout N; engines receive them
     after = _iter_dir(original, rollout_id)
-    for t in trainers:
-        await t.load.remote(str(after))
+    await asyncio.gather(*[t.load.remote(str(after)) for t in trainers])
     await actors.start_engines(cfg, str(before or base))
     weights = await sync.with_options(refresh_cache=True)(cfg, rollout_id)
     expected = weights_sha256(_load_weights(after))

@@ -41,7 +41,7 @@ def trainers(cfg: RunConfig) -> list[Any]:
     """The run's trainer actors, in rank order (none in rollout-only mode)."""
     if cfg.rollout_only:
         return []
-    return [_get(cfg, f"trainer-{r}") for r in range(cfg.train.data_parallel_size)]
+    return [_get(cfg, f"trainer-{r}") for r in range(cfg.trainer_world_size)]
 
 
 def _get(cfg: RunConfig, name: str) -> Any:
@@ -110,7 +110,7 @@ async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
     """One trainer actor per rank, built from `checkpoint`, joined in one process group."""
     from trainers.actor import TrainerActor
 
-    world = cfg.train.data_parallel_size
+    world = cfg.trainer_world_size
 
     def make(r: int) -> Any:
         return TrainerActor.options(  # type: ignore[attr-defined]
@@ -140,14 +140,14 @@ def start_weights(cfg: RunConfig, resume: Path | None) -> str:
 
 def kill_trainers(cfg: RunConfig) -> None:
     """Kill every trainer rank (one dead rank breaks the group: all are re-created together)."""
-    for r in range(cfg.train.data_parallel_size):
+    for r in range(cfg.trainer_world_size):
         _kill(cfg, f"trainer-{r}")
 
 
 def stop_actors(cfg: RunConfig) -> None:
     """Kill every actor of the run that is still alive."""
     for name in [f"engine-{i}" for i in range(cfg.rollout.rollout_num_engines)] + \
-                [f"trainer-{r}" for r in range(cfg.train.data_parallel_size)]:  # all names: modes may differ
+                [f"trainer-{r}" for r in range(cfg.trainer_world_size)]:  # all names: modes may differ
         _kill(cfg, name)
 
 

@@ -28,15 +28,17 @@ def fixed_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def all_reduce_sum(tensor: torch.Tensor, *, deterministic: bool = False) -> None:
-    """In-place SUM across the default process group (a no-op for a world of one)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+def all_reduce_sum(tensor: torch.Tensor, *, deterministic: bool = False,
+                   group: dist.ProcessGroup | None = None) -> None:
+    """In-place SUM across `group` (default: the default process group); a no-op for a group of one.
+    Deterministic: the parts are folded in the group's rank order."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
     if not deterministic:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
         return
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, tensor.contiguous())
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, tensor.contiguous(), group=group)
     tensor.copy_(fixed_order_sum(parts))
 
 

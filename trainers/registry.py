@@ -7,6 +7,7 @@ from typing import Any
 
 TRAINERS: dict[str, str] = {
     "torch": "trainers.torch_trainer.trainer:TorchTrainer",
+    "megatron": "trainers.megatron.trainer:MegatronTrainer",
 }
 
 

@@ -41,6 +41,10 @@ def test_slime_flag_names_map_to_sections():
     (["--ci-save-model-hash"], "--ci-save-model-hash needs --save"),
     (["--ci-check-model-hash"], "--ci-check-model-hash needs --load"),
     (["--debug-exit-after-rollout", "0"], "--debug-exit-after-rollout"),
+    (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size 2 needs --train-backend megatron"),
+    (["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size 2: not supported yet"),
+    (["--context-parallel-size", "2"], "--context-parallel-size 2: not supported yet"),
+    (["--sequence-parallel"], "--sequence-parallel: not supported yet"),
 ])
 def test_invalid_values_name_the_flag(argv, needle):
     with pytest.raises(ValueError, match=needle.replace("-", r"\-")):
@@ -154,7 +158,7 @@ def test_bad_eval_data_flags(argv, needle):
 
 
 def test_backends_that_are_not_registered_are_refused_at_parse_time(capsys):
-    for argv in (["--train-backend", "megatron"], ["--rollout-backend", "sglang"]):
+    for argv in (["--train-backend", "no-such-backend"], ["--rollout-backend", "sglang"]):
         with pytest.raises(SystemExit) as e:
             make_parser().parse_args(["run", *argv])
         assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err

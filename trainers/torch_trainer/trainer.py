@@ -36,6 +36,7 @@ from trainers.advantages import get_advantage_estimator
 from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
 from trainers.collectives import all_reduce_sum, init_method
 from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
+from trainers.lr_schedule import lr_lambda
 from trainers.rollout_stats import logprob_stats
 
 
@@ -444,15 +445,5 @@ def _ordered(samples: list[Sample]) -> list[Sample]:
 
 def _lr_lambda(cfg: RunConfig, total_steps: int):
     t = cfg.train
-    floor = t.min_lr / t.lr
-
-    def factor(step: int) -> float:
-        if t.lr_warmup_iters and step < t.lr_warmup_iters:
-            return (step + 1) / t.lr_warmup_iters
-        if t.lr_decay_style == "constant":
-            return 1.0
-        progress = min(1.0, (step - t.lr_warmup_iters) / max(1, total_steps - t.lr_warmup_iters))
-        decay = 1.0 - progress if t.lr_decay_style == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
-        return floor + (1.0 - floor) * decay
-
-    return factor
+    return lr_lambda(lr=t.lr, min_lr=t.min_lr, warmup_iters=t.lr_warmup_iters, decay_style=t.lr_decay_style,
+                     total_steps=total_steps)

@@ -1,0 +1,94 @@
+"""The flat values the Megatron trainer reads from the run configuration, gathered in one place
+(`from_run_config`), so the trainer never reaches into the run config itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flows.config import RunConfig
+
+
+@dataclass(frozen=True)
+class MegatronSettings:
+    """Everything the Megatron trainer depends on (see flows/config.py for each flag's meaning)."""
+
+    tensor_model_parallel_size: int
+    seed: int
+    num_threads: int
+    # batch schedule
+    global_batch_size: int
+    micro_batch_size: int
+    total_steps: int
+    temperature: float
+    # optimiser and LR schedule
+    lr: float
+    min_lr: float
+    lr_warmup_iters: int
+    lr_decay_style: str
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    clip_grad: float
+    # RL loss
+    advantage_estimator: str
+    normalize_std: bool
+    policy_loss: str
+    eps_clip: float
+    eps_clip_high: float
+    eps_clip_c: float | None
+    entropy_coef: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    use_rollout_logprobs: bool
+    # debugging, checks and checkpoints
+    deterministic_collective: bool
+    disable_optimizer: bool
+    need_ref_model: bool
+    ref_load: str | None
+    save_model_hash: bool
+    check_model_hash: bool
+    config_hash: str
+    run_dir: str  # the rendezvous file store (one machine) lives under it
+
+
+def from_run_config(cfg: RunConfig) -> MegatronSettings:
+    """The trainer's view of `cfg`."""
+    t, ci = cfg.train, cfg.ci
+    return MegatronSettings(
+        tensor_model_parallel_size=t.tensor_model_parallel_size,
+        seed=t.seed,
+        num_threads=cfg.num_threads,
+        global_batch_size=cfg.global_batch_size,
+        micro_batch_size=cfg.micro_batch_size,
+        total_steps=cfg.rollout.num_rollout * cfg.steps_per_rollout,
+        temperature=cfg.rollout.rollout_temperature,
+        lr=t.lr,
+        min_lr=t.min_lr,
+        lr_warmup_iters=t.lr_warmup_iters,
+        lr_decay_style=t.lr_decay_style,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2,
+        clip_grad=t.clip_grad,
+        advantage_estimator=t.advantage_estimator,
+        normalize_std=not t.disable_grpo_std_normalization,
+        policy_loss=t.policy_loss,
+        eps_clip=t.eps_clip,
+        eps_clip_high=t.eps_clip_high or t.eps_clip,
+        eps_clip_c=t.eps_clip_c,
+        entropy_coef=t.entropy_coef,
+        use_kl_loss=t.use_kl_loss,
+        kl_loss_coef=t.kl_loss_coef,
+        kl_loss_type=t.kl_loss_type,
+        use_rollout_logprobs=t.use_rollout_logprobs,
+        deterministic_collective=cfg.debug.debug_deterministic_collective,
+        disable_optimizer=cfg.debug.debug_disable_optimizer,
+        # the --ci-test log-prob checker compares with the reference model's log-probs
+        need_ref_model=t.use_kl_loss or (ci.ci_test and not ci.ci_disable_logprobs_checker),
+        ref_load=cfg.ref_load,
+        save_model_hash=cfg.checkpoint.ci_save_model_hash,
+        check_model_hash=cfg.checkpoint.ci_check_model_hash,
+        config_hash=cfg.config_hash(),
+        run_dir=str(cfg.resolved_run_dir),
+    )
