@@ -15,12 +15,13 @@ import torch
 import torch.distributed as dist
 
 from artifacts.store import RunPaths, write_rollout
+from config import RunConfig
 from engines.torch_engine.engine import TorchEngine
-from flows.config import RunConfig
 from flows.resolve import resolve
 from rollout.data import prompts_for_rollout
 from rollout.requests import build_requests, sampling_metadata, to_samples
 from rollout.source import train_params
+from trainers.settings import trainer_settings
 from trainers.torch_trainer.trainer import TorchTrainer
 
 
@@ -43,7 +44,7 @@ def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
     paths, r = RunPaths(cfg.resolved_run_dir), cfg.rollout
     params = train_params(cfg, src.stops)
     engine = TorchEngine(cfg.hf_checkpoint, num_threads=cfg.num_threads)
-    trainer = TorchTrainer(cfg, cfg.hf_checkpoint, rank=0, world_size=1)
+    trainer = TorchTrainer(trainer_settings(cfg), cfg.hf_checkpoint, rank=0, world_size=1)
     trainer.setup("127.0.0.1", _free_port())
     seconds: list[float] = []
     try:

@@ -33,6 +33,7 @@ from tests.megatron_helpers import (  # noqa: E402
     synthetic_rollout,
 )
 from trainers.megatron.trainer import MegatronTrainer  # noqa: E402
+from trainers.settings import trainer_settings  # noqa: E402
 from trainers.torch_trainer.trainer import TorchTrainer  # noqa: E402
 
 T = TypeVar("T")
@@ -95,9 +96,9 @@ def main() -> None:
         mcfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"train_backend": "megatron"})})
         port = free_port()
 
-        torch_t = TorchTrainer(cfg, str(ckpt), 0, 1)
+        torch_t = TorchTrainer(trainer_settings(cfg), str(ckpt), 0, 1)
         _, t_setup = _timed("cpu", lambda: torch_t.setup("127.0.0.1", port))
-        mega = MegatronTrainer(mcfg, str(ckpt), 0, 1, device=args.device)
+        mega = MegatronTrainer(trainer_settings(mcfg), str(ckpt), 0, 1, device=args.device)
         _, m_setup = _timed(args.device, lambda: mega.setup("127.0.0.1", port))
 
         lp_t, t_lp = _timed("cpu", lambda: torch_t.compute_log_probs(rollout, str(root / "lp_torch.parquet")))

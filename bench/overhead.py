@@ -37,7 +37,7 @@ configure_prefect_env()  # the Prefect settings `rollflow run` uses
 configure_ray_env()  # and its Ray settings (before ray is imported)
 
 from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
-from flows.config import RunConfig  # noqa: E402
+from config import RunConfig  # noqa: E402
 
 
 def bench_config(run_dir: Path, rollouts: int, batch_size: int, n_samples: int, max_len: int,

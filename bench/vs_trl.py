@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
-from flows.config import RunConfig  # noqa: E402
+from config import RunConfig  # noqa: E402
 from flows.resolve import resolve  # noqa: E402
 from rollout.data import prompts_for_rollout  # noqa: E402
 

@@ -16,7 +16,7 @@ import sys
 import uuid
 from typing import Any
 
-from flows.config import RunConfig
+from config import RunConfig
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

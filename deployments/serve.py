@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect import serve
 
-from flows.config import RunConfig
+from config import RunConfig
 from flows.replay import replay_flow
 from flows.run import run_flow
 

@@ -8,7 +8,7 @@ import ray
 import torch
 
 from artifacts.wire import WireWeights, from_wire, to_wire
-from engines.base import GenerateOutput, GenerateRequest
+from engines.base import Engine, GenerateOutput, GenerateRequest
 from engines.registry import get_engine_class
 from faults import FaultHookRequest, FaultInjector
 from faults.drop_weight import dropped_weights
@@ -27,7 +27,7 @@ class EngineActor:
         torch.set_num_threads(num_threads)
         self.index = engine_index
         self.fault_drop_weight = fault_drop_weight  # --ci-fault-drop-weight: a planted sync bug (names or globs)
-        self.engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
+        self.engine: Engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
         self.faults = FaultInjector(faults or [], "engine", engine_index, run_dir, epoch)
         self.generate_calls = 0
 

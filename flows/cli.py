@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from flows.config import SECTIONS, RunConfig, load_yaml
+from config import SECTIONS, RunConfig, load_yaml
 
 
 def flag(field: str) -> str:

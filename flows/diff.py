@@ -16,7 +16,7 @@ from pathlib import Path
 from artifacts.compare import first_layer_difference, first_metric_difference, first_table_difference
 from artifacts.hashing import layer_hashes
 from artifacts.store import ArtifactError, RunPaths, read_metrics, read_table
-from flows.config import load_yaml
+from config import load_yaml
 
 _TIMING_KINDS = {"perf"}  # wall-clock figures differ run to run by nature
 

@@ -21,7 +21,7 @@ from artifacts.compare import first_layer_difference, first_metric_difference, f
 from artifacts.hashing import layer_hashes, weights_sha256
 from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_table
 from artifacts.wire import from_wire
-from flows.config import LoggingConfig, RunConfig, load_yaml
+from config import LoggingConfig, RunConfig, load_yaml
 from tasks import actors
 from tasks.refs import WeightsRef
 from tasks.stages import check, generate, log_prob, sync, train_step

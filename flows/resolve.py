@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from artifacts.checkpoints import latest_checkpoint, model_dir
+from config import RunConfig, dump_yaml
 from deployments.params import apply_served_defaults
-from flows.config import RunConfig, dump_yaml
 from recipes.registry import get_recipe
 from rollout.data import DataError
 from rollout.extensions import ExtensionError

@@ -13,9 +13,9 @@ from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
 from artifacts.store import RunPaths, read_metrics
+from config import RunConfig
 from faults import FaultInjector
 from flows import runtime
-from flows.config import RunConfig
 from tasks import STAGE_NAMES, actors
 from tasks.checks import metric_gate, raise_if_any, retry_unless_check_failed
 from tasks.metrics import close_run, log_metrics

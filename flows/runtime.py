@@ -17,7 +17,7 @@ from artifacts import rundir
 from artifacts.atomic import atomic_write_text
 from artifacts.checkpoints import latest_checkpoint
 from artifacts.store import RunPaths, read_metrics
-from flows.config import RunConfig, dump_yaml
+from config import RunConfig, dump_yaml
 from flows.resolve import resolve
 from tasks.metrics import log_metrics, set_run_id
 from tasks.stages import artifact_slug

@@ -13,7 +13,7 @@ from rollout.rewards import Scorer
 from rollout.template import Stops, resolve_stops
 
 if TYPE_CHECKING:
-    from flows.config import RunConfig
+    from config import RunConfig
 
 
 @dataclass(frozen=True)

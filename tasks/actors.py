@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from artifacts.checkpoints import model_dir
-from flows.config import RunConfig
+from config import RunConfig
 
 # (namespace, actor name) -> handle created by this process. Non-detached named actors die when their
 # creator drops the last handle, so this keeps them alive for the run; stages also reuse these handles
@@ -109,13 +109,16 @@ async def restart_engine(cfg: RunConfig, i: int) -> Any:
 async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
     """One trainer actor per rank, built from `checkpoint`, joined in one process group."""
     from trainers.actor import TrainerActor
+    from trainers.settings import trainer_settings
 
     world = cfg.trainer_world_size
+    settings = trainer_settings(cfg)  # the backend's flat section of the config, not the whole run config
 
     def make(r: int) -> Any:
         return TrainerActor.options(  # type: ignore[attr-defined]
             name=f"trainer-{r}", namespace=namespace(cfg)).remote(
-            cfg, checkpoint, r, world, cfg.faults.requests(), _epoch(cfg), _RUNS.get(cfg.name, ("", 0.0))[0])
+            cfg.train.train_backend, settings, checkpoint, r, world, cfg.faults.requests(), _epoch(cfg),
+            _RUNS.get(cfg.name, ("", 0.0))[0])
 
     actors = [await _with_free_name(lambda r=r: make(r)) for r in range(world)]
     _keep(cfg, {f"trainer-{r}": a for r, a in enumerate(actors)})

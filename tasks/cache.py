@@ -16,7 +16,7 @@ from typing import Any
 from prefect.cache_policies import CachePolicy
 from pydantic import BaseModel
 
-_PACKAGES = ("artifacts", "engines", "faults", "flows", "recipes", "rollout", "tasks", "trainers")
+_PACKAGES = ("artifacts", "config", "engines", "faults", "flows", "recipes", "rollout", "tasks", "trainers")
 
 
 @cache

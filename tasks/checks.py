@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from artifacts.hashing import differing_tensors, group_by_layer
-from flows.config import RunConfig
+from config import RunConfig
 
 
 class CheckFailed(AssertionError):

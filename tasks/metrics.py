@@ -11,7 +11,7 @@ from typing import Any
 
 from artifacts.schema import Sample
 from artifacts.store import RunPaths, append_metrics
-from flows.config import RunConfig
+from config import RunConfig
 from tasks.trackers import finish_trackers, track
 from trainers.rollout_stats import mean as _mean
 

@@ -11,7 +11,7 @@ from prefect import task
 from artifacts.schema import Sample
 from artifacts.slime_format import read_any, write_any
 from artifacts.store import ArtifactRef, RunPaths, read_rollout, write_rollout
-from flows.config import RunConfig
+from config import RunConfig
 from rollout.replay import check_injection, subsample
 from tasks.metrics import log_metrics
 

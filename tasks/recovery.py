@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import ray
 
 from artifacts.checkpoints import latest_checkpoint
-from flows.config import RunConfig
+from config import RunConfig
 from tasks import actors
 from tasks.refs import WeightsRef
 

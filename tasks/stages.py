@@ -11,7 +11,7 @@ from prefect import task
 from prefect.artifacts import acreate_markdown_artifact
 
 from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_rollout, write_rollout
-from flows.config import RunConfig
+from config import RunConfig
 from rollout.data import prompts_for_rollout
 from rollout.requests import Entry, build_requests, sampling_metadata, split_for_engines, to_samples
 from rollout.source import eval_params, rollout_source, train_params

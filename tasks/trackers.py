@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Protocol
 
-from flows.config import LoggingConfig, RunConfig
+from config import LoggingConfig, RunConfig
 
 # The step key of each record kind, as slime logs them (perf records share the rollout's step).
 STEP_KEYS = {"rollout": "rollout/step", "perf": "rollout/step", "step": "train/step", "eval": "eval/step"}

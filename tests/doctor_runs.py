@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from artifacts.schema import Sample
 from artifacts.store import RunPaths, append_metrics, write_rollout, write_table
-from flows.config import RunConfig, dump_yaml
+from config import RunConfig, dump_yaml
 from tasks.metrics import eval_stats, reward_stats
 from trainers.rollout_stats import logprob_stats
 

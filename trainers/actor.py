@@ -11,8 +11,9 @@ import torch
 from artifacts.store import ArtifactRef
 from artifacts.wire import WireWeights, to_wire
 from faults import FaultHookRequest, FaultInjector
-from flows.config import RunConfig
+from trainers.base import Trainer
 from trainers.registry import get_trainer_class
+from trainers.settings import TrainerSettings
 
 SNAPSHOT_DIR = "ft/trainer"  # under the run dir: the step-boundary snapshots a restarted trainer resumes from
 
@@ -30,14 +31,14 @@ class TrainerActor:
     the applied metrics) under the run dir, so that a trainer that dies can be re-created and resume exactly
     where the last completed train-step left it (tasks/recovery.py)."""
 
-    def __init__(self, cfg: RunConfig, checkpoint: str, rank: int, world_size: int,
+    def __init__(self, backend: str, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int,
                  faults: list[FaultHookRequest] | None = None, epoch: float | None = None, run_id: str = "") -> None:
-        torch.set_num_threads(cfg.num_threads)
-        self.trainer = get_trainer_class(cfg.train.train_backend)(cfg, checkpoint, rank, world_size)
+        torch.set_num_threads(settings.num_threads)
+        self.trainer: Trainer = get_trainer_class(backend)(settings, checkpoint, rank, world_size)
         self.trainer.run_id = run_id  # written into checkpoints: a relaunch with --load of one resumes this run
-        self.faults = FaultInjector(faults or [], "trainer", rank, str(cfg.resolved_run_dir), epoch)
+        self.faults = FaultInjector(faults or [], "trainer", rank, settings.run_dir, epoch)
         self.trainer.faults = self.faults
-        self.snapshots = snapshot_dir(cfg.resolved_run_dir)
+        self.snapshots = snapshot_dir(settings.run_dir)
         self.train_calls = 0
 
     def free_port(self) -> int:

@@ -7,10 +7,23 @@ from typing import Any, Protocol
 import torch
 
 from artifacts.store import ArtifactRef
+from faults import FaultInjector
+from trainers.settings import TrainerSettings
 
 
 class Trainer(Protocol):
-    """What every training backend provides."""
+    """What every training backend provides. Construct with `(settings, checkpoint, rank, world_size)`: the
+    backend's flat section of the run config (trainers/settings.py), the HF model dir to start from, this
+    rank and the world size (tensor x data parallel)."""
+
+    rank: int
+    last_applied_rollout: int  # the last rollout whose steps were applied (-1: none)
+    applied: dict[int, list[dict[str, float]]]  # metrics of applied rollouts: the apply-once guard
+    faults: FaultInjector  # armed by the actor with the run's fault hooks
+    run_id: str  # the run it trains for, written into checkpoints
+
+    def __init__(self, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int) -> None:
+        ...
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the process group and build model, reference model and optimizer; returns info."""
@@ -46,8 +59,9 @@ class Trainer(Protocol):
         """Identity of this rank's weights (artifacts.hashing.weights_sha256 of the exported tensors)."""
         ...
 
-    def save(self, directory: str, rollout_id: int) -> None:
-        """Write model, optimizer, scheduler and RNG state to `directory` (rank 0 writes)."""
+    def save(self, directory: str, rollout_id: int, *, snapshot: bool = False) -> None:
+        """Write model, optimizer, scheduler and RNG state and the applied metrics to `directory`/iter_N (a
+        collective; `snapshot`: a step-boundary snapshot: no hashes, no fault hook, only the last two kept)."""
         ...
 
     def load(self, directory: str) -> int:

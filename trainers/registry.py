@@ -1,19 +1,18 @@
-"""Lazy name -> class registry of training backends (megatron is imported only when named)."""
+"""Lazy name -> trainer class: megatron is imported only when named. The names are config/backends.py's
+table (deleting a backend = its folder + its line there)."""
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import cast
 
-TRAINERS: dict[str, str] = {
-    "torch": "trainers.torch_trainer.trainer:TorchTrainer",
-    "megatron": "trainers.megatron.trainer:MegatronTrainer",
-}
+from config.backends import TRAINERS
+from trainers.base import Trainer
 
 
-def get_trainer_class(name: str) -> Any:
+def get_trainer_class(name: str) -> type[Trainer]:
     """Resolve `name` to its trainer class, importing its module now."""
     if name not in TRAINERS:
         raise ValueError(f"unknown train backend {name!r}; available here: {sorted(TRAINERS)}")
     module, _, attr = TRAINERS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return cast(type[Trainer], getattr(importlib.import_module(module), attr))

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from artifacts.hashing import tensor_hashes, weights_sha256
-from engines.base import GenerateOutput, GenerateRequest
+from engines.base import Engine, GenerateOutput, GenerateRequest
 
 
 class TorchEngine:
@@ -221,3 +221,7 @@ def _filter_top_k_top_p(logp: torch.Tensor, reqs: list[GenerateRequest]) -> torc
             drop = cum - sorted_lp.exp() > r.params.top_p  # keep the smallest set reaching top_p
             row[order[drop]] = float("-inf")
     return out
+
+
+# mypy checks here that TorchEngine (constructor included) satisfies the Engine protocol
+_CHECKED: type[Engine] = TorchEngine

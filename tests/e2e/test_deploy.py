@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from artifacts.store import RunPaths, read_metrics
-from flows.config import RunConfig
+from config import RunConfig
 from tests.helpers import wandb_records
 
 pytestmark = pytest.mark.e2e

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from artifacts.lint import lint_checkpoint
+from config import RunConfig
 from flows.cli import main
-from flows.config import RunConfig
 from flows.diff import first_divergence
 from flows.doctor import diagnose
 from tests.e2e.test_ci_checks import _copy_checkpoint, ci_flags

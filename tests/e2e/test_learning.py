@@ -14,7 +14,7 @@ import statistics
 import pytest
 
 from artifacts.store import RunPaths, read_rollout
-from flows.config import RunConfig
+from config import RunConfig
 
 pytestmark = pytest.mark.e2e
 

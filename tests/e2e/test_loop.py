@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from artifacts.schema import SAMPLE_SCHEMA
 from artifacts.store import RunPaths, read_metrics, read_rollout, read_table
-from flows.config import RunConfig
+from config import RunConfig
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.config import RunConfig
+from config import RunConfig
 from tasks.checks import (
     CheckFailed,
     EngineWeights,

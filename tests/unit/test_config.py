@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from config import RunConfig, dump_yaml
 from flows.cli import build_config, main, make_parser
-from flows.config import RunConfig, dump_yaml
 
 
 def parse(*argv: str) -> RunConfig:

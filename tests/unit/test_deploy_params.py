@@ -3,8 +3,8 @@ round trip through a real Prefect server is in tests/e2e/test_deploy.py)."""
 
 from __future__ import annotations
 
+from config import RunConfig
 from deployments.params import apply_served_defaults, deep_merge, merge_over_defaults
-from flows.config import RunConfig
 from flows.resolve import apply_recipe
 
 

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from artifacts.store import read_table, write_rollout
+from config import RunConfig
 from engines.base import GenerateRequest, SamplingParams
 from engines.torch_engine.engine import TorchEngine
-from flows.config import RunConfig
 from flows.resolve import resolve
 from rollout.data import prompts_for_rollout
 from rollout.requests import build_requests, to_samples
 from rollout.source import train_params
+from trainers.settings import trainer_settings
 
 
 def _free_port() -> int:
@@ -94,7 +95,7 @@ def test_trainer_logprobs_match_engine_and_step_is_applied_once(engine, base_che
         "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
         "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3}})
     samples, ref = _rollout(engine, cfg, tmp_path)
-    trainer = TorchTrainer(cfg, base_checkpoint, rank=0, world_size=1)
+    trainer = TorchTrainer(trainer_settings(cfg), base_checkpoint, rank=0, world_size=1)
     trainer.setup("127.0.0.1", _free_port())
     lp_ref = trainer.compute_log_probs(ref, str(tmp_path / "lp.parquet"))
     rows = {r["sample_index"]: r for r in read_table(lp_ref).to_pylist()}
@@ -114,7 +115,7 @@ def test_trainer_logprobs_match_engine_and_step_is_applied_once(engine, base_che
 def _trainer(cfg, checkpoint):
     from trainers.torch_trainer.trainer import TorchTrainer
 
-    trainer = TorchTrainer(cfg, checkpoint, rank=0, world_size=1)
+    trainer = TorchTrainer(trainer_settings(cfg), checkpoint, rank=0, world_size=1)
     trainer.setup("127.0.0.1", _free_port())
     return trainer
 
@@ -149,7 +150,7 @@ def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkp
         trainer.train_step(ref, lp_ref)
     assert all(torch.equal(initial[k], v) for k, v in trainer.export_weights().items())
     assert not trainer.optimizer.state and trainer.global_step == 0
-    assert trainer.optimizer.param_groups[0]["lr"] == clean.cfg.train.lr and trainer.scheduler.last_epoch == 0
+    assert trainer.optimizer.param_groups[0]["lr"] == clean.s.lr and trainer.scheduler.last_epoch == 0
 
     trainer.scheduler.step = real_step  # the retry trains exactly as if nothing had failed
     assert trainer.train_step(ref, lp_ref) == expected

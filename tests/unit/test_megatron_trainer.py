@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from flows.config import DebugConfig, RunConfig  # noqa: E402
+from config import DebugConfig, RunConfig  # noqa: E402
 from tests.megatron_helpers import (  # noqa: E402
     build_hf_model,
     free_port,
@@ -24,6 +24,7 @@ from tests.megatron_helpers import (  # noqa: E402
     synthetic_rollout,
 )
 from trainers.megatron.trainer import MegatronTrainer  # noqa: E402
+from trainers.settings import trainer_settings
 from trainers.torch_trainer.trainer import TorchTrainer  # noqa: E402
 
 TOL = 1e-5  # float32: the bound for log-probs, loss and grad norm
@@ -48,7 +49,7 @@ def rollouts(tmp_path_factory):
 def _trainer(cls, cfg: RunConfig, checkpoint, **kwargs) -> TorchTrainer | MegatronTrainer:
     if cls is MegatronTrainer:
         kwargs.setdefault("device", "cpu")  # the CPU suite stays on the CPU where a GPU is present too
-    trainer = cls(cfg, str(checkpoint), 0, 1, **kwargs)
+    trainer = cls(trainer_settings(cfg), str(checkpoint), 0, 1, **kwargs)
     trainer.setup("127.0.0.1", free_port())
     return trainer
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from artifacts.store import RunPaths, read_metrics
+from config import RunConfig
 from flows.cli import main
-from flows.config import RunConfig
 from tasks import trackers
 from tasks.metrics import close_run, log_metrics
 from tests.helpers import wandb_records
@@ -62,7 +62,7 @@ def test_tensorboard_scalars_use_slime_names_dir_and_step_keys(tmp_path, monkeyp
 def test_tensorboard_dir_follows_slime_defaults(tmp_path, monkeypatch):
     import datetime
 
-    from flows.config import LoggingConfig
+    from config import LoggingConfig
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
@@ -168,7 +168,7 @@ def test_missing_package_is_refused_before_the_run_naming_the_extra(flag, module
 
 
 def test_tensorboard_needs_a_project_name_or_tensorboard_dir(monkeypatch, tmp_path):
-    from flows.config import LoggingConfig
+    from config import LoggingConfig
 
     monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
     with pytest.raises(ValueError, match="--use-tensorboard needs --tb-project-name"):

@@ -33,7 +33,6 @@ from artifacts.hashing import layer_hashes, tensor_hashes, weights_sha256
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
 from faults import FaultInjector
-from flows.config import RunConfig
 from trainers.advantages import get_advantage_estimator
 from trainers.base import Trainer
 from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
@@ -44,8 +43,8 @@ from trainers.megatron import checkpoint, convert, persistence
 from trainers.megatron.arch import ModelArch
 from trainers.megatron.model import build_model, causal_mask, init_parallel
 from trainers.megatron.parallel import Layout, clip_grad_norm, gather_vocab, sum_grads_over_dp
-from trainers.megatron.settings import from_run_config
 from trainers.rollout_stats import logprob_stats
+from trainers.settings import TrainerSettings
 
 
 @dataclass
@@ -64,10 +63,10 @@ class MegatronTrainer:
     """Implements `trainers.base.Trainer` on megatron-core for HF Qwen2/Llama checkpoints."""
 
     def __init__(
-        self, cfg: RunConfig, checkpoint: str, rank: int, world_size: int, device: str | None = None
+        self, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int, device: str | None = None
     ) -> None:
         """`device`: "cpu", "cuda" or None = CUDA when available (one GPU per rank: rank % device count)."""
-        self.s = from_run_config(cfg)  # the only read of the run config
+        self.s = settings
         torch.set_num_threads(self.s.num_threads)
         self.checkpoint, self.rank, self.world_size = checkpoint, rank, world_size
         kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -533,6 +532,5 @@ class MegatronTrainer:
         return persistence.load(self, directory)
 
 
-def _implements_trainer(trainer: MegatronTrainer) -> Trainer:
-    """Never called: mypy checks here that MegatronTrainer satisfies the `trainers.base.Trainer` Protocol."""
-    return trainer
+# mypy checks here that MegatronTrainer (constructor included) satisfies the Trainer protocol
+_CHECKED: type[Trainer] = MegatronTrainer

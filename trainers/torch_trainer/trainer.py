@@ -31,13 +31,14 @@ from artifacts.hashing import layer_hashes, tensor_hashes, weights_sha256
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
 from faults import FaultInjector
-from flows.config import RunConfig
 from trainers.advantages import get_advantage_estimator
+from trainers.base import Trainer
 from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
 from trainers.collectives import all_reduce_sum, init_method
 from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
 from trainers.lr_schedule import lr_lambda
 from trainers.rollout_stats import logprob_stats
+from trainers.settings import TrainerSettings
 
 
 @dataclass
@@ -54,11 +55,9 @@ class _Snapshot:
 class TorchTrainer:
     """Implements `trainers.base.Trainer` for HF causal LMs in plain torch."""
 
-    def __init__(self, cfg: RunConfig, checkpoint: str, rank: int, world_size: int) -> None:
-        torch.set_num_threads(cfg.num_threads)
-        self.cfg, self.checkpoint, self.rank, self.world_size = cfg, checkpoint, rank, world_size
-        self.t = cfg.train
-        self.deterministic_collective = cfg.debug.debug_deterministic_collective
+    def __init__(self, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int) -> None:
+        torch.set_num_threads(settings.num_threads)
+        self.s, self.checkpoint, self.rank, self.world_size = settings, checkpoint, rank, world_size
         self.applied: dict[int, list[dict[str, float]]] = {}
         self.last_applied_rollout = -1
         self.global_step = 0
@@ -75,29 +74,29 @@ class TorchTrainer:
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the process group, build model, reference model, optimizer and LR schedule."""
         if not dist.is_initialized():
-            rendezvous = init_method(master_addr, master_port, Path(self.cfg.resolved_run_dir) / "ft")
+            rendezvous = init_method(master_addr, master_port, Path(self.s.run_dir) / "ft")
             dist.init_process_group("gloo", init_method=rendezvous,
                                     rank=self.rank, world_size=self.world_size)
-        torch.manual_seed(self.t.seed)
+        torch.manual_seed(self.s.seed)
         self.model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32)
         self.model.train()  # dropout is 0 in our models; train mode matches what the loss sees
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.ref_model = None
-        ci = self.cfg.ci
-        if self.t.use_kl_loss or (ci.ci_test and not ci.ci_disable_logprobs_checker):  # the checker compares with it
-            ref = model_dir(self.cfg.ref_load) if self.cfg.ref_load else self.checkpoint
+        if self.s.need_ref_model:  # the KL loss, or the --ci-test log-prob checker, compares with it
+            ref = model_dir(self.s.ref_load) if self.s.ref_load else self.checkpoint
             self.ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
             self.ref_model.train()
             self.ref_model.requires_grad_(False)
         self.params = [p for _, p in self.model.named_parameters()]
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
-        if not self.cfg.debug.debug_disable_optimizer:  # the knife: no optimizer state, no scheduler, no step
+        if not self.s.disable_optimizer:  # the knife: no optimizer state, no scheduler, no step
             self.optimizer = torch.optim.AdamW(
-                self.params, lr=self.t.lr, betas=(self.t.adam_beta1, self.t.adam_beta2),
-                weight_decay=self.t.weight_decay)
-            total_steps = self.cfg.rollout.num_rollout * self.cfg.steps_per_rollout
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(self.cfg, total_steps))
+                self.params, lr=self.s.lr, betas=(self.s.adam_beta1, self.s.adam_beta2),
+                weight_decay=self.s.weight_decay)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(
+                lr=self.s.lr, min_lr=self.s.min_lr, warmup_iters=self.s.lr_warmup_iters,
+                decay_style=self.s.lr_decay_style, total_steps=self.s.total_steps))
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
                 "params": sum(p.numel() for p in self.params)}
 
@@ -107,7 +106,7 @@ class TorchTrainer:
         needed, see MicroBatch)."""
         logits = model(input_ids=mb.input_ids).logits
         idx = mb.response_index[:, :, None].expand(-1, -1, logits.shape[-1])
-        return logits.gather(1, idx).float() / self.cfg.rollout.rollout_temperature
+        return logits.gather(1, idx).float() / self.s.temperature
 
     def _rollout(self, ref: ArtifactRef) -> list[Sample]:
         """The rollout's samples ordered by sample_index (read once per rollout, by content hash)."""
@@ -130,8 +129,7 @@ class TorchTrainer:
         return read_table(ref).to_pylist()
 
     def _my_micro_batches(self, samples: list[Sample]) -> list[list[list[int]]]:
-        return schedule(len(samples), self.cfg.global_batch_size, self.world_size, self.rank,
-                        self.cfg.micro_batch_size)
+        return schedule(len(samples), self.s.global_batch_size, self.world_size, self.rank, self.s.micro_batch_size)
 
     @torch.no_grad()
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
@@ -146,7 +144,7 @@ class TorchTrainer:
                 mb = self._micro_batch(samples, positions)
                 for s in batch:
                     rows[s.sample_index] = {}
-                if not self.t.use_rollout_logprobs:  # else the engine's log-probs are the old policy's
+                if not self.s.use_rollout_logprobs:  # else the engine's log-probs are the old policy's
                     began = time.perf_counter()
                     logits = self._response_logits(self.model, mb)
                     lp, ent = log_probs_from_logits(logits, mb.response_tokens), entropy_from_logits(logits)
@@ -212,7 +210,7 @@ class TorchTrainer:
     def _train_rollout(self, samples: list[Sample], lp_rows: list[dict],
                        dump_template: str | None) -> list[dict[str, float]]:
         old = {r["sample_index"]: r for r in lp_rows}
-        if self.t.use_rollout_logprobs:
+        if self.s.use_rollout_logprobs:
             missing = [s.sample_index for s in samples if len(s.rollout_log_probs) != s.response_length]
             if missing:
                 raise ValueError(f"--use-rollout-logprobs: rollout {samples[0].rollout_id} has samples without "
@@ -223,8 +221,8 @@ class TorchTrainer:
                              "(computed with --use-rollout-logprobs?); train with that flag or recompute them")
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
-        advantages = get_advantage_estimator(self.t.advantage_estimator)(
-            rewards, groups, normalize_std=not self.t.disable_grpo_std_normalization)
+        advantages = get_advantage_estimator(self.s.advantage_estimator)(
+            rewards, groups, normalize_std=self.s.normalize_std)
         use_rollout_lp = all(len(s.rollout_log_probs) == s.response_length for s in samples)
         out = []
         for step in self._my_micro_batches(samples):
@@ -242,11 +240,11 @@ class TorchTrainer:
             for p in self.params:
                 if p.grad is None:  # every rank must join every collective
                     p.grad = torch.zeros_like(p)
-                all_reduce_sum(p.grad, deterministic=self.deterministic_collective)
+                all_reduce_sum(p.grad, deterministic=self.s.deterministic_collective)
             keys = sorted(sums)
             vec = torch.stack([sums[k] for k in keys])
-            all_reduce_sum(vec, deterministic=self.deterministic_collective)
-            clip = self.t.clip_grad if self.t.clip_grad > 0 else math.inf
+            all_reduce_sum(vec, deterministic=self.s.deterministic_collective)
+            clip = self.s.clip_grad if self.s.clip_grad > 0 else math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
             record = {f"train/{k}": float(v) for k, v in zip(keys, vec, strict=True)}
             record.update({"train/grad_norm": float(grad_norm), "train/step": self.global_step})
@@ -286,21 +284,21 @@ class TorchTrainer:
         width = mb.response_tokens.shape[1]
         logits = self._response_logits(self.model, mb)
         log_probs = log_probs_from_logits(logits, mb.response_tokens)
-        if self.t.entropy_coef:
+        if self.s.entropy_coef:
             entropy = entropy_from_logits(logits)
         else:
             with torch.no_grad():
                 entropy = entropy_from_logits(logits)
-        ref = pad_rows([old[s.sample_index]["ref_log_probs"] for s in batch], width) if self.t.use_kl_loss else None
+        ref = pad_rows([old[s.sample_index]["ref_log_probs"] for s in batch], width) if self.s.use_kl_loss else None
         loss, metrics = policy_objective(
             log_probs, pad_rows([old[s.sample_index]["log_probs"] for s in batch], width),
             adv[:, None].expand_as(log_probs), mb.loss_mask, entropy, ref,
-            policy_loss=self.t.policy_loss, eps_clip=self.t.eps_clip,
-            eps_clip_high=self.t.eps_clip_high or self.t.eps_clip, eps_clip_c=self.t.eps_clip_c,
-            entropy_coef=self.t.entropy_coef, use_kl_loss=self.t.use_kl_loss, kl_loss_coef=self.t.kl_loss_coef,
-            kl_loss_type=self.t.kl_loss_type,
+            policy_loss=self.s.policy_loss, eps_clip=self.s.eps_clip,
+            eps_clip_high=self.s.eps_clip_high, eps_clip_c=self.s.eps_clip_c,
+            entropy_coef=self.s.entropy_coef, use_kl_loss=self.s.use_kl_loss, kl_loss_coef=self.s.kl_loss_coef,
+            kl_loss_type=self.s.kl_loss_type,
             rollout_log_probs=pad_rows([s.rollout_log_probs for s in batch], width) if use_rollout_lp else None,
-            normaliser=float(self.cfg.global_batch_size))
+            normaliser=float(self.s.global_batch_size))
         loss.backward()
         return metrics
 
@@ -351,7 +349,7 @@ class TorchTrainer:
         metrics); rank 0 only. `snapshot`: a step-boundary snapshot for fault recovery (no hashes, no fault
         hook, only the last two kept)."""
         hashes: list[Any] = [None] * self.world_size
-        if self.cfg.checkpoint.ci_save_model_hash and not snapshot:  # one file per rank, from its own weights
+        if self.s.save_model_hash and not snapshot:  # one file per rank, from its own weights
             dist.all_gather_object(hashes, self.model_hash())
         if self.rank != 0:
             return
@@ -377,7 +375,7 @@ class TorchTrainer:
             if layer_hash is not None:
                 atomic_write_json(tmp / f"model_hash_tp0_pp0_dp{rank}_cp0.json", layer_hash)
         atomic_write_json(tmp / "meta.json", {"rollout_id": rollout_id, "global_step": self.global_step,
-                                              "config_hash": self.cfg.config_hash(), "run_id": self.run_id,
+                                              "config_hash": self.s.config_hash, "run_id": self.run_id,
                                               "applied": self.applied.get(rollout_id)})
         if not snapshot:
             self.faults.reach("trainer_save_before_rename", rollout_id=rollout_id)
@@ -395,7 +393,7 @@ class TorchTrainer:
         """Restore the latest (or the given iter_ dir's) checkpoint; returns its rollout id."""
         path = resolve_checkpoint(directory)
         self.model.load_state_dict(load_file(str(path / "model.safetensors")))
-        if self.cfg.checkpoint.ci_check_model_hash:
+        if self.s.check_model_hash:
             self._check_model_hash(path)
         opt = load_file(str(path / "optimizer.safetensors"))
         if opt and self.optimizer is not None:
@@ -443,7 +441,5 @@ def _ordered(samples: list[Sample]) -> list[Sample]:
     return sorted(samples, key=lambda s: s.sample_index)
 
 
-def _lr_lambda(cfg: RunConfig, total_steps: int):
-    t = cfg.train
-    return lr_lambda(lr=t.lr, min_lr=t.min_lr, warmup_iters=t.lr_warmup_iters, decay_style=t.lr_decay_style,
-                     total_steps=total_steps)
+# mypy checks here that TorchTrainer (constructor included) satisfies the Trainer protocol
+_CHECKED: type[Trainer] = TorchTrainer

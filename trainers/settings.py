@@ -1,16 +1,16 @@
-"""The flat values the Megatron trainer reads from the run configuration, gathered in one place
-(`from_run_config`), so the trainer never reaches into the run config itself."""
+"""The flat values a trainer backend receives: its section of the run configuration, read in one place
+(`trainer_settings`, called where the actors are created), so no backend ever reaches into the run config."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flows.config import RunConfig
+from config import RunConfig
 
 
 @dataclass(frozen=True)
-class MegatronSettings:
-    """Everything the Megatron trainer depends on (see flows/config.py for each flag's meaning)."""
+class TrainerSettings:
+    """Everything a trainer backend depends on (see config/ for each flag's meaning)."""
 
     tensor_model_parallel_size: int
     seed: int
@@ -52,10 +52,10 @@ class MegatronSettings:
     run_dir: str  # the rendezvous file store (one machine) lives under it
 
 
-def from_run_config(cfg: RunConfig) -> MegatronSettings:
-    """The trainer's view of `cfg`."""
+def trainer_settings(cfg: RunConfig) -> TrainerSettings:
+    """A trainer's view of `cfg`."""
     t, ci = cfg.train, cfg.ci
-    return MegatronSettings(
+    return TrainerSettings(
         tensor_model_parallel_size=t.tensor_model_parallel_size,
         seed=t.seed,
         num_threads=cfg.num_threads,

@@ -1,0 +1,111 @@
+"""What to generate and how: the rollout, its prompt data, the reward, and the eval."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from config.backends import ENGINES
+from config.base import Section
+
+# the engine choices are the registry's keys (an unregistered backend is refused at parse time)
+RolloutBackend = Literal[tuple(ENGINES)]  # type: ignore[valid-type]
+
+
+class RolloutConfig(Section):
+    """What to generate each rollout and how to sample it."""
+
+    num_rollout: int = Field(100, ge=1, le=10_000_000, description="Number of rollouts (RL iterations) in the run.")
+    rollout_batch_size: int = Field(128, ge=1, le=1_000_000, description="Prompts per rollout.")
+    n_samples_per_prompt: int = Field(4, ge=1, le=65_536, description="Responses sampled per prompt (the GRPO group size).")
+    rollout_max_response_len: int = Field(6, ge=1, le=10_000_000, description="Max new tokens per response.")
+    rollout_temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
+    rollout_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    rollout_top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables it.")
+    rollout_seed: int = Field(42, description="Seed of the prompt order and of every per-sample sampling seed.")
+    rollout_stop: list[str] | None = Field(
+        None, description="Stop strings: one that is a single token of the tokenizer becomes a stop token id, a "
+                          "longer one ends the response where the decoded text first contains it.")
+    rollout_stop_token_ids: list[int] | None = Field(
+        None, description="Stop token ids, added to the defaults (the tokenizer's EOS and the chat template's "
+                          "end-of-turn token).")
+    rollout_backend: RolloutBackend = Field("torch", description="Inference engine backend.")  # type: ignore[valid-type]
+    rollout_num_engines: int = Field(1, ge=1, le=4096, description="Engine actors; prompt groups are spread over them.")
+
+
+class EvalConfig(Section):
+    """Held-out evaluation."""
+
+    eval_interval: int | None = Field(
+        10, ge=1, description="Evaluate every N rollouts (and at rollout 0 and after the last); None disables eval."
+    )
+    n_samples_per_eval_prompt: int = Field(
+        4, ge=1, description="Samples per eval prompt (slime's default is 1; 4 keeps tiny-arith's eval noise near "
+                             "one point).")
+    eval_temperature: float | None = Field(None, gt=0.0, description="Eval sampling temperature; None = rollout's.")
+    eval_top_p: float | None = Field(None, gt=0.0, le=1.0, description="Eval nucleus mass; None = rollout's.")
+    eval_top_k: int | None = Field(None, ge=-1, description="Eval top-k; None = rollout's.")
+    eval_max_response_len: int | None = Field(None, ge=1, description="Eval max new tokens; None = rollout's.")
+
+
+class DataConfig(Section):
+    """Prompt data (slime's flags and meanings). Unset, the recipe supplies data, keys and eval set."""
+
+    prompt_data: str | None = Field(
+        None, description="Training prompts: a .jsonl or .parquet file, one row per prompt; None = the recipe's.")
+    input_key: str = Field("input", description="Row key of the prompt: a string, or chat messages "
+                                                "[{role, content}] (those need --apply-chat-template).")
+    label_key: str | None = Field(None, description="Row key of the label handed to the reward.")
+    metadata_key: str = Field("metadata", description="Row key of a JSON object carried into each sample's "
+                                                      "metadata and handed to the reward.")
+    tool_key: str = Field("tools", description="Row key of tool schemas passed to the chat template (if present).")
+    apply_chat_template: bool = Field(False, description="Render the prompt with the tokenizer's chat template "
+                                                         "(a string input becomes one user message).")
+    apply_chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="JSON object of extra keyword arguments for the chat template.")
+    rollout_shuffle: bool = Field(
+        False, description="Visit prompts in a per-epoch permutation seeded by --rollout-seed + epoch (else file "
+                           "order); the tiny-arith preset turns it on.")
+    rollout_max_prompt_len: int | None = Field(
+        None, ge=1, description="Drop prompts longer than this many tokens at load (the count is logged).")
+    eval_prompt_data: list[str] | None = Field(
+        None, description="NAME PATH [NAME PATH ...]: eval datasets, each logged as eval/NAME; None = the recipe's "
+                          "(when it supplies the training data too).")
+    eval_input_key: str | None = Field(None, description="Eval row key of the prompt; None = --input-key.")
+    eval_label_key: str | None = Field(None, description="Eval row key of the label; None = --label-key.")
+
+    @field_validator("eval_prompt_data")
+    @classmethod
+    def _pairs(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value or len(value) % 2:
+            raise ValueError(f"expected NAME PATH pairs, got {len(value)} value(s): {value}")
+        names = value[0::2]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate eval dataset name(s) {dup}: each NAME is logged as eval/NAME")
+        bad = [n for n in names if not n or "/" in n]
+        if bad:
+            raise ValueError(f"eval dataset names must be non-empty and contain no '/': {bad}")
+        return value
+
+    @property
+    def eval_datasets(self) -> list[tuple[str, str]]:
+        """(name, path) of every eval dataset."""
+        v = self.eval_prompt_data or []
+        return list(zip(v[0::2], v[1::2], strict=True))
+
+
+class RewardConfig(Section):
+    """How a response is scored (slime's flags): a built-in --rm-type or your --custom-rm-path."""
+
+    rm_type: str | None = Field(
+        None, description="Built-in reward (exact_match, math, deepscaler, f1, tiny-arith; a boxed_ prefix scores the last "
+                          "\\boxed{...}); None = the recipe's when it supplies the data.")
+    custom_rm_path: str | None = Field(
+        None, description="Dotted path module.fn of your reward (sync or async), importable from the working "
+                          "directory or PYTHONPATH; wins over --rm-type.")
+    reward_key: str | None = Field(None, description="When the reward returns a dict: the key of the scalar reward.")
+    eval_reward_key: str | None = Field(None, description="--reward-key for eval; None = --reward-key.")

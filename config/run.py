@@ -1,0 +1,189 @@
+"""One RL run: every section, where the run lives, the combinations that are refused, and the YAML format."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from config.base import Section
+from config.debug import CIConfig, DebugConfig, check_debug
+from config.ops import FaultConfig, LoggingConfig
+from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
+from config.train import CheckpointConfig, TrainConfig, check_parallelism
+
+
+class RunConfig(Section):
+    """One RL run: every concern plus where it lives."""
+
+    name: str = Field("tiny-arith", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (Prefect flow run name).")
+    run_dir: str | None = Field(None, description="Run directory; None = runs/<name>.")
+    recipe: Literal["tiny-arith"] = Field(
+        "tiny-arith", description="Preset that fills in what the flags leave unset: base model (--hf-checkpoint), "
+                                  "prompt data and keys, eval data, reward.")
+    hf_checkpoint: str | None = Field(None, description="HF model dir (model + tokenizer); None = the recipe's.")
+    num_threads: int = Field(
+        1, ge=1, description="torch threads in every actor (bitwise replay needs the same count everywhere)."
+    )
+    ray_address: str | None = Field(None, description="Join this Ray cluster instead of starting a local one.")
+    rollout: RolloutConfig = RolloutConfig()
+    data: DataConfig = DataConfig()
+    reward: RewardConfig = RewardConfig()
+    eval: EvalConfig = EvalConfig()
+    train: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    debug: DebugConfig = DebugConfig()
+    ci: CIConfig = CIConfig()
+    faults: FaultConfig = FaultConfig()
+    logging: LoggingConfig = LoggingConfig()
+    ref_load: str | None = Field(
+        None, description="Reference model (an HF dir or a --save dir); also the starting weights when --load holds "
+                          "no checkpoint (slime's meaning); None = --hf-checkpoint.")
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> RunConfig:
+        check_debug(self.debug)
+        r, t, c = self.rollout, self.train, self.checkpoint
+        total = r.rollout_batch_size * r.n_samples_per_prompt
+        gbs = t.global_batch_size or total
+        if total % gbs:
+            raise ValueError(
+                f"--global-batch-size {gbs} must divide --rollout-batch-size x --n-samples-per-prompt = {total}"
+            )
+        if gbs % t.data_parallel_size:
+            raise ValueError(f"--global-batch-size {gbs} must be divisible by --data-parallel-size {t.data_parallel_size}")
+        per_rank = gbs // t.data_parallel_size
+        if t.micro_batch_size is not None and per_rank % t.micro_batch_size:
+            raise ValueError(
+                f"--micro-batch-size {t.micro_batch_size} must divide the per-rank batch {per_rank} "
+                f"(--global-batch-size / --data-parallel-size)"
+            )
+        check_parallelism(t)
+        if t.kl_loss_coef and not t.use_kl_loss:
+            raise ValueError("--kl-loss-coef is set but --use-kl-loss is not")
+        if c.save_interval is not None and c.save is None:
+            raise ValueError("--save-interval needs --save DIR")
+        if c.ci_save_model_hash and c.save is None:
+            raise ValueError("--ci-save-model-hash needs --save DIR")
+        if c.ci_check_model_hash and c.load is None:
+            raise ValueError("--ci-check-model-hash needs --load DIR")
+        ci = self.ci
+        if (ci.ci_metric_checker_key is None) != (ci.ci_metric_checker_threshold is None):
+            raise ValueError("--ci-metric-checker-key and --ci-metric-checker-threshold go together")
+        if ci.ci_metric_checker_expect_num is not None and ci.ci_metric_checker_key is None:
+            raise ValueError("--ci-metric-checker-expect-num needs --ci-metric-checker-key")
+        for flag, tpl in (("--ci-save-grad-norm", ci.ci_save_grad_norm), ("--ci-load-grad-norm", ci.ci_load_grad_norm)):
+            if tpl is not None:
+                try:
+                    tpl.format(role="actor", rollout_id=0, step_id=0)
+                except (KeyError, IndexError, ValueError) as e:
+                    raise ValueError(f"{flag} {tpl!r}: bad template ({e}); fields: role, rollout_id, step_id") from None
+        return self
+
+    # -- derived values (one place) ---------------------------------------------------------------
+    @property
+    def train_only(self) -> bool:
+        """No engines: --debug-train-only, or implied by --load-debug-rollout-data."""
+        return self.debug.debug_train_only or self.debug.load_debug_rollout_data is not None
+
+    @property
+    def rollout_only(self) -> bool:
+        """No trainer: --debug-rollout-only."""
+        return self.debug.debug_rollout_only
+
+    @property
+    def rollout_template(self) -> str | None:
+        """Where every rollout is also recorded (--dump-details wins over --save-debug-rollout-data)."""
+        if self.debug.dump_details:
+            return str(Path(self.debug.dump_details) / "rollout_data" / "{rollout_id}.parquet")
+        return self.debug.save_debug_rollout_data
+
+    @property
+    def train_data_template(self) -> str | None:
+        """Where each rank's training batch is recorded."""
+        if self.debug.dump_details:
+            return str(Path(self.debug.dump_details) / "train_data" / "{rollout_id}_{rank}.parquet")
+        return self.debug.save_debug_train_data
+
+    @property
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir or f"runs/{self.name}").resolve()
+
+    @property
+    def trainer_world_size(self) -> int:
+        """Trainer ranks (one actor each): tensor-parallel x data-parallel."""
+        return self.train.tensor_model_parallel_size * self.train.data_parallel_size
+
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.train.global_batch_size or self.samples_per_rollout
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.train.micro_batch_size or self.global_batch_size // self.train.data_parallel_size
+
+    @property
+    def steps_per_rollout(self) -> int:
+        return self.samples_per_rollout // self.global_batch_size
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of the whole config."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+    def section_hash(self, *names: str) -> str:
+        """sha256 of some sections only (the config slice a task's cache key depends on)."""
+        data = {n: getattr(self, n).model_dump() if isinstance(getattr(self, n), BaseModel) else getattr(self, n)
+                for n in names}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "rollout": RolloutConfig,
+    "data": DataConfig,
+    "reward": RewardConfig,
+    "eval": EvalConfig,
+    "train": TrainConfig,
+    "checkpoint": CheckpointConfig,
+    "debug": DebugConfig,
+    "ci": CIConfig,
+    "faults": FaultConfig,
+    "logging": LoggingConfig,
+}
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file (nested by section, the format `config.yaml` in a run dir is written in)."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--config {path}: no such file")
+    try:
+        data = yaml.safe_load(p.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"--config {path}: not valid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a mapping at the top level, got {type(data).__name__}")
+    for section, value in data.items():
+        if section in SECTIONS and not isinstance(value, dict):
+            raise ValueError(f"--config {path}: section {section!r} must be a mapping of its fields, got "
+                             f"{type(value).__name__} {value!r}")
+    return data
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False)
