@@ -63,5 +63,10 @@ def differing_tensors(expected: dict[str, str], actual: dict[str, str]) -> list[
 
 
 def weights_sha256(named: dict[str, torch.Tensor]) -> str:
-    """One sha256 over all layer hashes: the identity of a set of weights."""
-    return hashlib.sha256(repr(sorted(layer_hashes(named).items())).encode()).hexdigest()
+    """One sha256 over all per-tensor hashes: the identity of a set of weights."""
+    return weights_sha256_of(tensor_hashes(named))
+
+
+def weights_sha256_of(hashes: dict[str, str]) -> str:
+    """`weights_sha256` from the `tensor_hashes` of the weights (which can be computed bucket by bucket)."""
+    return hashlib.sha256(repr(sorted(hashes.items())).encode()).hexdigest()

@@ -30,6 +30,7 @@ class EngineActor:
         self.engine: Engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
         self.faults = FaultInjector(faults or [], "engine", engine_index, run_dir, epoch)
         self.generate_calls = 0
+        self._receiving: set[str] | None = None  # names of a streamed sync's buckets so far
 
     def generate(self, requests: list[GenerateRequest], ctx: dict[str, Any] | None = None) -> list[GenerateOutput]:
         self.faults.reach("engine_generate_start", weight_version=self.engine.weight_version(), **(ctx or {}))
@@ -42,16 +43,34 @@ class EngineActor:
         self.faults.reach("engine_update_weights_before_receive", weight_version=version, **(ctx or {}))
         named_tensors = from_wire(ray.get(weights[0]))
         self.faults.reach("engine_update_weights_after_receive", weight_version=version, **(ctx or {}))
+        self.engine.update_weights(self._dropping(named_tensors), version)
+
+    def _dropping(self, named_tensors: dict[str, Any]) -> dict[str, Any]:
+        """--ci-fault-drop-weight, the planted sync bug: those tensors silently keep the engine's old copy."""
         dropped = dropped_weights(self.fault_drop_weight, named_tensors)
-        if dropped:  # the planted bug: these tensors silently keep the engine's old copy
-            named_tensors = {**named_tensors, **self.engine.get_weights(dropped)}
-        self.engine.update_weights(named_tensors, version)
+        return {**named_tensors, **self.engine.get_weights(dropped)} if dropped else named_tensors
 
     def snapshot_and_scramble(self) -> int:
         return self.engine.snapshot_and_scramble(seed=self.index)
 
-    def compare_weights(self, expected: WireWeights, skip: list[str] | None = None) -> list[str]:
-        return self.engine.compare_weights(from_wire(expected), skip)
+    def load_weight_bucket(self, bucket: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None) -> None:
+        """One bucket of a streamed sync to `version` (`[ref]` of TrainerActor.stream_weights)."""
+        if self._receiving is None:  # the first bucket of this sync
+            self.faults.reach("engine_update_weights_before_receive", weight_version=version, **(ctx or {}))
+            self._receiving = set()
+        named_tensors = self._dropping(from_wire(ray.get(bucket[0])))
+        self.engine.load_weights(named_tensors)
+        self._receiving.update(named_tensors)
+
+    def commit_weights(self, version: int, names: list[str], ctx: dict[str, Any] | None = None) -> None:
+        """The last bucket of a streamed sync arrived: hold `version` once every weight came."""
+        received, self._receiving = self._receiving or set(), None
+        self.faults.reach("engine_update_weights_after_receive", weight_version=version, **(ctx or {}))
+        missing = sorted(set(self.engine.weight_names()) - received)
+        if missing:
+            raise KeyError(f"engine {self.index}: the sync to version {version} delivered {len(received)} of the "
+                           f"engine's weights; missing {missing[:5]} (the trainer sent {len(names)})")
+        self.engine.set_weight_version(version)
 
     def get_weights(self, names: list[str] | None = None) -> WireWeights:
         """The engine's weights in the same wire format update_weights takes."""

@@ -56,6 +56,18 @@ class Engine(Protocol):
         """Replace the model weights (all of them, by name) and record the weight version."""
         ...
 
+    def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+        """Copy some of the weights in place (a bucket of a streamed sync); the version is unchanged."""
+        ...
+
+    def set_weight_version(self, version: int) -> None:
+        """Record the version of the weights now held (after the last bucket of a sync)."""
+        ...
+
+    def weight_names(self) -> list[str]:
+        """Names of every persistent weight: what a complete sync delivers."""
+        ...
+
     def get_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """Copies of the named weights (all persistent ones when `names` is None)."""
         ...
@@ -66,10 +78,6 @@ class Engine(Protocol):
 
     def snapshot_and_scramble(self, seed: int = 0) -> int:
         """Overwrite every persistent weight with noise (before a checked sync); returns how many."""
-        ...
-
-    def compare_weights(self, expected: dict[str, torch.Tensor], skip: list[str] | None = None) -> list[str]:
-        """Names of the persistent weights not bitwise equal to `expected` (minus `skip`)."""
         ...
 
     def weights_sha256(self) -> str:

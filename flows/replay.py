@@ -25,6 +25,7 @@ from config import LoggingConfig, RunConfig, load_yaml
 from tasks import actors
 from tasks.refs import WeightsRef
 from tasks.stages import check, generate, log_prob, sync, train_step
+from tasks.transfer import trainer_weights
 
 ReplayTask = Literal["generate", "log-prob", "train-step", "sync", "check"]  # a dropdown in the UI's Run form
 REPLAYABLE: tuple[str, ...] = get_args(ReplayTask)
@@ -137,7 +138,7 @@ async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_
     if before is not None:  # all ranks at once: a backend's load may be collective
         await asyncio.gather(*[t.load.remote(str(before)) for t in trainers])
     if task == "log-prob":
-        weights = WeightsRef(version=rollout_id, sha256=await trainers[0].weights_sha256.remote())
+        weights = WeightsRef(version=rollout_id, sha256=(await trainer_weights(cfg)).sha256)
         fresh = await log_prob.with_options(refresh_cache=True)(cfg, rollout_id, rollout, weights)
         return first_table_difference(read_table(paths.logprobs(rollout_id)), read_table(fresh))
     logprobs = _ref(paths.logprobs(rollout_id), "logprobs")
@@ -149,7 +150,8 @@ async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_
             after = Path(original.checkpoint.save) / f"iter_{rollout_id:07d}"
             if (after / "model.safetensors").is_file():
                 # both sides by HF name, so any backend compares (a Megatron rank's own hashes are of its shard)
-                trained = layer_hashes(from_wire(await trainers[0].export_weights.remote()))
+                exported = await asyncio.gather(*[t.export_weights.remote() for t in trainers])  # collective
+                trained = layer_hashes(from_wire(exported[0]))
                 diff = first_layer_difference(_checkpoint_hashes(after), trained)
         return diff
     # sync / check: the trainer holds the weights after rollout N; engines receive them

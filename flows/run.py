@@ -31,6 +31,7 @@ from tasks.stages import (
     sync,
     train_step,
 )
+from tasks.transfer import trainer_weights
 
 STAGES = {"generate": generate, "save-rollout": save_rollout, "log-prob": log_prob, "train-step": train_step,
           "sync": sync, "check": check, "eval": evaluate, "load-rollout": load_rollout, "inject": inject}
@@ -154,7 +155,7 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None, resume: boo
         elif engines:  # rollout-only: the engines keep the weights they loaded, version 0
             weights = WeightsRef(version=0, sha256=await engines[0].weights_sha256.remote())
         else:  # train-only: nothing to sync; identify the trainer's starting weights
-            weights = WeightsRef(version=start, sha256=await trainers[0].weights_sha256.remote())
+            weights = WeightsRef(version=start, sha256=(await trainer_weights(cfg)).sha256)
         session = uuid.uuid4().hex
         end = cfg.rollout.num_rollout
         if cfg.debug.debug_exit_after_rollout is not None:  # the knife: stop cleanly, e.g. to test resume

@@ -84,13 +84,13 @@ async def restart_engines(cfg: RunConfig, dead: list[int], weights: WeightsRef |
     fresh = [await actors.restart_engine(cfg, i) for i in dead]
     if weights is None or cfg.rollout_only:
         return  # rollout-only engines run the base checkpoint, which a fresh engine loads
-    trainer0 = actors.trainers(cfg)[0]
-    sha = await trainer0.weights_sha256.remote()
-    if sha != weights.sha256:
-        raise ActorLost(f"engines {dead} were replaced, but the trainer's weights (sha {sha[:12]}) are not version "
-                        f"{weights.version} (sha {weights.sha256[:12]}) that the stage needs")
-    ref = trainer0.export_weights.remote()
-    await asyncio.gather(*[e.update_weights.remote([ref], weights.version) for e in fresh])
+    from tasks.transfer import trainer_weights, transfer_for
+
+    held = await trainer_weights(cfg)
+    if held.sha256 != weights.sha256:
+        raise ActorLost(f"engines {dead} were replaced, but the trainer's weights (sha {held.sha256[:12]}) are not "
+                        f"version {weights.version} (sha {weights.sha256[:12]}) that the stage needs")
+    await transfer_for(cfg).push(cfg, fresh, weights.version, {})
 
 
 async def restart_trainers(cfg: RunConfig) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import acreate_markdown_artifact
 
+from artifacts.hashing import differing_tensors
 from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_rollout, write_rollout
 from config import RunConfig
 from rollout.data import prompts_for_rollout
@@ -32,6 +33,7 @@ from tasks.metrics import eval_stats, log_metrics, non_finite, reward_stats
 from tasks.recordings import record_rollout
 from tasks.recovery import guarded
 from tasks.refs import WeightsRef
+from tasks.transfer import Pushed, WeightTransfer, trainer_weights, transfer_for
 
 
 def _paths(cfg: RunConfig) -> RunPaths:
@@ -145,7 +147,7 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
 
     `verify_equal` (the weight-update checker, on the first sync): engines scramble every weight
     first, and after the sync every tensor must equal the trainer's bitwise."""
-    engines, trainer0 = actors.engines(cfg), actors.trainers(cfg)[0]
+    engines = actors.engines(cfg)
     version, ctx, what = rollout_id + 1, _ctx(rollout_id), f"sync {rollout_id}"
     # An engine runs the calls of one caller in submission order (snapshot, resume, update), so they are
     # submitted together and awaited once.
@@ -157,19 +159,25 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
         print(f"sync {rollout_id}: --debug-skip-weight-update: weight transfer skipped")
         return WeightsRef(version=await engines[0].weight_version.remote(),
                           sha256=await engines[0].weights_sha256.remote())
-    weights = trainer0.export_weights.remote(ctx)  # one ObjectRef, fetched by every engine
-    sha256 = trainer0.weights_sha256.remote()  # hashed where the weights are: they never reach this process
-    await guarded(cfg, what, asyncio.gather(weights, *scrambled, *resumed,
-                                            *[e.update_weights.remote([weights], version, ctx) for e in engines]),
-                  cfg.faults.update_weights_timeout, engines=True, trainers=True)
+    pushed = await guarded(cfg, what, _push_after(transfer_for(cfg), cfg, engines, version, ctx, scrambled + resumed),
+                           cfg.faults.update_weights_timeout, engines=True, trainers=True)
     if verify_equal:
-        skip = [s for s in (cfg.ci.check_weight_update_skip_list or "").split(",") if s]
-        wrong = await asyncio.gather(*[e.compare_weights.remote(weights, skip) for e in engines])
-        bad = {i: names for i, names in enumerate(wrong) if names}
+        skip = {s for s in (cfg.ci.check_weight_update_skip_list or "").split(",") if s}
+        held = await asyncio.gather(*[e.tensor_hashes.remote() for e in engines])
+        bad = {i: [n for n in differing_tensors(pushed.tensor_hashes, h) if n not in skip]
+               for i, h in enumerate(held)}
+        bad = {i: names for i, names in bad.items() if names}
         log_metrics(cfg, "check", rollout_id + 1, {"check/weight_update_equal": 0.0 if bad else 1.0})
         if bad:
             raise CheckFailed("; ".join(weight_update_failure(i, names) for i, names in bad.items()))
-    return WeightsRef(version=version, sha256=await sha256)
+    return WeightsRef(version=version, sha256=pushed.sha256)
+
+
+async def _push_after(transfer: WeightTransfer, cfg: RunConfig, engines: list, version: int, ctx: dict,
+                      before: list) -> Pushed:
+    """The engines' queued calls (`before`: scramble, resume) and then the weight transfer."""
+    await asyncio.gather(*before)
+    return await transfer.push(cfg, engines, version, ctx)
 
 
 @task(name="check", log_prints=True)
@@ -212,11 +220,15 @@ async def _out_of_sync(cfg: RunConfig, rollout_id: int, weights: WeightsRef, wro
     engines = actors.engines(cfg)
     mismatched = [i for i in wrong if shas[i] != weights.sha256]
     hashes = await guarded(cfg, f"check {rollout_id}", asyncio.gather(
-        actors.trainers(cfg)[0].tensor_hashes.remote(), *[engines[i].tensor_hashes.remote() for i in mismatched]),
+        _trainer_hashes(cfg), *[engines[i].tensor_hashes.remote() for i in mismatched]),
         cfg.faults.rollout_timeout, engines=True, trainers=True, weights=weights) if mismatched else [None]
     per_engine = dict(zip(mismatched, hashes[1:], strict=True))
     states = [EngineWeights(i, versions[i], shas[i], per_engine.get(i)) for i in wrong]
     return out_of_sync_message(rollout_id, weights.version, weights.sha256, states, hashes[0])
+
+
+async def _trainer_hashes(cfg: RunConfig) -> dict[str, str]:
+    return (await trainer_weights(cfg)).tensor_hashes
 
 
 def artifact_slug(name: str) -> str:

@@ -174,9 +174,9 @@ def spawn_worker(rank: int, world: int, port: int, task: dict[str, Any]) -> None
     lp = ArtifactRef.model_validate_json(Path(task["out"], "lp_ref.json").read_text())
     metrics = trainer.train_step(rollout, lp)
     result: dict[str, Any] = {"metrics": metrics, "hash": trainer.model_hash(), "rows": log_prob_rows(lp)}
+    weights, sha = trainer.export_weights(), trainer.weights_sha256()  # collective: rank 0 gets them
     if rank == 0:
-        result["weights"] = trainer.export_weights()
-        result["sha"] = trainer.weights_sha256()
+        result["weights"], result["sha"] = weights, sha
     if task.get("save"):
         trainer.save(task["save"], 0)
     torch.save(result, Path(task["out"]) / f"rank{rank}.pt")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
+from artifacts.hashing import tensor_hashes
 from artifacts.store import ArtifactRef
 from artifacts.wire import WireWeights, to_wire
 from faults import FaultHookRequest, FaultInjector
@@ -68,6 +70,20 @@ class TrainerActor:
 
     def perf(self) -> dict[str, float]:
         return self.trainer.perf()
+
+    def stream_weights(self, bucket_bytes: int, ctx: dict[str, Any] | None = None) -> Iterator[WireWeights]:
+        """The backend's `iter_weights` as a Ray streaming generator (call it with num_returns="streaming"): rank
+        0's buckets go to the engines one by one (tasks/transfer.StreamedTransfer); their tensor hashes are kept
+        for `stream_summary`."""
+        self.faults.reach("trainer_export_weights_before_send", **(ctx or {}))
+        self._streamed: dict[str, str] = {}
+        for bucket in self.trainer.iter_weights(bucket_bytes):
+            self._streamed.update(tensor_hashes(bucket))
+            yield to_wire(bucket)
+
+    def stream_summary(self) -> dict[str, Any]:
+        """What the last `stream_weights` sent: the weight names and their per-tensor hashes."""
+        return {"names": sorted(self._streamed), "tensor_hashes": dict(self._streamed)}
 
     def export_weights(self, ctx: dict[str, Any] | None = None) -> WireWeights:
         """The trainer's weights as numpy arrays (artifacts.wire): zero-copy in Ray's object store."""

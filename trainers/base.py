@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -51,12 +52,27 @@ class Trainer(Protocol):
         perf/actor_train_time (slime's names)."""
         ...
 
+    def iter_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Collective (every rank iterates it): the weights by HF name (what engines load) as CPU tensors in
+        buckets of about `bucket_bytes`, every weight once, on global rank 0; other ranks yield nothing. A
+        sharded backend gathers one tensor at a time: no rank holds two full copies."""
+        ...
+
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """CPU copies of every persistent weight, by HF name (what engines load)."""
+        """Collective: every weight by HF name on global rank 0 ({} on other ranks)."""
         ...
 
     def weights_sha256(self) -> str:
-        """Identity of this rank's weights (artifacts.hashing.weights_sha256 of the exported tensors)."""
+        """Collective: artifacts.hashing.weights_sha256 of the exported weights on global rank 0 ("" elsewhere)."""
+        ...
+
+    def model_hash(self) -> dict[str, str]:
+        """Per-layer SHA-256 of this rank's own parameters (its shard; see artifacts/hashing.py)."""
+        ...
+
+    def tensor_hashes(self) -> dict[str, str]:
+        """Collective: per-tensor SHA-256 of the exported weights (artifacts.hashing.tensor_hashes) on global
+        rank 0 ({} elsewhere): names what differs when an engine's weights_sha256 does not match."""
         ...
 
     def save(self, directory: str, rollout_id: int, *, snapshot: bool = False) -> None:
@@ -68,11 +84,3 @@ class Trainer(Protocol):
         """Restore everything `save` wrote; returns the rollout id saved there."""
         ...
 
-    def model_hash(self) -> dict[str, str]:
-        """Per-layer SHA-256 of this rank's weights (see artifacts/hashing.py)."""
-        ...
-
-    def tensor_hashes(self) -> dict[str, str]:
-        """Per-tensor SHA-256 of this rank's weights (artifacts.hashing.tensor_hashes): names what differs
-        when an engine's weights_sha256 does not match this rank's."""
-        ...

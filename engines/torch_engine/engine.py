@@ -101,16 +101,31 @@ class TorchEngine:
     # -- weights -------------------------------------------------------------------------------
     @torch.no_grad()
     def update_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
-        """Copy every named tensor in place; unknown or missing names are an error."""
+        """Copy every named tensor in place and hold `version`; unknown or missing names are an error."""
+        missing = sorted(set(self.model.state_dict()) - set(named_tensors))
+        if missing:
+            raise KeyError(f"weight update does not match the engine's model: missing={missing[:5]}")
+        self.load_weights(named_tensors)
+        self.set_weight_version(version)
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+        """Copy these tensors in place (a bucket of a streamed sync); unknown names are an error."""
         params = dict(self.model.state_dict())
-        missing = sorted(set(params) - set(named_tensors))
         unknown = sorted(set(named_tensors) - set(params))
-        if missing or unknown:
-            raise KeyError(f"weight update does not match the engine's model: missing={missing[:5]} "
-                           f"unknown={unknown[:5]}")
+        if unknown:
+            raise KeyError(f"weight update does not match the engine's model: unknown={unknown[:5]}")
         for name, tensor in named_tensors.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-        self._version, self._sha256, self._tensor_hashes = version, None, None
+        self._sha256, self._tensor_hashes = None, None
+
+    def set_weight_version(self, version: int) -> None:
+        """Record the version of the weights now held (after the last bucket of a sync)."""
+        self._version = version
+
+    def weight_names(self) -> list[str]:
+        """Names of every persistent weight (what a complete sync must deliver)."""
+        return list(self.model.state_dict())
 
     def get_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """Copies of the named persistent weights (all when `names` is None)."""
@@ -127,13 +142,6 @@ class TorchEngine:
         for t in self.model.state_dict().values():
             t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype))
         return len(self._snapshot)
-
-    def compare_weights(self, expected: dict[str, torch.Tensor], skip: list[str] | None = None) -> list[str]:
-        """Names of the persistent weights that differ bitwise from `expected` (those in `skip` excepted).
-        Non-persistent buffers (rotary caches) are not in the state dict, so they are exempt."""
-        state = self.model.state_dict()
-        return sorted(n for n in state if n not in (skip or [])
-                      and (n not in expected or not torch.equal(state[n].cpu(), expected[n].cpu())))
 
     def weight_version(self) -> int:
         """Version of the weights now held."""

@@ -50,8 +50,9 @@ def save(trainer: MegatronTrainer, directory: str, rollout_id: int, *, snapshot:
         atomic_write_json(
             tmp / f"model_hash_tp{trainer.layout.tp_rank}_pp0_dp{trainer.layout.dp_rank}_cp0.json", hashes
         )
+    exported = trainer.export_weights()  # collective: the HF weights gathered on global rank 0
     if trainer.rank == 0:
-        checkpoint.write_hf(tmp, trainer.export_weights(), trainer.config_json)
+        checkpoint.write_hf(tmp, exported, trainer.config_json)
         atomic_write_json(
             tmp / "meta.json",
             {
@@ -105,7 +106,6 @@ def load(trainer: MegatronTrainer, directory: str) -> int:
     if (path / "config.json").is_file() and not (path / "meta.json").is_file():
         trainer.load_hf_weights(trainer.model, checkpoint.hf_reader(path))
         trainer.applied, trainer.last_applied_rollout = {}, -1
-        trainer.refresh_export()
         return -1
     path = resolve_checkpoint(directory)
     if checkpoint.is_dist_checkpoint(path):
@@ -119,7 +119,6 @@ def load(trainer: MegatronTrainer, directory: str) -> int:
     trainer.last_applied_rollout = int(meta["rollout_id"])
     if meta.get("applied") is not None:  # a retried train-step of this rollout returns these metrics
         trainer.applied[trainer.last_applied_rollout] = meta["applied"]
-    trainer.refresh_export()
     return trainer.last_applied_rollout
 
 

@@ -19,7 +19,7 @@ import copy
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from artifacts.checkpoints import model_dir
-from artifacts.hashing import layer_hashes, tensor_hashes, weights_sha256
+from artifacts.hashing import layer_hashes, tensor_hashes, weights_sha256_of
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
 from faults import FaultInjector
@@ -56,7 +56,6 @@ class _Snapshot:
     groups: list[dict[str, Any]]
     sched: dict[str, Any]
     global_step: int
-    export: dict[str, torch.Tensor] | None
 
 
 class MegatronTrainer:
@@ -79,9 +78,6 @@ class MegatronTrainer:
         self._samples: tuple[str, list[Sample], dict[tuple[int, ...], MicroBatch]] | None = None
         self._written_logprobs: tuple[str, list[dict]] | None = None
         self._perf: dict[str, float] = {}
-        # TP > 1: the HF export, gathered on global rank 0 whenever the weights change (setup, train step,
-        # load), because export_weights / weights_sha256 are asked of rank 0 alone and cannot gather then
-        self._export: dict[str, torch.Tensor] | None = None
         self.faults = FaultInjector([], "trainer", rank)  # the actor arms it with the run's fault hooks
         self.run_id = ""  # the run this trainer works for (set by the actor; recorded in checkpoints)
 
@@ -137,7 +133,6 @@ class MegatronTrainer:
                     total_steps=self.s.total_steps,
                 ),
             )
-        self.refresh_export()
         return {
             "rank": self.rank,
             "world_size": self.world_size,
@@ -285,7 +280,6 @@ class MegatronTrainer:
         began = time.perf_counter()
         try:
             metrics = self._train_rollout(samples, self._logprob_rows(logprob_ref), dump_template)
-            self.refresh_export()
         except BaseException:
             self._restore(snapshot)  # a failed step leaves the weights as they were, so a retry is safe
             raise
@@ -442,7 +436,7 @@ class MegatronTrainer:
         write_table(path, pa.table(cols), kind="train_data")
 
     def _snapshot(self) -> _Snapshot:
-        """Copies of everything a train step mutates: weights, optimizer state, LR schedule, step, export."""
+        """Copies of everything a train step mutates: weights, optimizer state, LR schedule, step."""
         weights = [p.detach().clone() for p in self.params]
         opt_state: dict[Any, dict[str, Any]] = {}
         groups: list[dict[str, Any]] = []
@@ -457,7 +451,7 @@ class MegatronTrainer:
                 for g in self.optimizer.param_groups
             ]
             sched = copy.deepcopy(self.scheduler.state_dict())
-        return _Snapshot(weights, opt_state, groups, sched, self.global_step, self._export)
+        return _Snapshot(weights, opt_state, groups, sched, self.global_step)
 
     @torch.no_grad()
     def _restore(self, snap: _Snapshot) -> None:
@@ -470,56 +464,57 @@ class MegatronTrainer:
                 group.update(saved_group)
             self.scheduler.load_state_dict(snap.sched)
         self.global_step = snap.global_step
-        self._export = snap.export
 
     # -- weights -------------------------------------------------------------------------------
     @torch.no_grad()
-    def refresh_export(self) -> None:
-        """TP > 1: gather every parameter's TP shards to TP rank 0 of DP replica 0 (global rank 0), one
-        parameter at a time, and keep its HF conversion there (the only full copy). TP = 1: nothing to do,
-        export_weights converts rank 0's own parameters on demand."""
+    def iter_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Collective (every rank iterates it): each parameter's TP shards gathered to TP rank 0 of DP replica 0
+        (global rank 0) one parameter at a time and converted to HF names there; global rank 0 yields buckets
+        of about `bucket_bytes` (every weight once), the other ranks yield nothing. Rank 0 holds its shards plus
+        one bucket, never a second full copy."""
         lay = self.layout
-        if lay.tp_size == 1 or lay.dp_rank != 0:
+        if lay.dp_rank != 0:
             return
         params = dict(self.model.named_parameters())
-        out: dict[str, torch.Tensor] = {}
+        bucket: dict[str, torch.Tensor] = {}
+        size = 0
         for name in convert.megatron_names(self.arch):
             local = params[name].detach().contiguous()
-            parts = [torch.empty_like(local) for _ in range(lay.tp_size)] if lay.tp_rank == 0 else None
-            dist.gather(local, parts, group=lay.tp_group, group_dst=0)
-            if parts is not None:
-                out.update({k: v.cpu() for k, v in convert.to_hf(name, parts, self.arch).items()})
-        self._export = out if lay.tp_rank == 0 else None
+            if lay.tp_size == 1:
+                parts: list[torch.Tensor] | None = [local]
+            else:
+                parts = [torch.empty_like(local) for _ in range(lay.tp_size)] if lay.tp_rank == 0 else None
+                dist.gather(local, parts, group=lay.tp_group, group_dst=0)
+            if parts is None:
+                continue
+            for k, v in convert.to_hf(name, parts, self.arch).items():
+                bucket[k] = v.detach().cpu().clone()
+                size += v.numel() * v.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = {}, 0
+        if bucket:
+            yield bucket
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """CPU copies of every persistent weight by HF name (global rank 0 only when TP > 1)."""
-        if self.layout.tp_size == 1:
-            params = dict(self.model.named_parameters())
-            return {
-                k: v.detach().cpu()
-                for name in convert.megatron_names(self.arch)
-                for k, v in convert.to_hf(name, [params[name].detach()], self.arch).items()
-            }
-        if self._export is None:
-            raise RuntimeError(
-                f"rank {self.rank}: with tensor parallelism only global rank 0 holds the gathered "
-                "HF weights; ask trainer 0"
-            )
-        return dict(self._export)
+        """Collective: every weight by HF name on global rank 0 ({} elsewhere)."""
+        return {k: v for bucket in self.iter_weights(1 << 62) for k, v in bucket.items()}
 
     def weights_sha256(self) -> str:
-        """Identity of the weights: artifacts.hashing.weights_sha256 of export_weights()."""
-        return weights_sha256(self.export_weights())
+        """Collective: artifacts.hashing.weights_sha256 of the HF weights on global rank 0 ("" elsewhere)."""
+        hashes = self.tensor_hashes()
+        return weights_sha256_of(hashes) if hashes else ""
+
+    def tensor_hashes(self) -> dict[str, str]:
+        """Collective: per-tensor SHA-256 of the HF weights (the engines' names), bucket by bucket, on global
+        rank 0 ({} elsewhere)."""
+        return {k: v for bucket in self.iter_weights(64 << 20) for k, v in tensor_hashes(bucket).items()}
 
     def model_hash(self) -> dict[str, str]:
         """Per-layer SHA-256 of this rank's Megatron parameters (its TP shard), miles' layout."""
         return layer_hashes({n: p for n, p in self.model.named_parameters()})
 
     # -- checkpoints (trainers/megatron/persistence.py) ------------------------------------------
-    def tensor_hashes(self) -> dict[str, str]:
-        """Per-tensor SHA-256 of the HF export (the names and tensors the engines hold)."""
-        return tensor_hashes(self.export_weights())
-
     def save(self, directory: str, rollout_id: int, *, snapshot: bool = False) -> None:
         """Collective: write iter_{rollout_id:07d}/ (megatron distributed checkpoint + HF export, meta.json with
         the applied rollout's metrics, per-rank model hashes with --ci-save-model-hash) and the latest marker.

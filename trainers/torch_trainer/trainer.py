@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,21 +329,39 @@ class TorchTrainer:
         self.global_step = snap.global_step
 
     # -- weights and checkpoints ---------------------------------------------------------------
+    def iter_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """CPU copies of the weights by HF name in buckets of about `bucket_bytes`, on rank 0 (every rank holds
+        the same weights, so the others yield nothing)."""
+        if self.rank != 0:
+            return
+        bucket: dict[str, torch.Tensor] = {}
+        size = 0
+        for k, v in self.model.state_dict().items():
+            bucket[k] = v.detach().clone().cpu()
+            size += v.numel() * v.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = {}, 0
+        if bucket:
+            yield bucket
+
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """CPU copies of every persistent weight by HF name."""
+        """CPU copies of every persistent weight by HF name, on rank 0 ({} elsewhere: the ranks agree)."""
+        if self.rank != 0:
+            return {}
         return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
 
     def weights_sha256(self) -> str:
-        """Identity of this rank's weights; equal to weights_sha256(export_weights())."""
-        return weights_sha256(self.model.state_dict())
+        """Identity of the weights, equal to weights_sha256(export_weights()), on rank 0 ("" elsewhere)."""
+        return weights_sha256(self.model.state_dict()) if self.rank == 0 else ""
 
     def model_hash(self) -> dict[str, str]:
         """Per-layer SHA-256 of this rank's weights."""
         return layer_hashes(self.model.state_dict())
 
     def tensor_hashes(self) -> dict[str, str]:
-        """Per-tensor SHA-256 of this rank's weights (artifacts.hashing.tensor_hashes)."""
-        return tensor_hashes(self.model.state_dict())
+        """Per-tensor SHA-256 of the weights (artifacts.hashing.tensor_hashes), on rank 0 ({} elsewhere)."""
+        return tensor_hashes(self.model.state_dict()) if self.rank == 0 else {}
 
     def save(self, directory: str, rollout_id: int, *, snapshot: bool = False) -> None:
         """Write iter_{rollout_id:07d}/ (model in HF format, optimizer, scheduler, RNG, the applied rollout's
