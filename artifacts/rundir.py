@@ -24,7 +24,7 @@ INFO = "run.json"
 LOCK = ".lock"
 # what a run writes into its run dir (everything `--overwrite` removes; the lock stays)
 RECORDS = ("config.yaml", INFO, "metrics.jsonl", "faults.jsonl", "rollouts", "logprobs", "ft", "faults", "plots",
-           "replays")
+           "replays", "logs")
 
 
 class RunDirBusy(RuntimeError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import types
 import typing
 from typing import Any, Literal
@@ -74,7 +75,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     """YAML file (if any) overlaid with the flags given; raises ValueError naming the flag."""
     data: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
     for dest, value in vars(args).items():
-        if dest in ("command", "config", "refresh", "cron", "interval", "dry_run", "resume", "overwrite"):
+        if dest in ("command", "config", "refresh", "cron", "interval", "dry_run", "resume", "overwrite", "verbose"):
             continue
         section, _, name = dest.rpartition(".")
         target = data.setdefault(section, {}) if section else data
@@ -110,6 +111,10 @@ def make_parser() -> argparse.ArgumentParser:
                           "last completed rollout; the finished run equals an uninterrupted one")
     run.add_argument("--overwrite", action="store_true",
                      help="replace the records of another run in the run dir (otherwise such a run dir is refused)")
+    run.add_argument("--verbose", action="store_true",
+                     help="the full console: Prefect's log lines (task states, the `rollout N: {...}` records) and "
+                          "the actors' output, as logs/run.log and logs/actors.log in the run dir hold them; "
+                          "default: a progress bar (on a terminal), one line per rollout and a summary table")
     _add_model_flags(run, RunConfig, "")
     for name, model in SECTIONS.items():
         _add_model_flags(run, model, name)
@@ -192,6 +197,9 @@ def _plot(args: argparse.Namespace) -> int:
 # server at once; the UI's event feed lags by up to 60 s, and the server writes the rest when it stops.
 PREFECT_ENV_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # the client side of the same opt-out: Prefect's SDK printed a 4-line telemetry notice into the console of the
+    # first run on a terminal (per PREFECT_HOME)
+    "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "1000",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "60",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
@@ -229,9 +237,12 @@ def server_command(port: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    began = time.monotonic()  # the run's summary counts its wall time from here
     args = make_parser().parse_args(argv)
     if args.command == "server":
         configure_prefect_env()
+        # the UI calls the API at PREFECT_UI_API_URL, which Prefect defaults to port 4200 whatever --port says
+        os.environ.setdefault("PREFECT_UI_API_URL", f"http://127.0.0.1:{args.port}/api")
         os.execv(sys.executable, server_command(args.port))
     if args.command == "diff":
         from flows.diff import diff_command
@@ -282,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return _dry_run(cfg)
         configure_prefect_env()
+        if not args.verbose:  # Prefect's INFO lines off its console handler, also those it logs at exit
+            os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
         configure_ray_env(cfg.ray_address)  # before anything imports ray (it reads these at import time)
         from flows import runtime
         from flows.resolve import resolve
@@ -296,16 +309,27 @@ def main(argv: list[str] | None = None) -> int:
     from flows.reaper import start_reaper
 
     start_reaper()  # before Prefect's server and Ray exist: they end with this process, however it ends
+    return _run(cfg, refresh, args, began)
+
+
+def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: float) -> int:
+    """Run the flow under the console (quiet or `--verbose`); exit 0, or 1 with the root cause as the last line."""
     import asyncio
 
+    from flows.console import header, open_console
+    from flows.failure import failure_line
     from flows.run import run_flow
 
-    try:
-        result = asyncio.run(run_flow(cfg, refresh=refresh, resume=bool(args.resume), overwrite=args.overwrite))
-    except Exception as e:  # the flow run is already marked Failed in Prefect; say why and exit non-zero
-        print(f"rollflow: run failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    print(f"run finished: {result}")
+    with open_console(sys.stdout, verbose=args.verbose, began=began) as console:
+        console.write(header(cfg, args.verbose))
+        try:
+            result = asyncio.run(run_flow(cfg, refresh=refresh, resume=bool(args.resume), overwrite=args.overwrite))
+        except Exception as e:  # the flow run is already marked Failed in Prefect; say why and exit non-zero
+            sys.stdout.flush()
+            print(failure_line(e), file=sys.stderr, flush=True)
+            return 1
+    if args.verbose:
+        print(f"run finished: {result}")
     return 0
 
 
@@ -314,7 +338,7 @@ def _resumed_config(args: argparse.Namespace) -> RunConfig:
     from pathlib import Path
 
     given = [flag(d.rpartition(".")[2]) for d in vars(args)
-             if d not in ("command", "config", "refresh", "dry_run", "resume", "overwrite")]
+             if d not in ("command", "config", "refresh", "dry_run", "resume", "overwrite", "verbose")]
     if args.config:
         given.append("--config")
     if given:

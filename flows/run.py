@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -12,11 +15,12 @@ from prefect import flow
 from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
-from artifacts.store import RunPaths, read_metrics
 from config import RunConfig
 from faults import FaultInjector
-from flows import runtime
-from tasks import STAGE_NAMES, actors
+from flows import run_page, runtime
+from flows.failure import explain, note_stage
+from flows.report import RunReport, observers
+from tasks import STAGE_NAMES, actors, notify
 from tasks.checks import metric_gate, raise_if_any, retry_unless_check_failed
 from tasks.metrics import close_run, log_metrics
 from tasks.recordings import inject, load_rollout
@@ -44,9 +48,9 @@ assert tuple(ALL_STAGES) == STAGE_NAMES, "tasks.STAGE_NAMES must list every stag
 class _Stages:
     """The stage tasks of one rollout flow run, with the run's retry policy (`--task-retries`,
     `--task-retry-delay`; a checker failure is never retried) and `--refresh` ones forced, counting the task
-    runs started."""
+    runs started; an exception a stage raises carries its rollout and stage (`flows.failure.note_stage`)."""
 
-    def __init__(self, cfg: RunConfig, refresh: list[str]) -> None:
+    def __init__(self, cfg: RunConfig, refresh: list[str], rollout_id: int) -> None:
         unknown = sorted(set(refresh) - set(STAGES))
         if unknown:
             raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {ALL_STAGES}")
@@ -57,14 +61,18 @@ class _Stages:
                 retries=0 if name in ("check", "inject") else f.task_retries, retry_delay_seconds=f.task_retry_delay,
                 retry_condition_fn=retry_unless_check_failed)
             for name, t in STAGES.items()}
-        self.started = 0
+        self.started, self.rollout_id = 0, rollout_id
 
     def __getitem__(self, name: str) -> Any:
         task = self._tasks[name]
 
         async def run(*args: Any, **kwargs: Any) -> Any:
             self.started += 1
-            return await task(*args, **kwargs)
+            try:
+                return await task(*args, **kwargs)
+            except Exception as e:
+                note_stage(e, self.rollout_id, name)
+                raise
         return run
 
 
@@ -96,7 +104,7 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
     --debug-rollout-only stops after save-rollout; --load-debug-rollout-data (train-only) loads a
     recording instead of generating and never syncs; --ci-inject-rollout-data-path generates, then
     checks the generation against the recording and trains on the recording."""
-    s, d, q = _Stages(cfg, refresh or []), cfg.debug, opaque_config(cfg)  # q: cfg as the tasks' argument
+    s, d, q = _Stages(cfg, refresh or [], rollout_id), cfg.debug, opaque_config(cfg)  # q: cfg as the tasks' argument
     has_engines = not cfg.train_only
     if rollout_id == 0 and _evaluates(cfg):
         await s["eval"](q, 0, weights)
@@ -126,7 +134,11 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
 async def run_flow(cfg: RunConfig, refresh: list[str] | None = None, resume: bool = False,
                    overwrite: bool = False) -> dict:
     """The whole run: own the run dir, start Ray actors, then one `rollout-<id>` child flow run per rollout id.
-    `resume` continues the run in `cfg`'s run dir where it was cut; `overwrite` replaces another run's records."""
+    `resume` continues the run in `cfg`'s run dir where it was cut; `overwrite` replaces another run's records.
+
+    As it goes, the run's report (`flows.report`) feeds the observers (the console of `rollflow run`) and the run's
+    page in the Prefect UI (`flows.run_page`); at the end, with --ci-test, `rollflow doctor` runs on the run dir
+    and its findings join both. Log lines go to `<run dir>/logs/run.log`, the actors' output to logs/actors.log."""
     # a Prefect retry of this flow run (UI, `prefect flow-run retry`) continues the run like --resume
     owned = runtime.own(cfg, resume=resume or (flow_run.run_count or 1) > 1, overwrite=overwrite)
     cfg = owned.cfg
@@ -135,59 +147,161 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None, resume: boo
     faults = FaultInjector(cfg.faults.requests(), "orchestrator", None, str(cfg.resolved_run_dir), owned.info.started_at)
     if not owned.resumed:
         faults.log_pending()
-    actors.ensure_ray(cfg)
-    actors.set_run(cfg, owned.info.run_id, owned.info.started_at)
-    actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
-    try:
+    report = RunReport.load(cfg, owned.info.run_id, owned.start, _end(cfg, owned.start))
+    page = run_page.RunPage(report, uuid.UUID(str(flow_run.get_id()))) if run_page.enabled() else None
+    loop = _RunLoop(cfg, owned, report, page, faults, refresh or [])
+    with runtime.run_log(cfg.resolved_run_dir), _listening(report):
+        await _started(report, page)
+        try:
+            actors.ensure_ray(cfg)
+            with actors.actor_logs_to(cfg.resolved_run_dir / "logs" / "actors.log"):
+                weights = await loop.run()
+            _dispose_gate(cfg, report)
+            report.finish("completed" if report.done >= report.total else "stopped")
+        except BaseException as e:
+            report.finish("failed", explain(e))
+            raise
+        finally:
+            faults.expire_unfired()
+            close_run(cfg)  # trackers finished and plots/curves.png drawn, also when the run failed
+            owned.release()
+            await _wrap_up(report, page)
+    return {"run_dir": str(cfg.resolved_run_dir), "weight_version": weights.version,
+            "evals": {r["rollout_id"]: {k: v for k, v in r["metrics"].items() if k != "eval/step"}
+                      for r in report.records if r["kind"] == "eval"}}
+
+
+class _RunLoop:
+    """The run's actors and its rollouts: start the actors (restoring the trainers on a resume), sync the first
+    weights, run one `rollout-<id>` child flow run per rollout, and stop the actors however it ends."""
+
+    def __init__(self, cfg: RunConfig, owned: runtime.OwnedRun, report: RunReport, page: run_page.RunPage | None,
+                 faults: FaultInjector, refresh: list[str]) -> None:
+        self.cfg, self.owned, self.report, self.page, self.faults = cfg, owned, report, page, faults
+        self.refresh = refresh
+
+    async def run(self) -> WeightsRef:
+        """Every rollout from the run's start point to its end; the engines' weights after the last one."""
+        cfg, owned = self.cfg, self.owned
+        actors.set_run(cfg, owned.info.run_id, owned.info.started_at)
+        actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
+        try:
+            weights = await self._start_actors()
+            session = uuid.uuid4().hex
+            for rollout_id in range(owned.start, self.report.end):
+                weights = await self._rollout(rollout_id, weights, session)
+            if self.report.end < cfg.rollout.num_rollout:
+                notify.notice(f"--debug-exit-after-rollout: stopping after rollout {self.report.end - 1}")
+            return weights
+        finally:
+            actors.stop_actors(cfg)
+
+    async def _start_actors(self) -> WeightsRef:
+        """Engines and trainers started (trainers restored on a resume); the weights the engines hold."""
+        cfg, owned = self.cfg, self.owned
         engines = [] if cfg.train_only else await actors.start_engines(cfg)
         trainers = [] if cfg.rollout_only else await actors.start_trainers(cfg, actors.start_weights(
             cfg, owned.trainer_state))
         start = owned.start
         if owned.trainer_state is not None and trainers:
             await asyncio.gather(*[t.load.remote(str(owned.trainer_state)) for t in trainers])
-            print(f"trainers restored from {owned.trainer_state}; starting at rollout {start}")
+            notify.notice(f"trainers restored from {owned.trainer_state}; starting at rollout {start}")
         elif cfg.checkpoint.load and trainers:
-            print(f"--load {cfg.checkpoint.load} holds no checkpoint yet: starting from "
-                  f"{actors.start_weights(cfg, None)}")
+            notify.notice(f"--load {cfg.checkpoint.load} holds no checkpoint yet: starting from "
+                          f"{actors.start_weights(cfg, None)}")
         if engines and trainers:  # the weight-update checker runs at the run's first sync, not at a resume
             check_first_sync = cfg.ci.weight_check and not owned.resumed
-            weights = await runtime.settled(sync, opaque_config(cfg), start - 1, verify_equal=check_first_sync)
-        elif engines:  # rollout-only: the engines keep the weights they loaded, version 0
-            weights = WeightsRef(version=0, sha256=await engines[0].weights_sha256.remote())
-        else:  # train-only: nothing to sync; identify the trainer's starting weights
-            weights = WeightsRef(version=start, sha256=(await trainer_weights(cfg)).sha256)
-        session = uuid.uuid4().hex
-        end = cfg.rollout.num_rollout
-        if cfg.debug.debug_exit_after_rollout is not None:  # the knife: stop cleanly, e.g. to test resume
-            end = min(end, start + cfg.debug.debug_exit_after_rollout)
-        for rollout_id in range(start, end):
-            began = time.perf_counter()
-            # the rollout a resume re-runs logs everything again: none of its stages may come from the cache
-            stages = ALL_STAGES if owned.resumed and rollout_id == start else refresh
-            state = await rollout_flow(cfg, rollout_id, weights, session, stages, return_state=True)
-            result: RolloutResult = await state.result()  # type: ignore[misc]
-            weights = result.weights
-            await runtime.settle(result.task_runs, flow_run_id=state.state_details.flow_run_id)
-            await runtime.publish_metrics_table(cfg, rollout_id, state.state_details.flow_run_id)
-            if trainers and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == end)):
-                await runtime.settled(save_checkpoint, opaque_config(cfg), rollout_id)
-            runtime.log_step_time(cfg, rollout_id, time.perf_counter() - began)
-            faults.reach("orchestrator_rollout_end", rollout_id=rollout_id, attempt=0, weight_version=weights.version)
-        if end < cfg.rollout.num_rollout:
-            print(f"--debug-exit-after-rollout: stopping after rollout {end - 1}")
+            return await runtime.settled(sync, opaque_config(cfg), start - 1, verify_equal=check_first_sync)
+        if engines:  # rollout-only: the engines keep the weights they loaded, version 0
+            return WeightsRef(version=0, sha256=await engines[0].weights_sha256.remote())
+        # train-only: nothing to sync; identify the trainer's starting weights
+        return WeightsRef(version=start, sha256=(await trainer_weights(cfg)).sha256)
+
+    async def _rollout(self, rollout_id: int, weights: WeightsRef, session: str) -> WeightsRef:
+        """One child flow run, then the parent's share: wait for the server (`settle`), the metrics table, a
+        checkpoint when due, the rollout's wall time, the run page and the observers."""
+        cfg, report = self.cfg, self.report
+        began = time.perf_counter()
+        # the rollout a resume re-runs logs everything again: none of its stages may come from the cache
+        stages = ALL_STAGES if self.owned.resumed and rollout_id == self.owned.start else self.refresh
+        state = await rollout_flow(cfg, rollout_id, weights, session, stages, return_state=True)
+        result: RolloutResult = await state.result()  # type: ignore[misc]
+        child = state.state_details.flow_run_id
+        await runtime.settle(result.task_runs, flow_run_id=child)
+        await runtime.publish_metrics_table(cfg, rollout_id, child, report.records)
+        if not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == report.end)):
+            await runtime.settled(save_checkpoint, opaque_config(cfg), rollout_id)
+        seconds = time.perf_counter() - began
+        runtime.log_step_time(cfg, rollout_id, seconds)
+        report.rollout_done(rollout_id, seconds)
+        if self.page is not None:
+            await self.page.rollout_done(rollout_id)
+        for observer in observers():
+            observer.rollout_done(report, rollout_id)
+        self.faults.reach("orchestrator_rollout_end", rollout_id=rollout_id, attempt=0,
+                          weight_version=result.weights.version)
+        return result.weights
+
+
+def _end(cfg: RunConfig, start: int) -> int:
+    """The rollout the run stops before: --num-rollout, or earlier with --debug-exit-after-rollout (the knife that
+    stops a run cleanly, e.g. to test resume)."""
+    end = cfg.rollout.num_rollout
+    if cfg.debug.debug_exit_after_rollout is not None:
+        end = min(end, start + cfg.debug.debug_exit_after_rollout)
+    return end
+
+
+@contextlib.contextmanager
+def _listening(report: RunReport) -> Iterator[None]:
+    """`report` receives the run's records as they are logged."""
+    unsubscribe = notify.subscribe(report)
+    try:
+        yield
     finally:
-        actors.stop_actors(cfg)
-        faults.expire_unfired()
-        close_run(cfg)  # trackers finished and plots/curves.png drawn, also when the run failed
-        owned.release()
-    evals = [r for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics, run_id=owned.info.run_id)
-             if r["kind"] == "eval"]
-    gate = metric_gate(cfg, evals)  # the accuracy gate is disposed at the end of the run, as in miles
+        unsubscribe()
+
+
+async def _started(report: RunReport, page: run_page.RunPage | None) -> None:
+    """The run page's artifacts created; the observers told."""
+    if page is not None:
+        await page.open()
+    for observer in observers():
+        observer.started(report)
+
+
+def _dispose_gate(cfg: RunConfig, report: RunReport) -> None:
+    """The accuracy gate, disposed at the end of the run as in miles: logged as a check record, raised on failure."""
+    gate = metric_gate(cfg, [r for r in report.records if r["kind"] == "eval"])
     if cfg.ci.ci_metric_checker_key:
         log_metrics(cfg, "check", cfg.rollout.num_rollout, {"check/metric_gate": 0.0 if gate else 1.0})
     raise_if_any(gate)
-    return {"run_dir": str(cfg.resolved_run_dir), "weight_version": weights.version,
-            "evals": {r["rollout_id"]: {k: v for k, v in r["metrics"].items() if k != "eval/step"} for r in evals}}
+
+
+async def _wrap_up(report: RunReport, page: run_page.RunPage | None) -> None:
+    """However the run ended: the doctor's findings (--ci-test), the run page's last update, the observers told.
+    A failure here is reported, never raised: it must not hide how the run itself ended."""
+    if report.cfg.ci.ci_test:
+        _diagnose(report)
+    if page is not None:
+        try:
+            await page.close()
+        except Exception as e:
+            notify.notice(f"could not update the run's Prefect artifacts: {type(e).__name__}: {e}", logging.WARNING)
+    for observer in observers():
+        observer.finished(report)
+
+
+def _diagnose(report: RunReport) -> None:
+    """`rollflow doctor` on the run dir, its findings into the report."""
+    from flows.doctor import DoctorInputError, diagnose
+
+    try:
+        report.findings = diagnose(report.cfg.resolved_run_dir)
+    except DoctorInputError as e:
+        report.doctor_error = str(e)
+    except Exception as e:  # the doctor is a diagnosis of the run, not part of its outcome
+        report.doctor_error = f"{type(e).__name__}: {e}"
 
 
 def _evaluates(cfg: RunConfig) -> bool:

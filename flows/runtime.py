@@ -1,14 +1,18 @@
 """What the run flow needs besides the algorithm: owning the run dir (lock, identity, resume point, records a
-resume must not duplicate), the Prefect/SQLite accommodations (`settle`), the per-rollout metrics table,
-marking a dead run's flow run Crashed, and the watchdog that ends a run whose Prefect API stopped answering."""
+resume must not duplicate), the run's log file, the Prefect/SQLite accommodations (`settle`), the per-rollout
+metrics table, marking a dead run's flow run Crashed, and the watchdog that ends a run whose Prefect API stopped
+answering."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +24,7 @@ from artifacts.store import RunPaths, read_metrics
 from config import RunConfig, dump_yaml
 from flows.resolve import resolve
 from tasks.metrics import log_metrics, set_run_id
+from tasks.notify import notice
 from tasks.stages import artifact_slug
 
 
@@ -87,8 +92,8 @@ def own(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> Own
     set_run_id(cfg, owned.info.run_id)
     if owned.resumed:
         dropped = rundir.truncate_records(paths.metrics, owned.start)
-        print(f"resuming run {owned.info.run_id} in {run_dir} at rollout {owned.start}"
-              + (f" (dropped {dropped} record(s) of the rollout that was cut)" if dropped else ""))
+        notice(f"resuming run {owned.info.run_id} in {run_dir} at rollout {owned.start}"
+               + (f" (dropped {dropped} record(s) of the rollout that was cut)" if dropped else ""))
     return owned
 
 
@@ -178,7 +183,7 @@ async def crash_stale_flow_run(flow_run_id: str | None) -> None:
                 await client.set_flow_run_state(run.id, Crashed(
                     message="the process running it stopped (killed, or its Prefect API went away); marked when "
                             "the run dir was next used"), force=True)
-                print(f"marked stale flow run {run.name} ({run.id}) Crashed")
+                notice(f"marked stale flow run {run.name} ({run.id}) Crashed")
 
 
 def start_api_watchdog(api_url: str, timeout: float, run_dir: Path) -> threading.Event:
@@ -245,19 +250,42 @@ async def settled(task: Any, *args: Any, **kwargs: Any) -> Any:
     return await state.result()
 
 
-async def publish_metrics_table(cfg: RunConfig, rollout_id: int, flow_run_id: uuid.UUID | None) -> None:
-    """One Prefect table artifact per rollout with every metric logged for it, attached to the rollout's
-    `rollout-<id>` flow run. The parent posts it once the child's task runs are recorded (`settle`):
-    posted at the end of the child, it waited behind the server's burst of task-run writes (about 80 ms
-    of every child flow run on 2 cores), and posted concurrently with them SQLite answers 503."""
+async def publish_metrics_table(cfg: RunConfig, rollout_id: int, flow_run_id: uuid.UUID | None,
+                                records: list[dict[str, Any]]) -> None:
+    """One Prefect table artifact per rollout with every metric its flow run logged (of the run's `records`):
+    rollout, step, perf and check records, and the evals it ran (eval E runs after rollout E - 1, so its row is
+    in that rollout's table; `eval/step` names the weights evaluated). Attached to the rollout's `rollout-<id>`
+    flow run. The parent posts it once the child's task runs are recorded (`settle`): posted at the end of the
+    child, it waited behind the server's burst of task-run writes (about 80 ms of every child flow run on 2
+    cores), and posted concurrently with them SQLite answers 503."""
     from prefect.artifacts import TableArtifact
 
     rows = [{"kind": r["kind"], "step": r.get("step", ""), "metric": k, "value": v}
-            for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics)
-            if r["rollout_id"] == rollout_id and r["kind"] != "eval" for k, v in r["metrics"].items()]
+            for r in records if rundir.logged_by(r) == rollout_id for k, v in r["metrics"].items()]
     key = f"{artifact_slug(cfg.name)}-rollout-{rollout_id}-metrics"
     await TableArtifact(key=key, description=f"metrics of rollout {rollout_id} of run {cfg.name}", table=rows,
                         flow_run_id=flow_run_id).acreate()
+
+
+@contextlib.contextmanager
+def run_log(run_dir: Path) -> Iterator[Path]:
+    """While inside: every log line of this process that reaches the root logger (Prefect's flow and task run
+    lines, the `rollout N: {...}` records, tracebacks, warnings) is appended to `<run dir>/logs/run.log`, in
+    Prefect's console format, whatever the console shows."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    path = run_dir / "logs" / "run.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    console = next((h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)), None)
+    handler.setFormatter(console.formatter if console is not None and console.formatter is not None
+                         else logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        yield path
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
 
 
 def log_step_time(cfg: RunConfig, rollout_id: int, seconds: float) -> None:

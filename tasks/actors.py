@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,11 @@ from config import RunConfig
 _HANDLES: dict[tuple[str, str], Any] = {}
 # run name -> (run id, when the run started): checkpoints name the run; fault hook lifetimes count from the start
 _RUNS: dict[str, tuple[str, float]] = {}
+# Whether what the actors print also reaches this process's console (Ray's log_to_driver printing, and Ray's own
+# INFO lines); the quiet console of `rollflow run` turns it off. A run's logs/actors.log gets the lines either way.
+_echo_actor_logs = True
+_RAY_PRINTER = "ray_print_logs"  # the name Ray gives its log_to_driver handler
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def namespace(cfg: RunConfig) -> str:
@@ -62,11 +70,51 @@ def ensure_ray(cfg: RunConfig) -> None:
     # Ray nices its workers to 15 by default; here the workers (engines, trainers) are the run's real
     # work and should not wait behind the orchestrating process and the Prefect server.
     os.environ.setdefault("RAY_worker_niceness", "0")
+    level = logging.INFO if _echo_actor_logs else logging.WARNING  # "Started a local Ray instance." is INFO
     if cfg.ray_address:
-        ray.init(address=cfg.ray_address, log_to_driver=True)
+        ray.init(address=cfg.ray_address, log_to_driver=True, logging_level=level)
     else:
         ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=True,
-                 _node_ip_address="127.0.0.1")
+                 _node_ip_address="127.0.0.1", logging_level=level)
+
+
+def echo_actor_logs(on: bool) -> None:
+    """Whether the actors' output (and Ray's INFO lines) reach this process's console from now on; set before
+    `ensure_ray`. `actor_logs_to` writes the actors' output to a file in both cases."""
+    global _echo_actor_logs
+    _echo_actor_logs = on
+
+
+@contextlib.contextmanager
+def actor_logs_to(path: Path) -> Iterator[None]:
+    """While inside: every line an actor prints, as Ray forwards it to this driver (log_to_driver), is appended to
+    `path` as `(EngineActor pid=123) line`, colour codes removed; unless `echo_actor_logs(True)`, Ray stops
+    printing them on the console meanwhile. With Ray's forwarding off (`ray.init(log_to_driver=False)` by
+    someone else) no line arrives and nothing is written."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    name = f"rollflow-actor-log-{path}"
+    with open(path, "a", encoding="utf-8") as out:
+        def write(data: dict[str, Any]) -> None:
+            if data.get("pid") == "autoscaler":  # the autoscaler's periodic status dumps (Ray's console drops them too)
+                return
+            who = data.get("actor_name") or data.get("task_name") or data.get("pid")
+            pid = f" pid={data.get('pid')}" if who != data.get("pid") else ""  # e.g. "(raylet) ..."
+            out.writelines(f"({who}{pid}) {_ANSI.sub('', line)}\n" for line in data.get("lines", []))
+            out.flush()
+
+        # Ray's dispatcher is the one place every forwarded line passes (Ray's own client server taps it too)
+        printer = None if _echo_actor_logs else next((h for n, h in dispatcher.handlers if n == _RAY_PRINTER), None)
+        if printer is not None:
+            dispatcher.remove_handler(_RAY_PRINTER)
+        dispatcher.add_handler(name, write)
+        try:
+            yield
+        finally:
+            dispatcher.remove_handler(name)
+            if printer is not None:
+                dispatcher.add_handler(_RAY_PRINTER, printer)
 
 
 def set_run(cfg: RunConfig, run_id: str, epoch: float) -> None:

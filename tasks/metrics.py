@@ -1,5 +1,6 @@
-"""Metric records: one line in metrics.jsonl, one slime-style console line (`rollout N: {...}`), and the
-same record to the run's experiment trackers (W&B, TensorBoard; `tasks/trackers.py`)."""
+"""Metric records: one line in metrics.jsonl, one slime-style log line (`rollout N: {...}`, to the Prefect run's
+log: `tasks/notify.py`), the record to in-process listeners (console, run report), and the same record to the
+run's experiment trackers (W&B, TensorBoard; `tasks/trackers.py`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from artifacts.schema import Sample
 from artifacts.store import RunPaths, append_metrics
 from config import RunConfig
+from tasks.notify import publish_record, say
 from tasks.trackers import finish_trackers, track
 from trainers.rollout_stats import mean as _mean
 
@@ -30,9 +32,9 @@ def run_id_of(cfg: RunConfig) -> str | None:
 
 
 def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, Any], step: int | None = None) -> dict:
-    """Append `{"kind", "run_id"?, "rollout_id", "step"?, "metrics"}` to metrics.jsonl, print it as slime does,
-    then hand it to the trackers the config turns on (their failure raises `TrackerError`, after the record is
-    written)."""
+    """Append `{"kind", "run_id"?, "rollout_id", "step"?, "metrics"}` to metrics.jsonl, log it as slime prints
+    it (`rollout N: {...}`), hand it to the in-process listeners, then to the trackers the config turns on (their
+    failure raises `TrackerError`, after the record is written)."""
     record: dict[str, Any] = {"kind": kind}
     run_id = run_id_of(cfg)
     if run_id is not None:
@@ -42,7 +44,8 @@ def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, A
         record["step"] = step
     record["metrics"] = metrics
     append_metrics(RunPaths(cfg.resolved_run_dir).metrics, record)
-    print(f"{kind} {step if kind == 'step' else rollout_id}: {metrics}", flush=True)
+    say(f"{kind} {step if kind == 'step' else rollout_id}: {metrics}")
+    publish_record(cfg.resolved_run_dir, record)
     track(cfg, kind, rollout_id, metrics, step)
     return record
 

@@ -15,6 +15,7 @@ that Prefect's retry of the stage runs on healthy actors holding the right weigh
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ import ray
 from artifacts.checkpoints import latest_checkpoint
 from config import RunConfig
 from tasks import actors
+from tasks.notify import notice
 from tasks.refs import WeightsRef
 
 T = TypeVar("T")
@@ -60,7 +62,7 @@ async def guarded(cfg: RunConfig, what: str, call: Awaitable[T], timeout: float 
             await restart_engines(cfg, dead, weights)
             replaced.append(f"engines {dead}")
     done = f"replaced {' and '.join(replaced)}" if replaced else "every actor answers"
-    print(f"{what}: {cause}; {done}; the stage will be retried", flush=True)
+    notice(f"{what}: {cause}; {done}; the stage will be retried", logging.WARNING)
     raise ActorLost(f"{what}: {cause}; {done}; the stage will be retried")
 
 
