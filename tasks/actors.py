@@ -19,7 +19,7 @@ import ray
 from artifacts.checkpoints import model_dir
 from config import RunConfig
 from tasks import placement
-from trainers.collectives import rendezvous_host
+from trainers.collectives import LOOPBACK, rendezvous_host
 
 # (namespace, actor name) -> handle created by this process. Non-detached named actors die when their
 # creator drops the last handle, so this keeps them alive for the run; stages also reuse these handles
@@ -140,8 +140,11 @@ async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
 
     actors = [await _with_free_name(lambda r=r: make(r)) for r in range(world)]
     _keep(cfg, {f"trainer-{r}": a for r, a in enumerate(actors)})
-    host = rendezvous_host(await asyncio.gather(*[a.node.remote() for a in actors]))
+    nodes = await asyncio.gather(*[a.node.remote() for a in actors])
+    host = rendezvous_host(nodes)
     port = await actors[0].free_port.remote(host)  # free on rank 0's node, where the rendezvous listens
+    print(f"trainers: {world} rank(s) on {len({n for n, _ in nodes})} node(s), rendezvous "
+          + ("in a file store under the run dir" if host in LOOPBACK else f"at tcp://{host}:{port}"))
     await asyncio.gather(*[a.setup.remote(host, port) for a in actors])
     return actors
 

@@ -10,7 +10,15 @@ import yaml
 
 from config import SLOT_RESOURCE, RunConfig, dump_yaml
 from flows.cli import build_config, make_parser
-from tasks.placement import ENGINE_SHARE, TRAINER_SHARE, Placement, by_node, layout, local_resources, shortfall
+from tasks.placement import (
+    ENGINE_SHARE,
+    TRAINER_SHARE,
+    Placement,
+    by_node,
+    layout,
+    local_resources,
+    shortfall,
+)
 from trainers.collectives import LOOPBACK, gloo_interface, rendezvous_host, use_interface_for
 
 
