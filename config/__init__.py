@@ -11,10 +11,11 @@ measurement with `bench/learning.py`.
 from config.base import Section
 from config.debug import RECORDING_FORMATS, CIConfig, DebugConfig
 from config.ops import FaultConfig, LoggingConfig, WandbMode
+from config.placement import SLOT_RESOURCE, PlacementConfig
 from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
 from config.run import SECTIONS, RunConfig, dump_yaml, load_yaml
 from config.train import CheckpointConfig, TrainConfig
 
-__all__ = ["RECORDING_FORMATS", "SECTIONS", "CIConfig", "CheckpointConfig", "DataConfig", "DebugConfig", "EvalConfig",
-           "FaultConfig", "LoggingConfig", "RewardConfig", "RolloutConfig", "RunConfig", "Section", "TrainConfig",
-           "WandbMode", "dump_yaml", "load_yaml"]
+__all__ = ["RECORDING_FORMATS", "SECTIONS", "SLOT_RESOURCE", "CIConfig", "CheckpointConfig", "DataConfig", "DebugConfig",
+           "EvalConfig", "FaultConfig", "LoggingConfig", "PlacementConfig", "RewardConfig", "RolloutConfig", "RunConfig",
+           "Section", "TrainConfig", "WandbMode", "dump_yaml", "load_yaml"]

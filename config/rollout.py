@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from config.backends import ENGINES
 from config.base import Section
@@ -31,7 +31,32 @@ class RolloutConfig(Section):
         None, description="Stop token ids, added to the defaults (the tokenizer's EOS and the chat template's "
                           "end-of-turn token).")
     rollout_backend: RolloutBackend = Field("torch", description="Inference engine backend.")  # type: ignore[valid-type]
-    rollout_num_engines: int = Field(1, ge=1, le=4096, description="Engine actors; prompt groups are spread over them.")
+    rollout_num_engines: int = Field(
+        1, ge=1, le=4096, description="Engine actors; prompt groups are spread over them. Unset, --rollout-num-gpus "
+                                      "/ --rollout-num-gpus-per-engine gives it.")
+    rollout_num_gpus: int | None = Field(
+        None, ge=1, le=65_536, description="Slots of all engines (slime's flag: GPUs, or processes on CPU); None = "
+                                           "--rollout-num-engines x --rollout-num-gpus-per-engine.")
+    rollout_num_gpus_per_engine: int = Field(
+        1, ge=1, le=1024, description="Slots of one engine (slime's flag: its tensor-parallel GPUs); the engine actor "
+                                      "sits in the first, the rest are reserved for its own processes.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engines_from_slots(cls, data: Any) -> Any:
+        """slime's launch line gives --rollout-num-gpus and no engine count: the count follows from it. When both
+        are given, RunConfig refuses a contradiction (config/placement.py)."""
+        if not isinstance(data, dict) or "rollout_num_engines" in data:
+            return data
+        slots, per_engine = data.get("rollout_num_gpus"), data.get("rollout_num_gpus_per_engine", 1)
+        if isinstance(slots, int) and isinstance(per_engine, int) and per_engine > 0 and slots % per_engine == 0:
+            return {**data, "rollout_num_engines": slots // per_engine}
+        return data  # not whole numbers, or not a whole number of engines: the field checks say so
+
+    @property
+    def rollout_slots(self) -> int:
+        """Slots of all engines: --rollout-num-gpus, else one engine's share times the engines."""
+        return self.rollout_num_gpus or self.rollout_num_engines * self.rollout_num_gpus_per_engine
 
 
 class EvalConfig(Section):

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, model_validator
 from config.base import Section
 from config.debug import CIConfig, DebugConfig, check_debug
 from config.ops import FaultConfig, LoggingConfig
+from config.placement import PlacementConfig, check_placement
 from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
 from config.train import CheckpointConfig, TrainConfig, check_parallelism
 
@@ -39,6 +40,7 @@ class RunConfig(Section):
     ci: CIConfig = CIConfig()
     faults: FaultConfig = FaultConfig()
     logging: LoggingConfig = LoggingConfig()
+    placement: PlacementConfig = PlacementConfig()
     ref_load: str | None = Field(
         None, description="Reference model (an HF dir or a --save dir); also the starting weights when --load holds "
                           "no checkpoint (slime's meaning); None = --hf-checkpoint.")
@@ -62,6 +64,9 @@ class RunConfig(Section):
                 f"(--global-batch-size / --data-parallel-size)"
             )
         check_parallelism(t)
+        check_placement(self.placement, world_size=self.trainer_world_size, tp=t.tensor_model_parallel_size,
+                        dp=t.data_parallel_size, rollout_num_engines=r.rollout_num_engines,
+                        rollout_num_gpus=r.rollout_num_gpus, rollout_num_gpus_per_engine=r.rollout_num_gpus_per_engine)
         if t.kl_loss_coef and not t.use_kl_loss:
             raise ValueError("--kl-loss-coef is set but --use-kl-loss is not")
         if c.save_interval is not None and c.save is None:
@@ -155,6 +160,7 @@ SECTIONS: dict[str, type[Section]] = {
     "ci": CIConfig,
     "faults": FaultConfig,
     "logging": LoggingConfig,
+    "placement": PlacementConfig,
 }
 
 

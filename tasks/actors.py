@@ -2,7 +2,8 @@
 
 Actors are named per run (`engine-<i>`, `trainer-<rank>`) in the namespace `rollflow-<run name>`,
 so any task, in any process connected to the cluster, finds them with `ray.get_actor`. An actor that died
-or hung is replaced by a new one under the same name (tasks/recovery.py decides when).
+or hung is replaced by a new one under the same name (tasks/recovery.py decides when), in the same bundle of the
+run's placement group (tasks/placement.py), so on the same node and slot.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import ray
 
 from artifacts.checkpoints import model_dir
 from config import RunConfig
+from tasks import placement
+from trainers.collectives import LOOPBACK, rendezvous_host
 
 # (namespace, actor name) -> handle created by this process. Non-detached named actors die when their
 # creator drops the last handle, so this keeps them alive for the run; stages also reuse these handles
@@ -32,6 +35,9 @@ _RUNS: dict[str, tuple[str, float]] = {}
 _echo_actor_logs = True
 _RAY_PRINTER = "ray_print_logs"  # the name Ray gives its log_to_driver handler
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# namespace -> the run's placement group, created with its first actor and kept until stop_actors: every actor of
+# the run, and every replacement of one, is scheduled into its bundles
+_PLACEMENTS: dict[str, placement.Placement] = {}
 
 
 def namespace(cfg: RunConfig) -> str:
@@ -59,9 +65,9 @@ def _get(cfg: RunConfig, name: str) -> Any:
 
 
 def ensure_ray(cfg: RunConfig) -> None:
-    """Join `--ray-address` or start a local Ray (no dashboard, on 127.0.0.1) once per process. Ray's
-    environment (token authentication, gloo on loopback) must be set before `ray` was imported:
-    flows.cli.configure_ray_env."""
+    """Join `--ray-address` or start a local Ray (no dashboard, on 127.0.0.1) once per process; a local one
+    declares the run's process slots (tasks/placement.local_resources). Ray's environment (token authentication,
+    gloo on loopback) must be set before `ray` was imported: flows.cli.configure_ray_env."""
     if ray.is_initialized():
         return
     if "RAY_AUTH_MODE" not in os.environ:
@@ -74,8 +80,8 @@ def ensure_ray(cfg: RunConfig) -> None:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, log_to_driver=True, logging_level=level)
     else:
-        ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=True,
-                 _node_ip_address="127.0.0.1", logging_level=level)
+        ray.init(num_cpus=max(2, os.cpu_count() or 2), resources=placement.local_resources(cfg),
+                 include_dashboard=False, log_to_driver=True, _node_ip_address="127.0.0.1", logging_level=level)
 
 
 def echo_actor_logs(on: bool) -> None:
@@ -126,52 +132,68 @@ def _epoch(cfg: RunConfig) -> float | None:
     return _RUNS[cfg.name][1] if cfg.name in _RUNS else None
 
 
-def _engine(cfg: RunConfig, i: int, checkpoint: str | None = None) -> Any:
+async def _placement(cfg: RunConfig) -> placement.Placement:
+    """The run's placement group: created (and waited for) with the run's first actor, then reused."""
+    if namespace(cfg) not in _PLACEMENTS:
+        _PLACEMENTS[namespace(cfg)] = await placement.place(cfg)
+    return _PLACEMENTS[namespace(cfg)]
+
+
+def _engine(cfg: RunConfig, i: int, where: placement.Placement, checkpoint: str | None = None) -> Any:
     from engines.actor import EngineActor
 
     return EngineActor.options(  # type: ignore[attr-defined]
-        name=f"engine-{i}", namespace=namespace(cfg)).remote(
+        name=f"engine-{i}", namespace=namespace(cfg), **where.engine_options(i)).remote(
         cfg.rollout.rollout_backend, checkpoint or str(cfg.hf_checkpoint), cfg.num_threads, i,
         cfg.ci.ci_fault_drop_weight,
         cfg.faults.requests(), str(cfg.resolved_run_dir), _epoch(cfg))
 
 
 async def start_engines(cfg: RunConfig, checkpoint: str | None = None) -> list[Any]:
-    """One engine actor per `--rollout-num-engines`, loading `checkpoint` (default --hf-checkpoint); waits until
-    each answers `health`."""
-    actors = [_engine(cfg, i, checkpoint) for i in range(cfg.rollout.rollout_num_engines)]
+    """One engine actor per `--rollout-num-engines`, in its bundle, loading `checkpoint` (default
+    --hf-checkpoint); waits until each answers `health`."""
+    where = await _placement(cfg)
+    actors = [_engine(cfg, i, where, checkpoint) for i in range(cfg.rollout.rollout_num_engines)]
     _keep(cfg, {f"engine-{i}": a for i, a in enumerate(actors)})
     await asyncio.gather(*[a.health.remote() for a in actors])
     return actors
 
 
 async def restart_engine(cfg: RunConfig, i: int) -> Any:
-    """Kill engine `i` (dead, hung or alive) and start a new one under its name; returns it once healthy."""
+    """Kill engine `i` (dead, hung or alive) and start a new one under its name, in its bundle; returns it once
+    healthy."""
     _kill(cfg, f"engine-{i}")
-    actor = await _with_free_name(lambda: _engine(cfg, i))
+    where = await _placement(cfg)
+    actor = await _with_free_name(lambda: _engine(cfg, i, where))
     _keep(cfg, {f"engine-{i}": actor})
     await actor.health.remote()
     return actor
 
 
 async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
-    """One trainer actor per rank, built from `checkpoint`, joined in one process group."""
+    """One trainer actor per rank, in its bundle, built from `checkpoint`, joined in one process group whose
+    rendezvous is rank 0's node (trainers/collectives.rendezvous_host)."""
     from trainers.actor import TrainerActor
     from trainers.settings import trainer_settings
 
     world = cfg.trainer_world_size
     settings = trainer_settings(cfg)  # the backend's flat section of the config, not the whole run config
+    where = await _placement(cfg)
 
     def make(r: int) -> Any:
         return TrainerActor.options(  # type: ignore[attr-defined]
-            name=f"trainer-{r}", namespace=namespace(cfg)).remote(
+            name=f"trainer-{r}", namespace=namespace(cfg), **where.trainer_options(r)).remote(
             cfg.train.train_backend, settings, checkpoint, r, world, cfg.faults.requests(), _epoch(cfg),
             _RUNS.get(cfg.name, ("", 0.0))[0])
 
     actors = [await _with_free_name(lambda r=r: make(r)) for r in range(world)]
     _keep(cfg, {f"trainer-{r}": a for r, a in enumerate(actors)})
-    port = await actors[0].free_port.remote()
-    await asyncio.gather(*[a.setup.remote("127.0.0.1", port) for a in actors])
+    nodes = await asyncio.gather(*[a.node.remote() for a in actors])
+    host = rendezvous_host(nodes)
+    port = await actors[0].free_port.remote(host)  # free on rank 0's node, where the rendezvous listens
+    placement.tell(cfg, f"trainers: {world} rank(s) on {len({n for n, _ in nodes})} node(s), rendezvous "
+          + ("in a file store under the run dir" if host in LOOPBACK else f"at tcp://{host}:{port}"))
+    await asyncio.gather(*[a.setup.remote(host, port) for a in actors])
     return actors
 
 
@@ -196,10 +218,13 @@ def kill_trainers(cfg: RunConfig) -> None:
 
 
 def stop_actors(cfg: RunConfig) -> None:
-    """Kill every actor of the run that is still alive."""
+    """Kill every actor of the run that is still alive, then give its placement group back."""
     for name in [f"engine-{i}" for i in range(cfg.rollout.rollout_num_engines)] + \
                 [f"trainer-{r}" for r in range(cfg.trainer_world_size)]:  # all names: modes may differ
         _kill(cfg, name)
+    held = _PLACEMENTS.pop(namespace(cfg), None)
+    if held is not None:
+        placement.remove(held)
 
 
 def _kill(cfg: RunConfig, name: str) -> None:

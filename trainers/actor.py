@@ -14,6 +14,7 @@ from artifacts.store import ArtifactRef
 from artifacts.wire import WireWeights, to_wire
 from faults import FaultHookRequest, FaultInjector
 from trainers.base import Trainer
+from trainers.collectives import use_interface_for
 from trainers.registry import get_trainer_class
 from trainers.settings import TrainerSettings
 
@@ -43,14 +44,23 @@ class TrainerActor:
         self.snapshots = snapshot_dir(settings.run_dir)
         self.train_calls = 0
 
-    def free_port(self) -> int:
+    def node(self) -> tuple[str, str]:
+        """(Ray node id, node IP) of this rank: where the rendezvous of the trainer group goes is decided from
+        every rank's answer (trainers/collectives.rendezvous_host)."""
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+    def free_port(self, host: str = "127.0.0.1") -> int:
+        """A port free on `host` of this node now (rank 0's: the rendezvous listens there)."""
         import socket
 
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             return int(s.getsockname()[1])
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        """Join the trainer group at `master_addr:master_port` (gloo on this node's interface when the group
+        spans nodes) and build the backend's model and optimizer."""
+        use_interface_for(master_addr, ray.util.get_node_ip_address())
         return self.trainer.setup(master_addr, master_port)
 
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
