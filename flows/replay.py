@@ -139,8 +139,8 @@ async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_
         await asyncio.gather(*[t.load.remote(str(before)) for t in trainers])
     if task == "log-prob":
         weights = WeightsRef(version=rollout_id, sha256=(await trainer_weights(cfg)).sha256)
-        fresh = await log_prob.with_options(refresh_cache=True)(cfg, rollout_id, rollout, weights)
-        return first_table_difference(read_table(paths.logprobs(rollout_id)), read_table(fresh))
+        replayed = await log_prob.with_options(refresh_cache=True)(cfg, rollout_id, rollout, weights)
+        return first_table_difference(read_table(paths.logprobs(rollout_id)), read_table(replayed.table))
     logprobs = _ref(paths.logprobs(rollout_id), "logprobs")
     recorded = [r["metrics"] for r in read_metrics(paths.metrics) if r["kind"] == "step" and r["rollout_id"] == rollout_id]
     if task == "train-step":
@@ -162,8 +162,10 @@ async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_
     expected = weights_sha256(_load_weights(after))
     if weights.sha256 != expected:
         return f"engine weights after sync: sha {weights.sha256[:12]} vs checkpoint iter_{rollout_id:07d} {expected[:12]}"
-    if task == "check":
-        await check(cfg, rollout_id, recorded, weights)
+    if task == "check":  # the recorded run's log-prob statistics, as its check stage had them
+        stats = {k: v for r in read_metrics(paths.metrics) if r["kind"] == "rollout" and r["rollout_id"] == rollout_id
+                 for k, v in r["metrics"].items()}
+        await check(cfg, rollout_id, recorded, weights, stats)
     return None
 
 

@@ -7,13 +7,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
-from prefect import flow
+from prefect import Task, flow
 from prefect.runtime import flow_run
-from prefect.utilities.annotations import quote
+from prefect.utilities.annotations import NotSet, quote
 
 from config import RunConfig
 from faults import FaultInjector
@@ -24,7 +24,7 @@ from tasks import STAGE_NAMES, actors, notify
 from tasks.checks import metric_gate, raise_if_any, retry_unless_check_failed
 from tasks.metrics import close_run, log_metrics
 from tasks.recordings import inject, load_rollout
-from tasks.refs import WeightsRef
+from tasks.refs import LogProbs, WeightsRef
 from tasks.stages import (
     check,
     evaluate,
@@ -42,34 +42,43 @@ STAGES = {"generate": generate, "save-rollout": save_rollout, "log-prob": log_pr
 
 
 ALL_STAGES = sorted(STAGES)
+P = ParamSpec("P")
+R = TypeVar("R")
 assert tuple(ALL_STAGES) == STAGE_NAMES, "tasks.STAGE_NAMES must list every stage"
 
 
 class _Stages:
-    """The stage tasks of one rollout flow run, with the run's retry policy (`--task-retries`,
-    `--task-retry-delay`; a checker failure is never retried) and `--refresh` ones forced, counting the task
-    runs started; an exception a stage raises carries its rollout and stage (`flows.failure.note_stage`)."""
+    """The stage tasks of one rollout flow run, one typed attribute each, with the run's retry policy
+    (`--task-retries`, `--task-retry-delay`; a checker failure is never retried) and `--refresh` ones forced,
+    counting the task runs started; an exception a stage raises carries its rollout and stage
+    (`flows.failure.note_stage`)."""
 
     def __init__(self, cfg: RunConfig, refresh: list[str], rollout_id: int) -> None:
         unknown = sorted(set(refresh) - set(STAGES))
         if unknown:
             raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {ALL_STAGES}")
-        f = cfg.faults
-        self._tasks: dict[str, Any] = {
-            name: t.with_options(  # type: ignore[attr-defined]
-                refresh_cache=True if name in refresh else None,
-                retries=0 if name in ("check", "inject") else f.task_retries, retry_delay_seconds=f.task_retry_delay,
-                retry_condition_fn=retry_unless_check_failed)
-            for name, t in STAGES.items()}
-        self.started, self.rollout_id = 0, rollout_id
+        self.cfg, self.refresh, self.rollout_id, self.started = cfg, refresh, rollout_id, 0
+        self.generate = self._stage("generate", generate)
+        self.load_rollout = self._stage("load-rollout", load_rollout)
+        self.inject = self._stage("inject", inject)
+        self.save_rollout = self._stage("save-rollout", save_rollout)
+        self.log_prob = self._stage("log-prob", log_prob)
+        self.train_step = self._stage("train-step", train_step)
+        self.sync = self._stage("sync", sync)
+        self.check = self._stage("check", check)
+        self.eval = self._stage("eval", evaluate)
 
-    def __getitem__(self, name: str) -> Any:
-        task = self._tasks[name]
+    def _stage(self, name: str, task: Task[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        f = self.cfg.faults
+        configured = task.with_options(
+            refresh_cache=True if name in self.refresh else NotSet,
+            retries=0 if name in ("check", "inject") else f.task_retries, retry_delay_seconds=f.task_retry_delay,
+            retry_condition_fn=retry_unless_check_failed)
 
-        async def run(*args: Any, **kwargs: Any) -> Any:
+        async def run(*args: P.args, **kwargs: P.kwargs) -> R:
             self.started += 1
             try:
-                return await task(*args, **kwargs)
+                return await configured(*args, **kwargs)
             except Exception as e:
                 note_stage(e, self.rollout_id, name)
                 raise
@@ -107,26 +116,27 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
     s, d, q = _Stages(cfg, refresh or [], rollout_id), cfg.debug, opaque_config(cfg)  # q: cfg as the tasks' argument
     has_engines = not cfg.train_only
     if rollout_id == 0 and _evaluates(cfg):
-        await s["eval"](q, 0, weights)
+        await s.eval(q, 0, weights)
     recording = d.load_debug_rollout_data or d.load_forge_rollout_data
     if recording:
-        rollout = await s["load-rollout"](q, rollout_id, recording, forge=bool(d.load_forge_rollout_data))
+        rollout = await s.load_rollout(q, rollout_id, recording, forge=bool(d.load_forge_rollout_data))
     else:
         injecting = bool(d.ci_inject_rollout_data_path) and rollout_id >= d.ci_inject_rollout_data_start_rollout_id
-        rollout = await s["generate"](q, rollout_id, weights, fresh=injecting)
+        rollout = await s.generate(q, rollout_id, weights, fresh=injecting)
         if injecting:
-            rollout = await s["inject"](q, rollout_id, rollout)
-    await s["save-rollout"](q, rollout_id, rollout, loaded=bool(d.load_debug_rollout_data))
+            rollout = await s.inject(q, rollout_id, rollout)
+    await s.save_rollout(q, rollout_id, rollout, loaded=bool(d.load_debug_rollout_data))
     steps: list[dict] = []
+    logprobs: LogProbs | None = None
     if not cfg.rollout_only:
-        logprobs = await s["log-prob"](q, rollout_id, rollout, weights)
-        steps = await s["train-step"](q, rollout_id, rollout, logprobs, session)
+        logprobs = await s.log_prob(q, rollout_id, rollout, weights)
+        steps = await s.train_step(q, rollout_id, rollout, logprobs.table, session)
         if has_engines:
-            weights = await s["sync"](q, rollout_id)
+            weights = await s.sync(q, rollout_id)
     synced = has_engines and not cfg.rollout_only
-    await s["check"](q, rollout_id, steps, weights if synced else None)
+    await s.check(q, rollout_id, steps, weights if synced else None, logprobs.stats if logprobs else None)
     if _eval_due(cfg, rollout_id) and _evaluates(cfg):
-        await s["eval"](q, rollout_id + 1, weights)
+        await s.eval(q, rollout_id + 1, weights)
     return RolloutResult(weights, s.started)  # the parent then attaches the metrics table (_publish_metrics_table)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from artifacts.store import ArtifactRef
+
 
 class WeightsRef(BaseModel):
     """The weights the engines hold: version (= id of the last rollout trained + 1) and identity."""
@@ -11,3 +13,13 @@ class WeightsRef(BaseModel):
     model_config = ConfigDict(frozen=True)
     version: int
     sha256: str
+
+
+class LogProbs(BaseModel):
+    """What the log-prob stage hands on: the trainer's log-prob table and the rollout's statistics of it
+    (`rollout/log_probs`, `rollout/ref_log_probs`, `rollout/entropy`, ...), which the check stage's log-prob
+    checker reads by value instead of from metrics.jsonl."""
+
+    model_config = ConfigDict(frozen=True)
+    table: ArtifactRef
+    stats: dict[str, float]

@@ -11,7 +11,7 @@ from prefect import task
 from prefect.artifacts import acreate_markdown_artifact
 
 from artifacts.hashing import differing_tensors
-from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_rollout, write_rollout
+from artifacts.store import ArtifactRef, RunPaths, read_rollout, write_rollout
 from config import RunConfig
 from rollout.data import prompts_for_rollout
 from rollout.requests import Entry, build_requests, sampling_metadata, split_for_engines, to_samples
@@ -32,7 +32,7 @@ from tasks.checks import (
 from tasks.metrics import eval_stats, log_metrics, non_finite, reward_stats
 from tasks.recordings import record_rollout
 from tasks.recovery import guarded
-from tasks.refs import WeightsRef
+from tasks.refs import LogProbs, WeightsRef
 from tasks.transfer import Pushed, WeightTransfer, trainer_weights, transfer_for
 
 
@@ -103,8 +103,8 @@ async def save_rollout(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, lo
 
 
 @task(name="log-prob", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "train")), persist_result=True, result_serializer="json", log_prints=True)
-async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> ArtifactRef:
-    """Trainer log-probs (+ reference log-probs, entropy) of every response token."""
+async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> LogProbs:
+    """Trainer log-probs (+ reference log-probs, entropy) of every response token, and their statistics."""
     engines, trainers = actors.engines(cfg), actors.trainers(cfg)
     await guarded(cfg, f"log-prob {rollout_id}: release engine memory",  # engines step aside for the trainer
                   asyncio.gather(*[e.release_memory.remote() for e in engines]), cfg.faults.rollout_timeout,
@@ -116,7 +116,7 @@ async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weight
                                  asyncio.gather(*written, trainers[0].rollout_stats.remote(rollout, written[0])),
                                  cfg.faults.train_timeout, trainers=True)
     log_metrics(cfg, "rollout", rollout_id, stats)
-    return refs[0]
+    return LogProbs(table=refs[0], stats=stats)
 
 
 @task(name="train-step", retries=1, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "train")),
@@ -181,13 +181,15 @@ async def _push_after(transfer: WeightTransfer, cfg: RunConfig, engines: list, v
 
 
 @task(name="check", log_prints=True)
-async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: WeightsRef | None) -> dict[str, Any]:
+async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: WeightsRef | None,
+                logprob_stats: dict[str, float] | None = None) -> dict[str, Any]:
     """Invariants of one rollout: finite metrics; every engine holds the trainer's weights
-    (`weights` is None when nothing was synced: rollout-only and train-only runs)."""
+    (`weights` is None when nothing was synced: rollout-only and train-only runs); with --ci-test, the KL,
+    log-prob (on `logprob_stats`, the log-prob stage's statistics) and grad-norm checkers."""
     bad = [f"step {m.get('train/step')}: {k}" for m in steps for k in non_finite(m)]
     if bad:
         raise RuntimeError(f"rollout {rollout_id}: non-finite training metrics: {bad}")
-    violations = _ci_violations(cfg, rollout_id, steps)
+    violations = _ci_violations(cfg, rollout_id, steps, logprob_stats or {})
     if cfg.ci.ci_test or violations:
         body = "\n".join(f"- {v}" for v in violations) or "- KL, log-prob and grad-norm checkers: all passed"
         await acreate_markdown_artifact(f"## Checks of rollout {rollout_id}\n\n{body}",
@@ -236,16 +238,12 @@ def artifact_slug(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def _ci_violations(cfg: RunConfig, rollout_id: int, steps: list[dict]) -> list[Violation]:
+def _ci_violations(cfg: RunConfig, rollout_id: int, steps: list[dict], stats: dict[str, float]) -> list[Violation]:
     """The --ci-test checkers that live in the check task (KL, log-probs, grad norm)."""
     ci, out = cfg.ci, []
     if ci.ci_test and not ci.ci_disable_kl_checker:
         out += kl_checker(steps, rollout_id, first_step_of_run=0, recomputed_old=not cfg.train.use_rollout_logprobs)
     if ci.ci_test and not ci.ci_disable_logprobs_checker and not cfg.rollout_only:
-        stats: dict[str, float] = {}
-        for r in read_metrics(_paths(cfg).metrics):
-            if r["kind"] == "rollout" and r["rollout_id"] == rollout_id:
-                stats.update(r["metrics"])
         out += logprob_checker(stats, rollout_id, rollout_id == 0, ci.ci_logprobs_checker_abs_tol, ci.ci_entropy_max)
     if ci.ci_save_grad_norm or ci.ci_load_grad_norm:
         out += grad_norm_checker(cfg, steps, rollout_id)
