@@ -146,6 +146,10 @@ class TrainerCore(abc.ABC):
     def _state_tensors(self) -> list[torch.Tensor]:
         """The tensors a step-boundary snapshot copies to restore the model (same order every call)."""
 
+    @abc.abstractmethod
+    def model_hash(self) -> dict[str, str]:
+        """Per-layer SHA-256 of this rank's own parameters (its shard; see artifacts/hashing.py)."""
+
     # -- set-up ----------------------------------------------------------------------------------------
     def _build_optimizer(self) -> None:
         """AdamW over self.params with the shared LR schedule; neither with --disable-optimizer (the knife:
@@ -527,7 +531,3 @@ class TrainerCore(abc.ABC):
                 f"--ci-check-model-hash: rank {self.rank} loaded weights differ from {saved.name} "
                 f"in layers {bad}"
             )
-
-    @abc.abstractmethod
-    def model_hash(self) -> dict[str, str]:
-        """Per-layer SHA-256 of this rank's own parameters (its shard; see artifacts/hashing.py)."""
