@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from artifacts.atomic import atomic_write_json, atomic_write_text
-from artifacts.checkpoints import LATEST_FILE, resolve_checkpoint
+from artifacts.atomic import atomic_write_json
+from artifacts.checkpoints import resolve_checkpoint
 from trainers.megatron import checkpoint, convert
 
 if TYPE_CHECKING:
@@ -53,30 +53,10 @@ def save(trainer: MegatronTrainer, directory: str, rollout_id: int, *, snapshot:
     exported = trainer.export_weights()  # collective: the HF weights gathered on global rank 0
     if trainer.rank == 0:
         checkpoint.write_hf(tmp, exported, trainer.config_json)
-        atomic_write_json(
-            tmp / "meta.json",
-            {
-                "rollout_id": rollout_id,
-                "global_step": trainer.global_step,
-                "config_hash": trainer.s.config_hash,
-                "format": "megatron",
-                "run_id": trainer.run_id,
-                "applied": trainer.applied.get(rollout_id),
-            },
-        )
+        atomic_write_json(tmp / "meta.json", trainer._checkpoint_meta(rollout_id, format="megatron"))
     dist.barrier()
     if trainer.rank == 0:
-        if not snapshot:
-            trainer.faults.reach("trainer_save_before_rename", rollout_id=rollout_id)
-        old = final.with_name(final.name + ".old")
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-        atomic_write_text(Path(directory) / LATEST_FILE, str(rollout_id))
-        if snapshot:  # the one before is kept too: a resume may need the state before the rollout that was cut
-            for stale in sorted(Path(directory).glob("iter_*"))[:-2]:
-                shutil.rmtree(stale, ignore_errors=True)
+        trainer._publish_checkpoint(tmp, directory, rollout_id, snapshot=snapshot)
     dist.barrier()  # no rank returns before the checkpoint is in place
 
 
@@ -114,12 +94,7 @@ def load(trainer: MegatronTrainer, directory: str) -> int:
         _load_torch_format(trainer, path)
     if trainer.s.check_model_hash:
         _check_model_hash(trainer, path)
-    meta = json.loads((path / "meta.json").read_text())
-    trainer.global_step = int(meta["global_step"])
-    trainer.last_applied_rollout = int(meta["rollout_id"])
-    if meta.get("applied") is not None:  # a retried train-step of this rollout returns these metrics
-        trainer.applied[trainer.last_applied_rollout] = meta["applied"]
-    return trainer.last_applied_rollout
+    return trainer._restore_meta(path)
 
 
 def _load_dist(trainer: MegatronTrainer, path: Path) -> None:
@@ -146,10 +121,10 @@ def _load_dist(trainer: MegatronTrainer, path: Path) -> None:
             p.copy_(got["model"][name])
     if with_opt and trainer.optimizer is not None:
         step = torch.tensor(common["optimizer_step"], dtype=torch.float32)
-        _set_optimizer_state(
-            trainer, {i: {"step": step.clone(), **moments} for i, moments in got["optimizer_state"].items()}
+        trainer._set_optimizer_state(
+            {i: {"step": step.clone(), **moments} for i, moments in got["optimizer_state"].items()}
         )
-    _set_scheduler_state(trainer, common["scheduler"])
+    trainer._set_scheduler_state(common["scheduler"])
     if same_world:
         torch.set_rng_state(got["rng_state"])
 
@@ -171,44 +146,17 @@ def _load_torch_format(trainer: MegatronTrainer, path: Path) -> None:
                 state[i][field] = convert.to_megatron(
                     name, by_field[field].__getitem__, trainer.arch, tp, tp_rank
                 )
-        _set_optimizer_state(trainer, state)
-    _set_scheduler_state(trainer, json.loads((path / "scheduler.json").read_text()))
+        trainer._set_optimizer_state(state)
+    trainer._set_scheduler_state(json.loads((path / "scheduler.json").read_text()))
     torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
-
-
-def _set_optimizer_state(trainer: MegatronTrainer, state: dict[int, dict[str, torch.Tensor]]) -> None:
-    """Load AdamW state given per parameter index (the order of trainer.params)."""
-    assert trainer.optimizer is not None
-    sd = trainer.optimizer.state_dict()
-    sd["state"] = state
-    trainer.optimizer.load_state_dict(sd)
-
-
-def _set_scheduler_state(trainer: MegatronTrainer, saved: dict[str, Any]) -> None:
-    if trainer.scheduler is None or trainer.optimizer is None or not saved:
-        return
-    trainer.scheduler.load_state_dict({**trainer.scheduler.state_dict(), **saved})
-    # the scheduler sets a group's lr only when it steps: put back the lr it had reached
-    for group, lr in zip(trainer.optimizer.param_groups, trainer.scheduler.get_last_lr(), strict=True):
-        group["lr"] = lr
 
 
 def _check_model_hash(trainer: MegatronTrainer, path: Path) -> None:
     """--ci-check-model-hash: this rank's loaded shard must match the hashes saved for its (tp, dp)."""
-    name = f"model_hash_tp{trainer.layout.tp_rank}_pp0_dp{trainer.layout.dp_rank}_cp0.json"
-    saved = path / name
-    if not saved.is_file():
-        saved = path / f"model_hash_tp{trainer.layout.tp_rank}_pp0_dp0_cp0.json"
-    if not saved.is_file():
-        raise FileNotFoundError(
-            f"--ci-check-model-hash: {path} has no {name} (was it saved with "
-            f"--ci-save-model-hash and the same --tensor-model-parallel-size?)"
-        )
-    expected = json.loads(saved.read_text())
-    got = trainer.model_hash()
-    bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
-    if bad:
-        raise RuntimeError(
-            f"--ci-check-model-hash: rank {trainer.rank} loaded weights differ from {saved.name} "
-            f"in layers {bad}"
-        )
+    tp_rank, dp_rank = trainer.layout.tp_rank, trainer.layout.dp_rank
+    trainer._check_model_hash(
+        path,
+        f"model_hash_tp{tp_rank}_pp0_dp{dp_rank}_cp0.json",
+        fallback=f"model_hash_tp{tp_rank}_pp0_dp0_cp0.json",
+        hint=" and the same --tensor-model-parallel-size",
+    )

@@ -1,0 +1,533 @@
+"""What every trainer backend does the same way, in one place: `TrainerCore`, the base class of the torch and
+Megatron trainers (one instance per rank).
+
+Shared here: reading the rollout (ordered by sample_index, once per rollout) and its log-prob rows, this
+data-parallel rank's micro-batch schedule, the old-policy / reference log-prob pass that writes the log-prob
+Parquet, the trainer-side rollout stats, the train step with its apply-once guard and the snapshot restored
+when a step fails, the loss of one micro-batch, the train-data dump, perf, the optimizer and LR schedule,
+and the checkpoint bookkeeping every format has (meta.json, the atomic publish of iter_N/, the scheduler's
+lr after a load, the --ci-check-model-hash comparison).
+
+A backend supplies the parts that differ (the hooks below): the forward to temperature-scaled response
+logits, where it stands in the data-parallel world (rank, size, group; whether it speaks for its model
+replica), the gradient sum over that group, the global gradient norm, and which tensors hold its model state.
+Model, reference model, parameters, optimizer and `pad_id` are built by the backend's `setup`.
+
+Old-policy log-probs are computed with exactly the micro-batches of the first optimizer step, so at that step
+the new and old log-probs are bitwise equal (ppo_kl == 0), which the --ci-test KL checker relies on.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import json
+import math
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+from artifacts.atomic import atomic_write_text
+from artifacts.checkpoints import LATEST_FILE
+from artifacts.schema import Sample
+from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
+from faults import FaultInjector
+from trainers.advantages import get_advantage_estimator
+from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
+from trainers.collectives import all_reduce_sum
+from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
+from trainers.lr_schedule import lr_lambda
+from trainers.rollout_stats import logprob_stats
+from trainers.settings import TrainerSettings
+
+
+def buckets(
+    groups: Iterable[dict[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Merge `groups` of named tensors, in order, into buckets of about `bucket_bytes` (a bucket closes after
+    the group that fills it: a group is never split). Lazy, so a caller streaming weights holds one bucket."""
+    bucket: dict[str, torch.Tensor] = {}
+    size = 0
+    for group in groups:
+        bucket.update(group)
+        size += sum(v.numel() * v.element_size() for v in group.values())
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = {}, 0
+    if bucket:
+        yield bucket
+
+
+@dataclass
+class Snapshot:
+    """Trainer state before a rollout's steps (see TrainerCore.train_step)."""
+
+    weights: list[torch.Tensor]  # clones of the backend's _state_tensors(), same order
+    opt_state: dict[Any, dict[str, Any]]  # AdamW state per parameter ({} without an optimizer)
+    groups: list[dict[str, Any]]  # the optimizer's param groups less their params (lr, betas, ...)
+    sched: dict[str, Any]
+    global_step: int
+
+
+class TrainerCore(abc.ABC):
+    """The shared half of `trainers.base.Trainer`; a backend subclasses it and fills in the hooks."""
+
+    # built by the backend's setup()
+    model: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    params: list[torch.nn.Parameter]  # the trained parameters; optimizer state is indexed in this order
+    optimizer: torch.optim.Optimizer | None  # None with --disable-optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None
+    pad_id: int
+
+    def __init__(
+        self, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int, device: torch.device
+    ) -> None:
+        torch.set_num_threads(settings.num_threads)
+        self.s, self.checkpoint, self.rank, self.world_size = settings, checkpoint, rank, world_size
+        self.device = device  # where the model lives; rollout tensors are built on the CPU and moved here
+        self.applied: dict[int, list[dict[str, float]]] = {}
+        self.last_applied_rollout = -1
+        self.global_step = 0
+        # Content-addressed caches (keyed by the artifact's sha256): the log-prob pass and the train step of
+        # one rollout read the same rollout, build the same micro-batches, and the train step reads back the
+        # log-probs this rank just wrote. Only the latest rollout is kept.
+        self._samples: tuple[str, list[Sample], dict[tuple[int, ...], MicroBatch]] | None = None
+        self._written_logprobs: tuple[str, list[dict]] | None = None
+        self._perf: dict[str, float] = {}  # seconds of the last rollout's stages on this rank (see perf())
+        self.faults = FaultInjector([], "trainer", rank)  # the actor arms it with the run's fault hooks
+        self.run_id = ""  # the run this trainer works for (set by the actor; recorded in checkpoints)
+
+    # -- hooks: what a backend provides --------------------------------------------------------------
+    @abc.abstractmethod
+    def _response_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """Temperature-scaled logits that predict each response token: [B, T, V] float32 on self.device,
+        V the HF vocab (B, T as in `mb`)."""
+
+    @property
+    @abc.abstractmethod
+    def dp_rank(self) -> int:
+        """This rank's data-parallel rank (its model replica)."""
+
+    @property
+    @abc.abstractmethod
+    def dp_size(self) -> int:
+        """The number of model replicas."""
+
+    @property
+    @abc.abstractmethod
+    def dp_group(self) -> dist.ProcessGroup | None:
+        """The data-parallel process group (None: the default group)."""
+
+    @property
+    @abc.abstractmethod
+    def replica_lead(self) -> bool:
+        """Whether this rank speaks for its replica: its log-prob rows are the ones gathered, it writes the
+        replica's train-data dump (the other ranks of a replica hold the same values)."""
+
+    @abc.abstractmethod
+    def _sum_grads(self) -> None:
+        """Sum every parameter's .grad (all set) in place over the data-parallel group (deterministically
+        with --debug-deterministic-collective)."""
+
+    @abc.abstractmethod
+    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clip the gradients to a global norm of `max_norm` (inf: no clipping); returns the norm before."""
+
+    @abc.abstractmethod
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """The tensors a step-boundary snapshot copies to restore the model (same order every call)."""
+
+    @abc.abstractmethod
+    def model_hash(self) -> dict[str, str]:
+        """Per-layer SHA-256 of this rank's own parameters (its shard; see artifacts/hashing.py)."""
+
+    # -- set-up ----------------------------------------------------------------------------------------
+    def _build_optimizer(self) -> None:
+        """AdamW over self.params with the shared LR schedule; neither with --disable-optimizer (the knife:
+        no optimizer state, no scheduler, no step)."""
+        self.optimizer = None
+        self.scheduler = None
+        if self.s.disable_optimizer:
+            return
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=self.s.lr,
+            betas=(self.s.adam_beta1, self.s.adam_beta2),
+            weight_decay=self.s.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lr_lambda(
+                lr=self.s.lr,
+                min_lr=self.s.min_lr,
+                warmup_iters=self.s.lr_warmup_iters,
+                decay_style=self.s.lr_decay_style,
+                total_steps=self.s.total_steps,
+            ),
+        )
+
+    # -- the rollout and its log-prob rows --------------------------------------------------------------
+    def _rollout(self, ref: ArtifactRef) -> list[Sample]:
+        """The rollout's samples ordered by sample_index (read once per rollout, by content hash)."""
+        if self._samples is None or self._samples[0] != ref.sha256:
+            self._samples = (ref.sha256, sorted(read_rollout(ref), key=lambda s: s.sample_index), {})
+        return self._samples[1]
+
+    def _micro_batch(self, samples: list[Sample], positions: list[int]) -> MicroBatch:
+        """Padded CPU tensors of `positions` of the cached rollout `samples` (built once per rollout)."""
+        assert self._samples is not None and self._samples[1] is samples
+        cache, key = self._samples[2], tuple(positions)
+        if key not in cache:
+            cache[key] = make_micro_batch([samples[p] for p in positions], self.pad_id)
+        return cache[key]
+
+    def _logprob_rows(self, ref: ArtifactRef) -> list[dict]:
+        """Rows of a log-prob artifact; the one this rank just wrote comes from memory."""
+        if self._written_logprobs is not None and self._written_logprobs[0] == ref.sha256:
+            return self._written_logprobs[1]
+        return read_table(ref).to_pylist()
+
+    def _my_micro_batches(self, samples: list[Sample]) -> list[list[list[int]]]:
+        """This data-parallel rank's steps -> micro-batches -> positions (a replica's ranks share them)."""
+        return schedule(
+            len(samples), self.s.global_batch_size, self.dp_size, self.dp_rank, self.s.micro_batch_size
+        )
+
+    @torch.no_grad()
+    def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
+        """Old-policy / reference log-probs and entropy per response token; every rank computes its share,
+        global rank 0 writes the Parquet (sample_index, log_probs, ref_log_probs, entropy: the columns
+        computed) and returns its ref. With --use-rollout-logprobs only the reference log-probs (if any)."""
+        samples = self._rollout(rollout_ref)
+        rows: dict[int, dict[str, list[float]]] = {}
+        policy_s = ref_s = 0.0
+        for step in self._my_micro_batches(samples):
+            for positions in step:
+                batch = [samples[p] for p in positions]
+                mb = self._micro_batch(samples, positions)
+                tokens = mb.response_tokens.to(self.device)
+                for s in batch:
+                    rows[s.sample_index] = {}
+                if not self.s.use_rollout_logprobs:  # else the engine's log-probs are the old policy's
+                    began = time.perf_counter()
+                    logits = self._response_logits(self.model, mb)
+                    lp, ent = log_probs_from_logits(logits, tokens).cpu(), entropy_from_logits(logits).cpu()
+                    for i, s in enumerate(batch):
+                        n = s.response_length
+                        rows[s.sample_index].update(log_probs=lp[i, :n].tolist(), entropy=ent[i, :n].tolist())
+                    policy_s += time.perf_counter() - began
+                if self.ref_model is not None:
+                    began = time.perf_counter()
+                    ref = log_probs_from_logits(self._response_logits(self.ref_model, mb), tokens).cpu()
+                    for i, s in enumerate(batch):
+                        rows[s.sample_index]["ref_log_probs"] = ref[i, : s.response_length].tolist()
+                    ref_s += time.perf_counter() - began
+        self._perf = {"perf/log_probs_time": policy_s, "perf/ref_log_probs_time": ref_s}
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, rows if self.replica_lead else {})
+        if self.rank != 0:
+            return None
+        merged = {k: v for part in gathered for k, v in part.items()}
+        order = sorted(merged)
+        cols: dict[str, Any] = {"sample_index": pa.array(order, pa.int64())}
+        for key in ("log_probs", "ref_log_probs", "entropy"):
+            if key in merged[order[0]]:
+                cols[key] = pa.array([merged[i][key] for i in order], pa.list_(pa.float32()))
+        table = pa.table(cols)
+        written = write_table(
+            out_path, table, kind="logprobs", metadata={"rollout_sha256": rollout_ref.sha256}
+        )
+        self._written_logprobs = (written.sha256, table.to_pylist())  # == read_table(written).to_pylist()
+        return written
+
+    def rollout_stats(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> dict[str, float]:
+        """Trainer-side `rollout/*` stats (log_probs, ref_log_probs, entropy, rollout_log_probs)."""
+        return logprob_stats(self._rollout(rollout_ref), self._logprob_rows(logprob_ref))
+
+    # -- training ----------------------------------------------------------------------------------------
+    def train_step(
+        self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef, dump_template: str | None = None
+    ) -> list[dict[str, float]]:
+        """All optimizer steps of one rollout; refuses to apply a rollout twice (see base.Trainer).
+        `dump_template` ({rollout_id}, {rank} = the DP rank) receives this replica's batch after training."""
+        samples = self._rollout(rollout_ref)
+        rollout_id = samples[0].rollout_id
+        if rollout_id in self.applied:
+            return self.applied[rollout_id]
+        if rollout_id <= self.last_applied_rollout:
+            raise RuntimeError(
+                f"rollout {rollout_id} was already applied to these weights "
+                f"(trainer is at rollout {self.last_applied_rollout}); refusing to train twice"
+            )
+        snapshot = self._snapshot()
+        began = time.perf_counter()
+        try:
+            metrics = self._train_rollout(samples, self._logprob_rows(logprob_ref), dump_template)
+        except BaseException:
+            self._restore(snapshot)  # a failed step leaves the weights as they were, so a retry is safe
+            raise
+        self.applied[rollout_id] = metrics
+        self.last_applied_rollout = rollout_id
+        self._perf["perf/actor_train_time"] = time.perf_counter() - began
+        return metrics
+
+    def perf(self) -> dict[str, float]:
+        """slime's perf/log_probs_time, perf/ref_log_probs_time and perf/actor_train_time (seconds) of the
+        last rollout on this rank."""
+        return dict(self._perf)
+
+    def _old_log_probs(self, samples: list[Sample], lp_rows: list[dict]) -> dict[int, dict]:
+        """Per sample_index: the old-policy (and reference) log-probs the loss compares with."""
+        old = {r["sample_index"]: r for r in lp_rows}
+        if self.s.use_rollout_logprobs:
+            missing = [s.sample_index for s in samples if len(s.rollout_log_probs) != s.response_length]
+            if missing:
+                raise ValueError(
+                    f"--use-rollout-logprobs: rollout {samples[0].rollout_id} has samples without "
+                    f"engine log-probs (rollout_log_probs), e.g. sample_index {missing[:5]}"
+                )
+            return {
+                s.sample_index: {**old[s.sample_index], "log_probs": list(s.rollout_log_probs)}
+                for s in samples
+            }
+        if any(r.get("log_probs") is None for r in lp_rows):
+            raise ValueError(
+                f"rollout {samples[0].rollout_id}: the log-prob artifact has no trainer log_probs "
+                "(computed with --use-rollout-logprobs?); train with that flag or recompute them"
+            )
+        return old
+
+    def _train_rollout(
+        self, samples: list[Sample], lp_rows: list[dict], dump_template: str | None
+    ) -> list[dict[str, float]]:
+        """The optimizer steps of one rollout (no guard, no snapshot: see train_step); one record a step."""
+        old = self._old_log_probs(samples, lp_rows)
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
+        advantages = get_advantage_estimator(self.s.advantage_estimator)(
+            rewards, groups, normalize_std=self.s.normalize_std
+        )
+        use_rollout_lp = all(len(s.rollout_log_probs) == s.response_length for s in samples)
+        out = []
+        for step in self._my_micro_batches(samples):
+            # set_to_none: the first micro-batch's gradient is assigned, not added to zeros, so one rank
+            # accumulating two micro-batches and two ranks summing one each do the same float additions
+            for p in self.params:
+                p.grad = None
+            sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float32))
+            for positions in step:
+                batch = [samples[p] for p in positions]
+                mb = self._micro_batch(samples, positions)
+                for k, v in self._micro_step(batch, mb, advantages[positions], old, use_rollout_lp).items():
+                    sums[k] = sums[k] + v.cpu()
+            self.faults.reach("trainer_step_before_allreduce", rollout_id=samples[0].rollout_id)
+            for p in self.params:
+                if p.grad is None:  # every rank must join every collective
+                    p.grad = torch.zeros_like(p)
+            self._sum_grads()
+            keys = sorted(sums)
+            vec = torch.stack([sums[k] for k in keys]).to(self.device)
+            all_reduce_sum(vec, deterministic=self.s.deterministic_collective, group=self.dp_group)
+            grad_norm = self._clip_grad_norm(self.s.clip_grad if self.s.clip_grad > 0 else math.inf)
+            record = {f"train/{k}": float(v) for k, v in zip(keys, vec.cpu(), strict=True)}
+            record.update({"train/grad_norm": float(grad_norm), "train/step": self.global_step})
+            if self.optimizer is not None and self.scheduler is not None:
+                record["train/lr-pg_0"] = self.optimizer.param_groups[0]["lr"]
+                self.optimizer.step()
+                self.scheduler.step()
+            self.global_step += 1
+            out.append(record)
+        if dump_template and self.replica_lead:
+            mine = [p for step in self._my_micro_batches(samples) for mb in step for p in mb]
+            self._dump_batch(dump_template, samples, mine, advantages, old)
+        return out
+
+    def _micro_step(
+        self,
+        batch: list[Sample],
+        mb: MicroBatch,
+        adv: torch.Tensor,
+        old: dict[int, dict],
+        use_rollout_lp: bool,
+    ) -> dict[str, torch.Tensor]:
+        """Forward and backward of one micro-batch (gradients accumulate in .grad); returns the loss
+        metrics, sums over the micro-batch already divided by the global batch size. `adv`: [B]."""
+        width, dev = mb.response_tokens.shape[1], self.device
+        logits = self._response_logits(self.model, mb)
+        log_probs = log_probs_from_logits(logits, mb.response_tokens.to(dev))
+        if self.s.entropy_coef:
+            entropy = entropy_from_logits(logits)
+        else:  # only a metric: no graph through it
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits)
+        ref = (
+            pad_rows([old[s.sample_index]["ref_log_probs"] for s in batch], width).to(dev)
+            if self.s.use_kl_loss
+            else None
+        )
+        rollout_lp = pad_rows([s.rollout_log_probs for s in batch], width).to(dev) if use_rollout_lp else None
+        loss, metrics = policy_objective(
+            log_probs,
+            pad_rows([old[s.sample_index]["log_probs"] for s in batch], width).to(dev),
+            adv.to(dev)[:, None].expand_as(log_probs),
+            mb.loss_mask.to(dev),
+            entropy,
+            ref,
+            policy_loss=self.s.policy_loss,
+            eps_clip=self.s.eps_clip,
+            eps_clip_high=self.s.eps_clip_high,
+            eps_clip_c=self.s.eps_clip_c,
+            entropy_coef=self.s.entropy_coef,
+            use_kl_loss=self.s.use_kl_loss,
+            kl_loss_coef=self.s.kl_loss_coef,
+            kl_loss_type=self.s.kl_loss_type,
+            rollout_log_probs=rollout_lp,
+            normaliser=float(self.s.global_batch_size),
+        )
+        loss.backward()
+        return metrics
+
+    def _dump_batch(
+        self,
+        template: str,
+        samples: list[Sample],
+        positions: list[int],
+        advantages: torch.Tensor,
+        old: dict[int, dict],
+    ) -> None:
+        """This replica's share of the rollout as trained (rank column = DP rank): joins back to the rollout
+        by sample_index. `advantages`: [N] over the whole rollout, indexed by position."""
+        rows = [samples[p] for p in positions]
+        cols: dict[str, Any] = {
+            "rollout_id": pa.array([s.rollout_id for s in rows], pa.int64()),
+            "rank": pa.array([self.dp_rank] * len(rows), pa.int64()),
+            "sample_index": pa.array([s.sample_index for s in rows], pa.int64()),
+            "advantage": pa.array([float(advantages[p]) for p in positions], pa.float32()),
+            "reward": pa.array([s.reward for s in rows], pa.float64()),
+            "log_probs": pa.array([old[s.sample_index]["log_probs"] for s in rows], pa.list_(pa.float32())),
+        }
+        if all(old[s.sample_index].get("ref_log_probs") is not None for s in rows):
+            cols["ref_log_probs"] = pa.array(
+                [old[s.sample_index]["ref_log_probs"] for s in rows], pa.list_(pa.float32())
+            )
+        path = template.format(rollout_id=rows[0].rollout_id, rank=self.dp_rank)
+        if not path.endswith(".parquet"):
+            path = str(Path(path).with_suffix(".parquet"))  # the train batch is always our columnar format
+        write_table(path, pa.table(cols), kind="train_data")
+
+    def _snapshot(self) -> Snapshot:
+        """Copies of everything a train step mutates: weights, optimizer state, LR schedule, step.
+        Plain tensor clones (not a deepcopy of the state dicts): this runs before every rollout."""
+        weights = [t.detach().clone() for t in self._state_tensors()]
+        opt_state: dict[Any, dict[str, Any]] = {}
+        groups: list[dict[str, Any]] = []
+        sched: dict[str, Any] = {}
+        if self.optimizer is not None and self.scheduler is not None:
+            opt_state = {
+                p: {k: v.clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in st.items()}
+                for p, st in self.optimizer.state.items()
+            }
+            groups = [
+                {k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                for g in self.optimizer.param_groups
+            ]
+            sched = copy.deepcopy(self.scheduler.state_dict())
+        return Snapshot(weights, opt_state, groups, sched, self.global_step)
+
+    @torch.no_grad()
+    def _restore(self, snap: Snapshot) -> None:
+        """Put back what `_snapshot` copied; drops the failed step's gradients."""
+        for t, saved in zip(self._state_tensors(), snap.weights, strict=True):
+            t.copy_(saved)
+        for p in self.params:
+            p.grad = None
+        if self.optimizer is not None and self.scheduler is not None:
+            self.optimizer.state = defaultdict(dict, snap.opt_state)
+            for group, saved_group in zip(self.optimizer.param_groups, snap.groups, strict=True):
+                group.update(saved_group)
+            self.scheduler.load_state_dict(snap.sched)
+        self.global_step = snap.global_step
+
+    # -- checkpoint bookkeeping shared by every format ---------------------------------------------------
+    def _checkpoint_meta(self, rollout_id: int, **extra: Any) -> dict[str, Any]:
+        """meta.json of iter_{rollout_id}: step, config hash, run id and the applied rollout's metrics (a
+        retried train-step after a resume returns them); `extra` (e.g. format) goes after the config hash."""
+        return {
+            "rollout_id": rollout_id,
+            "global_step": self.global_step,
+            "config_hash": self.s.config_hash,
+            **extra,
+            "run_id": self.run_id,
+            "applied": self.applied.get(rollout_id),
+        }
+
+    def _publish_checkpoint(self, tmp: Path, directory: str, rollout_id: int, *, snapshot: bool) -> None:
+        """Rank 0, once `tmp` holds the whole checkpoint: rename it to iter_{rollout_id:07d} (replacing one
+        there), then point the latest marker at it. `snapshot`: no fault hook, and only the last two kept."""
+        if not snapshot:
+            self.faults.reach("trainer_save_before_rename", rollout_id=rollout_id)
+        final = Path(directory) / f"iter_{rollout_id:07d}"
+        old = final.with_name(final.name + ".old")
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        atomic_write_text(Path(directory) / LATEST_FILE, str(rollout_id))
+        # a snapshot keeps the one before too: a resume may need the state before the rollout that was cut
+        if snapshot:
+            for stale in sorted(Path(directory).glob("iter_*"))[:-2]:
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def _restore_meta(self, path: Path) -> int:
+        """Step, last applied rollout and its metrics from `path`/meta.json; returns that rollout id."""
+        meta = json.loads((path / "meta.json").read_text())
+        self.global_step = int(meta["global_step"])
+        self.last_applied_rollout = int(meta["rollout_id"])
+        if meta.get("applied") is not None:  # a retried train-step of this rollout returns these metrics
+            self.applied[self.last_applied_rollout] = meta["applied"]
+        return self.last_applied_rollout
+
+    def _set_optimizer_state(self, state: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Load AdamW state given per parameter index (the order of self.params)."""
+        assert self.optimizer is not None
+        sd = self.optimizer.state_dict()
+        sd["state"] = state
+        self.optimizer.load_state_dict(sd)
+
+    def _set_scheduler_state(self, saved: dict[str, Any]) -> None:
+        """Restore the LR schedule saved as its state_dict less lr_lambdas (nothing when either is absent)."""
+        if self.scheduler is None or self.optimizer is None or not saved:
+            return
+        self.scheduler.load_state_dict({**self.scheduler.state_dict(), **saved})
+        # the scheduler sets a group's lr only when it steps: put back the lr it had reached, or the first
+        # step after a resume runs at the initial lr (invisible with a constant schedule)
+        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
+            group["lr"] = lr
+
+    def _check_model_hash(self, path: Path, name: str, fallback: str, hint: str = "") -> None:
+        """--ci-check-model-hash: this rank's loaded weights (model_hash()) must match the per-layer hashes in
+        `path`/`name` (or `fallback`, a checkpoint saved by fewer ranks), layer by layer."""
+        saved = path / name
+        if not saved.is_file():
+            saved = path / fallback
+        if not saved.is_file():
+            raise FileNotFoundError(
+                f"--ci-check-model-hash: {path} has no {name} (was it saved with --ci-save-model-hash{hint}?)"
+            )
+        expected = json.loads(saved.read_text())
+        got = self.model_hash()
+        bad = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
+        if bad:
+            raise RuntimeError(
+                f"--ci-check-model-hash: rank {self.rank} loaded weights differ from {saved.name} "
+                f"in layers {bad}"
+            )
