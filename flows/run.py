@@ -160,7 +160,7 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None, resume: boo
     report = RunReport.load(cfg, owned.info.run_id, owned.start, _end(cfg, owned.start))
     page = run_page.RunPage(report, uuid.UUID(str(flow_run.get_id()))) if run_page.enabled() else None
     loop = _RunLoop(cfg, owned, report, page, faults, refresh or [])
-    with runtime.run_log(cfg.resolved_run_dir), _listening(report):
+    with runtime.run_log(cfg.resolved_run_dir), _listening(report), runtime.api_watchdog(cfg):
         await _started(report, page)
         try:
             actors.ensure_ray(cfg)

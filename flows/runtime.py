@@ -214,6 +214,22 @@ def start_api_watchdog(api_url: str, timeout: float, run_dir: Path) -> threading
     return stop
 
 
+@contextlib.contextmanager
+def api_watchdog(cfg: RunConfig) -> Iterator[None]:
+    """`start_api_watchdog` on the API this flow run talks to (the ephemeral server or PREFECT_API_URL), with
+    --prefect-timeout, for as long as the block runs."""
+    from prefect.client.orchestration import get_client
+
+    # the client knows the ephemeral server's URL; Prefect's settings say None for it
+    with get_client(sync_client=True) as client:
+        url = str(client.api_url)
+    stop = start_api_watchdog(url, cfg.faults.prefect_timeout, cfg.resolved_run_dir)
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 async def settle(task_runs: int, *, flow_run_id: uuid.UUID | None = None, task_run_id: uuid.UUID | None = None,
                  timeout: float = 5.0) -> bool:
     """Wait until the server has recorded `task_runs` task runs of the given flow run (or the one task
