@@ -69,11 +69,8 @@ class _Stages:
         self.eval = self._stage("eval", evaluate)
 
     def _stage(self, name: str, task: Task[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        f = self.cfg.faults
-        configured = task.with_options(
-            refresh_cache=True if name in self.refresh else NotSet,
-            retries=0 if name in ("check", "inject") else f.task_retries, retry_delay_seconds=f.task_retry_delay,
-            retry_condition_fn=retry_unless_check_failed)
+        configured = with_retries(self.cfg, task, retries=0 if name in ("check", "inject") else None).with_options(
+            refresh_cache=True if name in self.refresh else NotSet)
 
         async def run(*args: P.args, **kwargs: P.kwargs) -> R:
             self.started += 1
@@ -83,6 +80,14 @@ class _Stages:
                 note_stage(e, self.rollout_id, name)
                 raise
         return run
+
+
+def with_retries(cfg: RunConfig, task: Task[P, R], retries: int | None = None) -> Task[P, R]:
+    """`task` with the run's retry policy: --task-retries attempts (or `retries`) --task-retry-delay apart, a
+    checker failure never retried."""
+    f = cfg.faults
+    return task.with_options(retries=f.task_retries if retries is None else retries,
+                             retry_delay_seconds=f.task_retry_delay, retry_condition_fn=retry_unless_check_failed)
 
 
 @dataclass(frozen=True)
@@ -221,7 +226,8 @@ class _RunLoop:
                           f"{actors.start_weights(cfg, None)}")
         if engines and trainers:  # the weight-update checker runs at the run's first sync, not at a resume
             check_first_sync = cfg.ci.weight_check and not owned.resumed
-            return await runtime.settled(sync, opaque_config(cfg), start - 1, verify_equal=check_first_sync)
+            return await runtime.settled(with_retries(cfg, sync), opaque_config(cfg), start - 1,
+                                         verify_equal=check_first_sync)
         if engines:  # rollout-only: the engines keep the weights they loaded, version 0
             return WeightsRef(version=0, sha256=await engines[0].weights_sha256.remote())
         # train-only: nothing to sync; identify the trainer's starting weights
@@ -240,7 +246,7 @@ class _RunLoop:
         await runtime.settle(result.task_runs, flow_run_id=child)
         await runtime.publish_metrics_table(cfg, rollout_id, child, report.records)
         if not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == report.end)):
-            await runtime.settled(save_checkpoint, opaque_config(cfg), rollout_id)
+            await runtime.settled(with_retries(cfg, save_checkpoint), opaque_config(cfg), rollout_id)
         seconds = time.perf_counter() - began
         runtime.log_step_time(cfg, rollout_id, seconds)
         report.rollout_done(rollout_id, seconds)
