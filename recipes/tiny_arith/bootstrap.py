@@ -33,21 +33,16 @@ and print the path.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import fcntl
-import json
 import os
 import pathlib
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
-from recipes.tiny_arith.data import all_problems, eval_problems, format_prompt, make_problems
+from recipes.tiny_arith.data import all_problems, eval_problems, make_problems
 from recipes.tiny_arith.model import build_model, model_config
 from recipes.tiny_arith.reward import accuracy
 from recipes.tiny_arith.settings import (  # noqa: F401  (re-exported: the cache contract lives in settings)
@@ -59,74 +54,16 @@ from recipes.tiny_arith.settings import (  # noqa: F401  (re-exported: the cache
     recipe_fingerprint,
 )
 from recipes.tiny_arith.tokenizer import build_tokenizer
+from recipes.warmup import (  # noqa: F401  (re-exported)
+    DONE_MARKER,
+    INFO_FILE,
+    build_once,
+    generate_responses,
+    save_checkpoint,
+    sft_tensors,
+)
 
-DONE_MARKER = "DONE"
-INFO_FILE = "bootstrap_info.json"
 LOCK_FILE = "tiny-arith.lock"
-
-IGNORE_INDEX = -100
-
-
-@contextlib.contextmanager
-def _torch_threads(num_threads: int) -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-def generate_responses(
-    model: Qwen2ForCausalLM,
-    tok: PreTrainedTokenizerBase,
-    questions: Sequence[str],
-    temperature: float,
-    seed: int,
-    max_new_tokens: int = 5,
-    batch_size: int = 256,
-) -> list[str]:
-    """Decode one response per question; ``temperature <= 0`` means greedy.
-
-    Responses are cut at the first ``<eos>`` (kept in the text) so that padding produced
-    for finished rows never leaks into them. The global RNG is seeded with ``seed`` for
-    the duration of the call and then restored.
-    """
-    was_training = model.training
-    model.eval()
-    responses: list[str] = []
-    sampling = temperature > 0
-    with torch.random.fork_rng(devices=[]), torch.inference_mode():
-        torch.manual_seed(seed)
-        for start in range(0, len(questions), batch_size):
-            prompts = [format_prompt(tok, q) for q in questions[start : start + batch_size]]
-            ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-            width = max(len(x) for x in ids)
-            # Left padding: every row's last prompt token sits in the final column.
-            input_ids = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(ids), width), dtype=torch.long)
-            for row, seq in enumerate(ids):
-                input_ids[row, width - len(seq) :] = torch.tensor(seq)
-                attention_mask[row, width - len(seq) :] = 1
-            sampling_kwargs = (
-                {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-                if sampling
-                else {"do_sample": False}
-            )
-            out = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id,
-                **sampling_kwargs,
-            )
-            for new_tokens in out[:, width:].tolist():
-                if tok.eos_token_id in new_tokens:
-                    new_tokens = new_tokens[: new_tokens.index(tok.eos_token_id) + 1]
-                responses.append(tok.decode(new_tokens, skip_special_tokens=False))  # type: ignore[arg-type]
-    model.train(was_training)
-    return responses
 
 
 def sample_accuracy(
@@ -144,28 +81,6 @@ def sample_accuracy(
     return accuracy(responses, [p["label"] for p in problems])
 
 
-def _sft_tensors(
-    tok: PreTrainedTokenizerBase, problems: Sequence[dict[str, str]]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``(input_ids, attention_mask, labels)``; loss only on ``label<eos>``."""
-    rows: list[tuple[list[int], list[int]]] = []
-    for p in problems:
-        prompt = tok.encode(format_prompt(tok, p["question"]), add_special_tokens=False)
-        response = tok.encode(p["label"], add_special_tokens=False) + [tok.eos_token_id]
-        rows.append((prompt, response))
-    width = max(len(a) + len(b) for a, b in rows)
-    input_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-    for i, (prompt, response) in enumerate(rows):
-        n = len(prompt) + len(response)
-        input_ids[i, :n] = torch.tensor(prompt + response)
-        attention_mask[i, :n] = 1
-        # HF causal-LM heads shift labels internally: labels align with input_ids.
-        labels[i, len(prompt) : n] = torch.tensor(response)
-    return input_ids, attention_mask, labels
-
-
 def train_warmup(
     tok: PreTrainedTokenizerBase,
     settings: WarmupSettings,
@@ -180,7 +95,7 @@ def train_warmup(
     val_questions = {p["question"] for p in val}
     # Train on the rest of the train split so the progress line measures generalisation.
     pool = [p for p in all_problems("train") if p["question"] not in val_questions]
-    input_ids, attention_mask, labels = _sft_tensors(tok, pool)
+    input_ids, attention_mask, labels = sft_tensors(tok, pool)
 
     model = build_model(model_config(len(tok)), settings.model_seed).to(torch.float64)  # type: ignore[arg-type]
     model.train()
@@ -226,8 +141,6 @@ def _build(
     greedy = sample_accuracy(model, tok, evals, 0.0, settings.sample_seed)
     seconds = time.perf_counter() - started
 
-    model.save_pretrained(target, safe_serialization=True)
-    tok.save_pretrained(target)
     info = {
         "recipe_version": RECIPE_VERSION,
         "fingerprint": fingerprint,
@@ -236,31 +149,13 @@ def _build(
         "eval_set_size": len(evals),
         "eval_sampled_accuracy": sampled,
         "eval_greedy_accuracy": greedy,
-        "num_parameters": sum(p.numel() for p in model.parameters()),
-        "num_threads": torch.get_num_threads(),
         "seconds": round(seconds, 2),
     }
-    (target / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    (target / DONE_MARKER).write_text(fingerprint + "\n")
+    save_checkpoint(target, model, tok, info, fingerprint)
     log(
         f"[tiny-arith warm-up] done: {summary['steps']} steps in {seconds:.1f}s, eval "
         f"sampled acc {sampled:.3f}, greedy acc {greedy:.3f}"
     )
-
-
-def _publish(tmp: pathlib.Path, final: pathlib.Path) -> None:
-    """Atomically move a finished build into place unless a complete one already exists."""
-    if (final / DONE_MARKER).exists():
-        return  # Someone (not honouring the lock, e.g. on NFS) won the race; keep theirs.
-    if final.exists():
-        # An incomplete directory cannot come from us (we rename only finished builds);
-        # it is debris from a manual copy or a foreign tool, so replace it.
-        shutil.rmtree(final)
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        if not (final / DONE_MARKER).exists():
-            raise
 
 
 def ensure_checkpoint(
@@ -291,27 +186,8 @@ def ensure_checkpoint(
         if verbose:
             print(message, flush=True)
 
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / LOCK_FILE, "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if (final / DONE_MARKER).exists():  # Built while we waited for the lock.
-                return final
-            log(f"[tiny-arith warm-up] building {final}")
-            tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache))
-            try:
-                with _torch_threads(num_threads), torch.random.fork_rng(devices=[]):
-                    _build(tmp, tok, settings, fingerprint, log)
-                # mkdtemp creates 0700; a cache may be shared between users/containers.
-                tmp.chmod(0o755)
-                for path in tmp.iterdir():
-                    path.chmod(0o644)
-                _publish(tmp, final)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return final
+    return build_once(final, cache / LOCK_FILE, lambda tmp: _build(tmp, tok, settings, fingerprint, log),
+                      num_threads=num_threads, log=log, tag="tiny-arith")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -16,7 +16,7 @@ import hashlib
 import random
 from pathlib import Path
 
-from transformers import PreTrainedTokenizerBase
+from recipes.common import format_prompt  # noqa: F401  (re-exported: "<|user|>23+45=<|assistant|>")
 
 OPERAND_RANGE = range(10, 100)
 EVAL_FRACTION = 0.10
@@ -66,13 +66,6 @@ def make_problems(n: int, seed: int, split: str) -> list[dict[str, str]]:
     return [_problem(a, b) for a, b in chosen]
 
 
-def format_prompt(tok: PreTrainedTokenizerBase, question: str) -> str:
-    """Chat-formatted generation prompt, e.g. ``"<|user|>23+45=<|assistant|>"``."""
-    return tok.apply_chat_template(  # type: ignore[return-value]
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-    )
-
-
 def eval_problems() -> list[dict[str, str]]:
     """The held-out eval set: every problem of the "eval" split (793 of them), in a fixed order.
 
@@ -86,27 +79,14 @@ DATA_VERSION = 1
 TRAIN_POOL_SIZE = 4096
 
 
-def prompt_rows(problems: list[dict[str, str]]) -> list[dict]:
-    """Problems as prompt-data rows: chat messages under "prompt", the answer under "label"."""
-    return [{"prompt": [{"role": "user", "content": p["question"]}], "label": p["label"]} for p in problems]
-
-
 def ensure_prompt_files(cache_dir: str | None = None) -> tuple[Path, Path]:
     """tiny-arith's training and eval prompts as Parquet files in the model cache (written once, atomically):
     train = 4096 problems of the train split (the pool the default run visits, in a fixed order), eval =
     the whole eval split. They are read like any `--prompt-data` file (`--input-key prompt --label-key label
     --apply-chat-template`)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from artifacts.atomic import atomic_path
-    from recipes.tiny_arith.settings import default_cache_dir
+    from recipes.common import default_cache_dir, write_prompt_files
 
     root = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"tiny-arith-data-v{DATA_VERSION}"
-    files = {"train": root / "train.parquet", "eval": root / "eval.parquet"}
-    sources = {"train": lambda: make_problems(TRAIN_POOL_SIZE, seed=0, split="train"), "eval": eval_problems}
-    for split, path in files.items():
-        if not path.is_file():
-            with atomic_path(path) as tmp:
-                pq.write_table(pa.Table.from_pylist(prompt_rows(sources[split]())), tmp)
+    files = write_prompt_files(root, {"train": lambda: make_problems(TRAIN_POOL_SIZE, seed=0, split="train"),
+                                      "eval": eval_problems})
     return files["train"], files["eval"]

@@ -10,21 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from recipes.tiny_arith.tokenizer import EOS_TOKEN, PAD_TOKEN
-
-_TRAILING_SPECIALS = (EOS_TOKEN, PAD_TOKEN)
-
-
-def _clean(response: str) -> str:
-    text = response.strip()
-    stripped = True
-    while stripped:
-        stripped = False
-        for special in _TRAILING_SPECIALS:
-            if text.endswith(special):
-                text = text[: -len(special)].rstrip()
-                stripped = True
-    return text
+from recipes.common import clean_response as _clean
 
 
 def reward(response: str, label: str) -> float:

@@ -4,20 +4,17 @@ dry run can name the checkpoint without building it)."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import pathlib
 
 from transformers import PreTrainedTokenizerBase
 
+from recipes.common import CACHE_ENV_VAR, checkpoint_fingerprint, default_cache_dir  # noqa: F401  (re-exported)
 from recipes.tiny_arith.model import model_config
-from recipes.tiny_arith.tokenizer import build_tokenizer, tokenizer_fingerprint
+from recipes.tiny_arith.tokenizer import build_tokenizer
 
 # Bump whenever the warm-up procedure changes in a way the settings do not capture.
 RECIPE_VERSION = 2  # 2: float64 warm-up, fixed step count, whole eval split
-
-CACHE_ENV_VAR = "ROLLFLOW_CACHE_DIR"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,33 +39,12 @@ class WarmupSettings:
     temperature: float = 1.0
 
 
-def default_cache_dir() -> pathlib.Path:
-    """``$ROLLFLOW_CACHE_DIR`` if set, else ``~/.cache/rollflow``."""
-    env = os.environ.get(CACHE_ENV_VAR)
-    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "rollflow"
-
-
 def recipe_fingerprint(settings: WarmupSettings, tok: PreTrainedTokenizerBase) -> str:
     """Short hash naming the checkpoint directory for ``settings`` and ``tok``."""
-    config = model_config(len(tok)).to_dict()
-    # The library version does not change the architecture; keep it out of the key.
-    config.pop("transformers_version", None)
-    payload = json.dumps(
-        {
-            "recipe_version": RECIPE_VERSION,
-            "settings": dataclasses.asdict(settings),
-            "model_config": config,
-            "tokenizer": tokenizer_fingerprint(tok),  # type: ignore[arg-type]
-        },
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+    return checkpoint_fingerprint(RECIPE_VERSION, settings, model_config(len(tok)).to_dict(), tok)  # type: ignore[arg-type]
 
 
 def checkpoint_path(cache_dir: str | os.PathLike[str] | None = None, settings: WarmupSettings | None = None) -> pathlib.Path:
     """Where `ensure_checkpoint` puts (or finds) the checkpoint for `settings`, without building it."""
     cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return cache / f"tiny-arith-{recipe_fingerprint(settings or WarmupSettings(), build_tokenizer())}"
-
-
