@@ -127,7 +127,7 @@ class RewardConfig(Section):
     """How a response is scored (slime's flags): a built-in --rm-type or your --custom-rm-path."""
 
     rm_type: str | None = Field(
-        None, description="Built-in reward (exact_match, math, deepscaler, f1, tiny-arith; a boxed_ prefix scores the last "
+        None, description="Built-in reward (exact_match, math, deepscaler, f1, tiny-arith, long-arith; a boxed_ prefix scores the last "
                           "\\boxed{...}); None = the recipe's when it supplies the data.")
     custom_rm_path: str | None = Field(
         None, description="Dotted path module.fn of your reward (sync or async), importable from the working "

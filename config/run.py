@@ -22,9 +22,10 @@ class RunConfig(Section):
 
     name: str = Field("tiny-arith", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (Prefect flow run name).")
     run_dir: str | None = Field(None, description="Run directory; None = runs/<name>.")
-    recipe: Literal["tiny-arith"] = Field(
+    recipe: Literal["tiny-arith", "long-arith"] = Field(
         "tiny-arith", description="Preset that fills in what the flags leave unset: base model (--hf-checkpoint), "
-                                  "prompt data and keys, eval data, reward.")
+                                  "prompt data and keys, eval data, reward. long-arith: step-by-step "
+                                  "additions answered in 64-256 tokens by a 3.2M-parameter model (the perf workload).")
     hf_checkpoint: str | None = Field(None, description="HF model dir (model + tokenizer); None = the recipe's.")
     num_threads: int = Field(
         1, ge=1, description="torch threads in every actor (bitwise replay needs the same count everywhere)."

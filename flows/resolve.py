@@ -45,7 +45,7 @@ def apply_recipe(cfg: RunConfig, *, build: bool = True) -> RunConfig:
         if reward.rm_type is None and reward.custom_rm_path is None:
             update["reward"] = reward.model_copy(update={"rm_type": recipe.rm_type})
     elif reward.rm_type is None and reward.custom_rm_path is None:
-        raise ValueError("--prompt-data is given but no reward: add --rm-type (exact_match, math, deepscaler, f1, tiny-arith, "
+        raise ValueError("--prompt-data is given but no reward: add --rm-type (exact_match, math, deepscaler, f1, tiny-arith, long-arith, "
                          "or boxed_<type>) or --custom-rm-path module.fn")
     if data_update:
         update["data"] = data.model_copy(update=data_update)

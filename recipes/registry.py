@@ -22,6 +22,9 @@ class Recipe:
     rm_type: str = ""                           # the registered reward (rollout.rewards.BUILTIN_REWARDS)
 
 
+_CHAT_PROMPTS = {"input_key": "prompt", "label_key": "label", "apply_chat_template": True, "rollout_shuffle": True}
+
+
 def _tiny_arith() -> Recipe:
     from recipes.tiny_arith import data, settings, tokenizer
 
@@ -30,18 +33,25 @@ def _tiny_arith() -> Recipe:
 
         return bootstrap.ensure_checkpoint()
 
-    return Recipe(
-        name="tiny-arith",
-        ensure_checkpoint=ensure_checkpoint,
-        checkpoint_path=settings.checkpoint_path,
-        tokenizer=tokenizer.build_tokenizer,
-        ensure_data=data.ensure_prompt_files,
-        data={"input_key": "prompt", "label_key": "label", "apply_chat_template": True, "rollout_shuffle": True},
-        rm_type="tiny-arith",
-    )
+    return Recipe(name="tiny-arith", ensure_checkpoint=ensure_checkpoint, checkpoint_path=settings.checkpoint_path,
+                  tokenizer=tokenizer.build_tokenizer, ensure_data=data.ensure_prompt_files, data=_CHAT_PROMPTS,
+                  rm_type="tiny-arith")
 
 
-RECIPES: dict[str, Callable[[], Recipe]] = {"tiny-arith": _tiny_arith}
+def _long_arith() -> Recipe:
+    from recipes.long_arith import data, settings, tokenizer
+
+    def ensure_checkpoint() -> Path:
+        from recipes.long_arith import bootstrap
+
+        return bootstrap.ensure_checkpoint()
+
+    return Recipe(name="long-arith", ensure_checkpoint=ensure_checkpoint, checkpoint_path=settings.checkpoint_path,
+                  tokenizer=tokenizer.build_tokenizer, ensure_data=data.ensure_prompt_files, data=_CHAT_PROMPTS,
+                  rm_type="long-arith")
+
+
+RECIPES: dict[str, Callable[[], Recipe]] = {"tiny-arith": _tiny_arith, "long-arith": _long_arith}
 
 
 def get_recipe(name: str) -> Recipe:

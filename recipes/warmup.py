@@ -85,7 +85,7 @@ def generate_responses(
             for new_tokens in out[:, width:].tolist():
                 if tok.eos_token_id in new_tokens:
                     new_tokens = new_tokens[: new_tokens.index(tok.eos_token_id) + 1]
-                responses.append(tok.decode(new_tokens, skip_special_tokens=False))
+                responses.append(tok.decode(new_tokens, skip_special_tokens=False))  # type: ignore[arg-type]
     model.train(was_training)
     return responses
 

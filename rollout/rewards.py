@@ -131,6 +131,7 @@ BUILTIN_REWARDS: dict[str, Callable[[str, Any], float] | str] = {
     "deepscaler": deepscaler,
     "f1": f1,
     "tiny-arith": "recipes.tiny_arith.reward:reward",
+    "long-arith": "recipes.long_arith.reward:reward",
 }
 
 
