@@ -1,8 +1,9 @@
 """Generation throughput: rollflow's embedded TorchEngine against HF `model.generate`, tokens/s.
 
-Both load the same bootstrapped tiny-arith checkpoint (float32, CPU, `--threads` torch threads) and
-complete the same B chat-formatted tiny-arith prompts (B = each `--batch-sizes` entry; HF gets them
-left padded) by plain sampling: temperature 1.0, no top-k/top-p, `--max-new-tokens K`.
+Both load the same bootstrapped checkpoint of `--recipe` (tiny-arith, or long-arith for 64-256-token
+responses; float32, CPU, `--threads` torch threads) and complete the same B chat-formatted prompts of that
+recipe (B = each `--batch-sizes` entry; HF gets them left padded) by plain sampling: temperature 1.0, no
+top-k/top-p, `--max-new-tokens K` (default 8 for tiny-arith, 256 for long-arith).
 Token counting modes (`--mode`):
   eos   both stop a row at EOS; counted: response tokens actually produced, up to and including EOS
         (a batch ends when every row has stopped or reached K);
@@ -10,7 +11,8 @@ Token counting modes (`--mode`):
 Per batch size and mode: one untimed warm-up call each, then `--repeats` timed calls alternating
 engine / HF; tokens/s = all counted tokens / all timed seconds.
 
-    python bench/generate.py [--batch-sizes 64,256] [--max-new-tokens 8] [--repeats 5] [--threads 1]
+    python bench/generate.py [--recipe tiny-arith|long-arith] [--batch-sizes 64,256] [--max-new-tokens K]
+                             [--repeats 5] [--threads 1]
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._plain_loop import table  # noqa: E402
 from engines.base import GenerateRequest, SamplingParams  # noqa: E402
 from engines.torch_engine.engine import TorchEngine  # noqa: E402
-from recipes.registry import get_recipe  # noqa: E402
+from recipes.registry import RECIPES, get_recipe  # noqa: E402
 
 
 def engine_call(engine: TorchEngine, prompts: list[list[int]], k: int, stop: tuple[int, ...],
@@ -68,8 +70,10 @@ def hf_call(model: torch.nn.Module, prompts: list[list[int]], k: int, eos: int, 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="tiny-arith", help="the model and prompts")
     p.add_argument("--batch-sizes", default="64,256", help="comma-separated prompt batch sizes")
-    p.add_argument("--max-new-tokens", type=int, default=8, help="K, the same for both")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="K, the same for both (default: 8 for tiny-arith, 256 for long-arith)")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per side (after one warm-up)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both")
     p.add_argument("--mode", choices=["eos", "full", "both"], default="both", help="token counting mode")
@@ -77,7 +81,7 @@ def main() -> None:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     modes = ["eos", "full"] if args.mode == "both" else [args.mode]
 
-    recipe = get_recipe("tiny-arith")
+    recipe = get_recipe(args.recipe)
     checkpoint = str(recipe.ensure_checkpoint())
     tok = AutoTokenizer.from_pretrained(checkpoint)
     eos, pad = int(tok.eos_token_id), int(tok.pad_token_id)
@@ -85,7 +89,8 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     torch.set_num_threads(args.threads)
     pool = [row["prompt"] for row in pq.read_table(recipe.ensure_data()[0]).to_pylist()]
-    k = args.max_new_tokens
+    # tiny-arith's answers take at most 4 tokens; a recipe with longer ones names its maximum (long-arith: 256)
+    k = args.max_new_tokens or recipe.rollout.get("rollout_max_response_len", 8)
 
     rows = []
     for b in batch_sizes:
@@ -107,7 +112,7 @@ def main() -> None:
             rows.append([str(b), mode, *per_row, f"{e_tps:,.0f}", f"{h_tps:,.0f}", f"{e_tps / h_tps:.2f}x"])
             print(" ".join(rows[-1]), flush=True)
 
-    print(f"\nK = {k} max new tokens, {args.repeats} timed repeats after 1 warm-up, {args.threads} torch "
+    print(f"\n{args.recipe}: K = {k} max new tokens, {args.repeats} timed repeats after 1 warm-up, {args.threads} torch "
           f"thread(s); eos = tokens up to and including EOS counted, full = EOS ignored, K tokens per row")
     print(table(["batch", "mode", "tok/row engine", "tok/row HF", "rollflow engine tok/s",
                  "HF generate tok/s", "engine / HF"], rows))

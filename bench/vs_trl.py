@@ -1,7 +1,8 @@
 """Seconds per RL step: rollflow against TRL's GRPOTrainer on the same tiny model and prompts.
 
 One step = P prompts x G samples (the GRPO group), at most L new tokens, sampled at temperature 1.0,
-then one optimizer step (AdamW, lr 1e-5, no KL / reference model on either side).
+then one optimizer step (AdamW, lr 1e-5, no KL / reference model on either side), on the model, prompts and
+reward of `--recipe` (tiny-arith; long-arith for 64-256-token responses, where L defaults to 256, not 8).
   rollflow  `bench/_plain_loop.plain_rollouts` in this process: engine generate + write rollout +
             trainer log-probs + train step + weight update (no Prefect, no Ray); timed per rollout.
             Twice: as configured by default (the trainer recomputes old log-probs in a separate forward,
@@ -11,13 +12,14 @@ then one optimizer step (AdamW, lr 1e-5, no KL / reference model on either side)
             `--with-flow` also runs the real Prefect flow (bench/overhead.py's `flow_rollouts`).
   TRL       `GRPOTrainer` with per_device_train_batch_size = P*G, num_generations = G,
             max_completion_length = L, use_cpu, a `datasets.Dataset` of the same chat-formatted
-            tiny-arith prompts (rollout i's prompts at step i, no shuffling) and a reward function
-            wrapping recipes.tiny_arith.reward.reward; a TrainerCallback times on_step_begin ->
+            recipe's prompts (rollout i's prompts at step i, no shuffling) and a reward function
+            wrapping the recipe's reward (rollout.rewards.builtin_reward); a TrainerCallback times on_step_begin ->
             on_step_end (generation, reward, loss and optimizer step all fall inside).
 The TRL half always runs in a subprocess (`--side trl`), under this interpreter if it can import
 `trl`, else under `--trl-python`. Step 0 of each side is a warm-up and is left out of the means.
 
-    python bench/vs_trl.py [--prompts 8] [--generations 8] [--completion-len 8] [--steps 6] [--with-flow]
+    python bench/vs_trl.py [--recipe tiny-arith|long-arith] [--prompts 8] [--generations 8] [--completion-len L]
+                           [--steps 6] [--with-flow]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
 from config import RunConfig  # noqa: E402
 from flows.resolve import resolve  # noqa: E402
+from recipes.registry import RECIPES, get_recipe  # noqa: E402
 from rollout.data import prompts_for_rollout  # noqa: E402
 
 LR = 1e-5
@@ -48,7 +51,7 @@ def bench_config(args: argparse.Namespace, run_dir: Path, use_rollout_logprobs: 
     `use_rollout_logprobs`: the engine's log-probs are the old policy's (no trainer log-prob pass), which
     is TRL's work here: with one step per generation TRL uses the detached current log-probs."""
     return RunConfig.model_validate({
-        "name": "bench-vs-trl", "run_dir": str(run_dir), "num_threads": args.threads,
+        "name": "bench-vs-trl", "run_dir": str(run_dir), "num_threads": args.threads, "recipe": args.recipe,
         "rollout": {"num_rollout": args.steps, "rollout_batch_size": args.prompts,
                     "n_samples_per_prompt": args.generations, "rollout_max_response_len": args.completion_len},
         "eval": {"eval_interval": None},
@@ -63,11 +66,12 @@ def trl_steps(args: argparse.Namespace, out_dir: Path) -> list[float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from recipes.tiny_arith.reward import reward
+    from rollout.rewards import builtin_reward
 
     torch.set_num_threads(args.threads)
     cfg, src = resolve(bench_config(args, out_dir))  # the same prompts, in the same order, as rollflow's side
-    assert src.train is not None and cfg.hf_checkpoint is not None
+    assert src.train is not None and cfg.hf_checkpoint is not None and cfg.reward.rm_type is not None
+    reward = builtin_reward(cfg.reward.rm_type)  # the recipe's
     checkpoint = cfg.hf_checkpoint
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
@@ -110,7 +114,7 @@ def run_trl_subprocess(args: argparse.Namespace, out_dir: Path) -> list[float]:
         raise SystemExit("trl is not installed here: `ROLLFLOW_EXTRAS=dev,bench scripts/setup` installs the bench "
                          "extra into .venv, or pass --trl-python PATH to an interpreter that has it")
     out = out_dir / "trl.json"
-    cmd = [python, str(Path(__file__).resolve()), "--side", "trl", "--json-out", str(out),
+    cmd = [python, str(Path(__file__).resolve()), "--side", "trl", "--json-out", str(out), "--recipe", args.recipe,
            "--prompts", str(args.prompts), "--generations", str(args.generations),
            "--completion-len", str(args.completion_len), "--steps", str(args.steps),
            "--threads", str(args.threads)]
@@ -121,9 +125,11 @@ def run_trl_subprocess(args: argparse.Namespace, out_dir: Path) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="tiny-arith", help="the model, prompts and reward")
     p.add_argument("--prompts", type=int, default=8, help="P, prompts per step")
     p.add_argument("--generations", type=int, default=8, help="G, samples per prompt (GRPO group size)")
-    p.add_argument("--completion-len", type=int, default=8, help="L, max new tokens")
+    p.add_argument("--completion-len", type=int, default=None,
+                   help="L, max new tokens (default: 8 for tiny-arith, 256 for long-arith)")
     p.add_argument("--steps", type=int, default=6, help="steps per side (step 0 is the warm-up)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
     p.add_argument("--with-flow", action="store_true", help="also time the real Prefect flow per rollout")
@@ -132,6 +138,8 @@ def main() -> None:
     p.add_argument("--side", choices=["both", "trl"], default="both", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
     args = p.parse_args()
+    # tiny-arith's answers take at most 4 tokens; a recipe with longer ones names its maximum (long-arith: 256)
+    args.completion_len = args.completion_len or get_recipe(args.recipe).rollout.get("rollout_max_response_len", 8)
     if args.steps < 2:
         p.error("--steps must be >= 2 (step 0 is excluded as warm-up)")
     tmp = Path(tempfile.mkdtemp(prefix="rf-bench-vs-trl-"))
@@ -158,7 +166,7 @@ def main() -> None:
         rows.append(["rollflow flow (rollout-* run)", f"{mean(flow[1:]):.3f}", f"{base / mean(flow[1:]):.2f}x"])
         rows.append(["rollflow flow (cadence)", f"{mean(cadence[1:]):.3f}", f"{base / mean(cadence[1:]):.2f}x"])
 
-    print(f"\n{args.prompts} prompts x {args.generations} generations, completion <= {args.completion_len} "
+    print(f"\n{args.recipe}: {args.prompts} prompts x {args.generations} generations, completion <= {args.completion_len} "
           f"tokens, {args.steps} steps (mean over steps 1..{args.steps - 1}), {args.threads} torch thread(s)")
     print(table(["side", "s/step", "TRL s / this s (>1: faster than TRL)"], rows))
 

@@ -44,6 +44,9 @@ def apply_recipe(cfg: RunConfig, *, build: bool = True) -> RunConfig:
             data_update["eval_prompt_data"] = [recipe.name, str(evals)]
         if reward.rm_type is None and reward.custom_rm_path is None:
             update["reward"] = reward.model_copy(update={"rm_type": recipe.rm_type})
+        rollout_preset = {k: v for k, v in recipe.rollout.items() if k not in cfg.rollout.model_fields_set}
+        if rollout_preset:
+            update["rollout"] = cfg.rollout.model_copy(update=rollout_preset)
     elif reward.rm_type is None and reward.custom_rm_path is None:
         raise ValueError("--prompt-data is given but no reward: add --rm-type (exact_match, math, deepscaler, f1, tiny-arith, long-arith, "
                          "or boxed_<type>) or --custom-rm-path module.fn")

@@ -20,6 +20,7 @@ class Recipe:
     ensure_data: Callable[[], tuple[Path, Path]]  # (train, eval) prompt files, written on first use
     data: dict[str, Any] = field(default_factory=dict)  # DataConfig fields for reading those files
     rm_type: str = ""                           # the registered reward (rollout.rewards.BUILTIN_REWARDS)
+    rollout: dict[str, Any] = field(default_factory=dict)  # RolloutConfig fields the recipe needs (e.g. lengths)
 
 
 _CHAT_PROMPTS = {"input_key": "prompt", "label_key": "label", "apply_chat_template": True, "rollout_shuffle": True}
@@ -48,7 +49,7 @@ def _long_arith() -> Recipe:
 
     return Recipe(name="long-arith", ensure_checkpoint=ensure_checkpoint, checkpoint_path=settings.checkpoint_path,
                   tokenizer=tokenizer.build_tokenizer, ensure_data=data.ensure_prompt_files, data=_CHAT_PROMPTS,
-                  rm_type="long-arith")
+                  rm_type="long-arith", rollout={"rollout_max_response_len": data.MAX_RESPONSE_TOKENS})
 
 
 RECIPES: dict[str, Callable[[], Recipe]] = {"tiny-arith": _tiny_arith, "long-arith": _long_arith}

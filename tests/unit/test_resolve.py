@@ -31,6 +31,17 @@ def test_the_tiny_arith_preset_fills_in_data_keys_eval_and_reward():
     assert [n for n, _ in d.eval_datasets] == ["tiny-arith"] and cfg.reward.rm_type == "tiny-arith"
 
 
+def test_the_long_arith_preset_also_fills_in_the_response_length(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLLFLOW_CACHE_DIR", str(tmp_path))  # its prompt files are written there; no model is built
+    cfg = apply_recipe(parse("--recipe", "long-arith"), build=False)
+    assert cfg.recipe == "long-arith" and cfg.reward.rm_type == "long-arith"
+    assert [n for n, _ in cfg.data.eval_datasets] == ["long-arith"] and cfg.data.input_key == "prompt"
+    assert cfg.rollout.rollout_max_response_len == 256 and cfg.hf_checkpoint.startswith(str(tmp_path / "long-arith-"))
+    given = apply_recipe(parse("--recipe", "long-arith", "--rollout-max-response-len", "300"), build=False)
+    assert given.rollout.rollout_max_response_len == 300
+    assert apply_recipe(parse(), build=False).rollout.rollout_max_response_len == 6  # tiny-arith: unchanged
+
+
 def test_data_keys_without_prompt_data_are_refused():
     with pytest.raises(ValueError, match="--input-key given without --prompt-data"):
         apply_recipe(parse("--input-key", "question"), build=False)
