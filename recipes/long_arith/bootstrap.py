@@ -3,14 +3,14 @@
 ``ensure_checkpoint`` runs a short supervised warm-up (``WarmupSettings.steps`` steps on fresh problems of the
 train split, each batch of one digit count) so that the model writes the step-by-step format, stops after the
 sum and so answers in 64-256 tokens; it is far from solving the long sums, which leaves RL room (the reward's
-partial credit gives it a signal). Budget: at most ~5 minutes on the 2-core dev box with 2 threads.
+partial credit gives it a signal). Budget: at most ~5 minutes on the 2-core dev box.
 
 It trains in float32, not in float64 as tiny-arith does: float64 would cost about twice the time on these
 CPUs and break the budget, and this recipe exists to time the RL step and the engine on realistic shapes, not
 to give the same learning curve on every machine. The price: the warm-up model (and the bench figures that
 depend on its response lengths) may differ slightly between CPUs with different matmul kernels.
 
-Contract of ``ensure_checkpoint(cache_dir=None, settings=None, *, num_threads=2)``: as tiny-arith's (see
+Contract of ``ensure_checkpoint(cache_dir=None, settings=None, *, num_threads=1)``: as tiny-arith's (see
 ``recipes.warmup``): ``<cache>/long-arith-<fingerprint>/`` with an HF checkpoint, ``bootstrap_info.json`` and a
 ``DONE`` marker; built at most once per fingerprint under ``<cache>/long-arith.lock`` in a temp dir published by
 ``os.rename``; the fingerprint covers ``RECIPE_VERSION``, the settings (model size included), the model config and
@@ -111,12 +111,15 @@ def _build(target: pathlib.Path, tok: PreTrainedTokenizerBase, settings: WarmupS
 
 
 def ensure_checkpoint(cache_dir: str | os.PathLike[str] | None = None, settings: WarmupSettings | None = None, *,
-                      num_threads: int = 2, verbose: bool = True, eval_size: int | None = None) -> pathlib.Path:
+                      num_threads: int = 1, verbose: bool = True, eval_size: int | None = None) -> pathlib.Path:
     """Return the warm-up checkpoint directory, building it first if needed (see the module doc).
 
-    ``num_threads`` defaults to 2: unlike tiny-arith's, this model's matmuls are large enough for two threads
-    to pay. ``eval_size`` limits the closing eval (tests); it is recorded in ``bootstrap_info.json``, not in the
-    cache key."""
+    ``num_threads`` defaults to 1. Measured on the 2-core dev box (one step: forward, backward and AdamW on 16 x
+    193 tokens): 1 thread took 1.1-1.2 s whatever the background load; 2 threads took 0.4-0.5 s while the other
+    core was idle but 4-8 s while it was busy (OpenMP barriers wait for the descheduled thread), and the box is
+    shared. The warm-up measured 220 s of training (232 s with the closing eval) with 1 thread. The thread count
+    is recorded in ``bootstrap_info.json``, not in the cache key. ``eval_size`` limits the closing eval (tests).
+    """
     settings = settings or WarmupSettings()
     cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
     tok = build_tokenizer()
@@ -134,7 +137,7 @@ def ensure_checkpoint(cache_dir: str | os.PathLike[str] | None = None, settings:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build (or find) the long-arith checkpoint.")
     parser.add_argument("--cache-dir", default=None, help=f"default: ${CACHE_ENV_VAR} or ~/.cache/rollflow")
-    parser.add_argument("--num-threads", type=int, default=2)
+    parser.add_argument("--num-threads", type=int, default=1)
     args = parser.parse_args(argv)
     print(ensure_checkpoint(args.cache_dir, num_threads=args.num_threads))
 
