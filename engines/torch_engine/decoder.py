@@ -39,7 +39,7 @@ class Decoder(Protocol):
         ...
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Keep only these rows (indices into the current batch, ascending) from now on."""
+        """Go on with these rows of the current batch (indices into it; a row may be repeated)."""
         ...
 
 
@@ -99,15 +99,17 @@ class FastDecoder:
                 and not getattr(cfg, "mlp_bias", False) and getattr(cfg, "pretraining_tp", 1) == 1
                 and (cfg.model_type != "llama" or not getattr(cfg, "attention_bias", False)))
 
-    def __init__(self, w: FastWeights, batch: int, length: int) -> None:
-        self.w = w
-        shape = (batch, w.kv_heads, length, w.head_dim)
-        self.kv = [(w.embed.new_zeros(shape), w.embed.new_zeros(shape)) for _ in w.layers]
+    def __init__(self, w: FastWeights, length: int) -> None:
+        self.w, self.length = w, length
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, allocated by prefill
         self.filled = 0  # cache slots written so far (the same for every row: left padding aligns them)
         self.key_mask: torch.Tensor | None = None  # [B, 1, 1, L] bool
 
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        width = ids.shape[1]
+        batch, width = ids.shape
+        shape = (batch, self.w.kv_heads, self.length, self.w.head_dim)
+        # slots past `filled` are never read (every attention slices [:filled]): no need to zero them
+        self.kv = [(self.w.embed.new_empty(shape), self.w.embed.new_empty(shape)) for _ in self.w.layers]
         self.key_mask = key_mask[:, None, None, :]
         causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
         # a padding query attends to itself only: an all-False row would give NaN, and NaN values at

@@ -43,13 +43,13 @@ class TorchEngine:
             outputs.extend(self._generate_batch(requests[start:start + self.max_batch_size]))
         return outputs
 
-    def _decoder(self, batch: int, length: int) -> Decoder:
+    def _decoder(self, length: int) -> Decoder:
         """A decoder for one batch; the fast one's rearranged weights are rebuilt after a weight change."""
         if not FastDecoder.supports(self.model):
             return HFDecoder(self.model)
         if self._fast is None or self._fast.cos.shape[0] < length:
             self._fast = FastWeights(self.model, max(length, self.model.config.max_position_embeddings))
-        return FastDecoder(self._fast, batch, length)
+        return FastDecoder(self._fast, length)
 
     def _generate_batch(self, reqs: list[GenerateRequest]) -> list[GenerateOutput]:
         b, width = len(reqs), max(len(r.prompt_tokens) for r in reqs)
@@ -76,8 +76,19 @@ class TorchEngine:
         lengths = torch.zeros(b, dtype=torch.long, device=self.device)
         stopped = torch.zeros(b, dtype=torch.bool, device=self.device)
 
-        decoder = self._decoder(b, width + steps)
-        logits = decoder.prefill(ids, positions, key_mask)
+        decoder = self._decoder(width + steps)
+        # a GRPO group repeats its prompt n_samples_per_prompt times: run each distinct prompt once, then
+        # give every row a copy of its prompt's cache
+        first = {prompt: i for i, prompt in reversed(list(enumerate(r.prompt_tokens for r in reqs)))}
+        if len(first) < b:
+            unique = torch.tensor(sorted(first.values()), device=self.device)
+            slot = {i: n for n, i in enumerate(unique.tolist())}
+            expand = torch.tensor([slot[first[r.prompt_tokens]] for r in reqs], device=self.device)
+            logits = decoder.prefill(ids[unique], positions[unique], key_mask[unique])
+            decoder.keep(expand)
+            logits = logits[expand]
+        else:
+            logits = decoder.prefill(ids, positions, key_mask)
         next_pos = positions[:, -1] + 1
         for step in range(steps):
             logp = torch.log_softmax(logits / temps[:, None], dim=-1)

@@ -45,7 +45,7 @@ def test_fast_decoder_matches_the_hf_forward(checkpoint):
     ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])
     key_mask = torch.tensor([[False, False] + [True] * 6, [True] * 8])
     positions = (key_mask[:, :5].long().cumsum(-1) - 1).clamp(min=0)
-    fast, hf = FastDecoder(FastWeights(eng.model, 64), 2, 8), HFDecoder(eng.model)
+    fast, hf = FastDecoder(FastWeights(eng.model, 64), 8), HFDecoder(eng.model)
     with torch.inference_mode():
         assert torch.allclose(fast.prefill(ids, positions, key_mask), hf.prefill(ids, positions, key_mask), atol=1e-5)
         pos, tok = positions[:, -1] + 1, torch.tensor([9, 10])
