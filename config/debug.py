@@ -38,6 +38,9 @@ class DebugConfig(Section):
         None, ge=1, description="End cleanly after this many rollouts of this run (for resume tests).")
     debug_deterministic_collective: bool = Field(
         False, description="Sum reductions by all-gather + fixed-order fold: bitwise across DP topologies (slow).")
+    debug_separate_logprob_pass: bool = Field(
+        False, description="Compute the old-policy log-probs in a forward of their own, not in the first train step's "
+                           "forward (the default outside --ci-test); training is bitwise the same either way.")
     load_forge_rollout_data: str | None = Field(
         None, description="Replay recordings while engines stay alive and weights keep syncing.")
 

@@ -26,6 +26,19 @@ def schedule(num_samples: int, global_batch_size: int, dp_size: int, rank: int,
 
 
 @dataclass
+class Bucket:
+    """Samples of one micro-batch of similar length, run in one forward of their own (see length_buckets).
+    n = their real response tokens, sample by sample."""
+
+    rows: torch.Tensor    # [b] int64: rows of the micro-batch, ascending length
+    width: int            # longest prompt+response among them: the forward's sequence length
+    source: torch.Tensor  # [n] int64: index into the forward's flattened [b, width] positions of the one
+                          # predicting each response token
+    target: torch.Tensor  # [n] int64: where that token sits in the micro-batch's flattened [B, T] layout
+    tokens: torch.Tensor  # [n] int64: the response token itself
+
+
+@dataclass
 class MicroBatch:
     """Right-padded tensors of one micro-batch. T_all = longest prompt+response, T = longest response.
 
@@ -39,6 +52,7 @@ class MicroBatch:
     response_tokens: torch.Tensor  # [B, T] int64
     loss_mask: torch.Tensor       # [B, T] float32 (0 on padding)
     sample_index: list[int]
+    buckets: list[Bucket]         # the same samples cut by length (a backend may run one forward per bucket)
 
 
 def make_micro_batch(samples: list[Sample], pad_id: int) -> MicroBatch:
@@ -56,7 +70,51 @@ def make_micro_batch(samples: list[Sample], pad_id: int) -> MicroBatch:
         loss_mask.append([float(m) for m in s.loss_mask] + [0.0] * (t - r))
     return MicroBatch(input_ids, torch.tensor(response_index, dtype=torch.long),
                       torch.tensor(response_tokens, dtype=torch.long),
-                      torch.tensor(loss_mask, dtype=torch.float32), [s.sample_index for s in samples])
+                      torch.tensor(loss_mask, dtype=torch.float32), [s.sample_index for s in samples],
+                      [_bucket(samples, rows, t) for rows in length_buckets([len(x) for x in seqs])])
+
+
+def _bucket(samples: list[Sample], rows: list[int], t: int) -> Bucket:
+    width = max(len(samples[b].prompt_tokens) + samples[b].response_length for b in rows)
+    source: list[int] = []
+    target: list[int] = []
+    tokens: list[int] = []
+    for i, b in enumerate(rows):
+        s = samples[b]
+        p, r = len(s.prompt_tokens), s.response_length
+        source.extend(range(i * width + p - 1, i * width + p - 1 + r))
+        target.extend(range(b * t, b * t + r))
+        tokens.extend(s.response_tokens)
+    return Bucket(torch.tensor(rows, dtype=torch.long), width, torch.tensor(source, dtype=torch.long),
+                  torch.tensor(target, dtype=torch.long), torch.tensor(tokens, dtype=torch.long))
+
+
+# What one more forward/backward costs beyond its tokens, counted in padded tokens: on a 2-core CPU a small
+# model's per-call cost (Python, kernel launches, per-layer set-up) is worth a few hundred tokens.
+FORWARD_OVERHEAD_TOKENS = 256
+
+
+def length_buckets(lengths: list[int], overhead_tokens: int = FORWARD_OVERHEAD_TOKENS) -> list[list[int]]:
+    """Cut one micro-batch into forwards of samples of similar length, so that each is padded less.
+
+    `lengths[i]` is sample i's prompt+response length. Samples sorted by (length, i) are cut into contiguous
+    buckets minimising sum(bucket size x its longest) + overhead_tokens x buckets, i.e. padded tokens plus a
+    per-forward cost (exactly: dynamic programming over the cut points, O(n^2) for n samples). A function of
+    the lengths alone, so every run and every rank cuts the same micro-batch the same way.
+    Returns the buckets, shortest first, each a list of indices into `lengths` by ascending length.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    n = len(order)
+    best = [0] * (n + 1)  # best[j]: the cost of the first j sorted samples
+    cut = [0] * (n + 1)   # cut[j]: where the last bucket of those j starts
+    for j in range(1, n + 1):
+        longest = lengths[order[j - 1]]
+        best[j], cut[j] = min((best[i] + (j - i) * longest + overhead_tokens, i) for i in range(j))
+    buckets, j = [], n
+    while j > 0:
+        buckets.append(order[cut[j]:j])
+        j = cut[j]
+    return buckets[::-1]
 
 
 def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:

@@ -14,7 +14,11 @@ replica), the gradient sum over that group, the global gradient norm, and which 
 Model, reference model, parameters, optimizer and `pad_id` are built by the backend's `setup`.
 
 Old-policy log-probs are computed with exactly the micro-batches of the first optimizer step, so at that step
-the new and old log-probs are bitwise equal (ppo_kl == 0), which the --ci-test KL checker relies on.
+the new and old log-probs are bitwise equal (ppo_kl == 0), which the --ci-test KL checker relies on. Since
+they are equal, the log-prob pass runs that step's forward with autograd and its backward too (`FusedStep`)
+instead of a forward of its own, and train_step goes straight to the gradient sum: one forward fewer per
+rollout, the same float operations in the same order, so training is bitwise the same. Not under --ci-test's
+KL checker (whose point is to compare two forwards) nor with --debug-separate-logprob-pass.
 """
 
 from __future__ import annotations
@@ -77,6 +81,16 @@ class Snapshot:
     global_step: int
 
 
+@dataclass
+class FusedStep:
+    """The first optimizer step of a rollout as run by the log-prob pass: its gradients are in .grad."""
+
+    rollout_sha256: str
+    global_step: int  # the weights it was computed on (see TrainerCore._fused_step_applies)
+    sums: dict[str, torch.Tensor]  # the step's loss metrics, summed over its micro-batches
+    old: dict[int, list[float]]  # sample_index -> the old log-probs it trained against
+
+
 class TrainerCore(abc.ABC):
     """The shared half of `trainers.base.Trainer`; a backend subclasses it and fills in the hooks."""
 
@@ -102,6 +116,7 @@ class TrainerCore(abc.ABC):
         # log-probs this rank just wrote. Only the latest rollout is kept.
         self._samples: tuple[str, list[Sample], dict[tuple[int, ...], MicroBatch]] | None = None
         self._written_logprobs: tuple[str, list[dict]] | None = None
+        self._fused: FusedStep | None = None  # left by compute_log_probs for the next train_step
         self._perf: dict[str, float] = {}  # seconds of the last rollout's stages on this rank (see perf())
         self.faults = FaultInjector([], "trainer", rank)  # the actor arms it with the run's fault hooks
         self.run_id = ""  # the run this trainer works for (set by the actor; recorded in checkpoints)
@@ -132,6 +147,16 @@ class TrainerCore(abc.ABC):
     def replica_lead(self) -> bool:
         """Whether this rank speaks for its replica: its log-prob rows are the ones gathered, it writes the
         replica's train-data dump (the other ranks of a replica hold the same values)."""
+
+    def _token_outputs(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-prob of each response token and entropy of its distribution, ([B, T], [B, T]) float32, right
+        padded like mb.response_tokens. The log-probs carry a graph when grad is enabled; the entropy only
+        when it is in the loss (--entropy-coef), else it is a metric."""
+        logits = self._response_logits(model, mb)
+        log_probs = log_probs_from_logits(logits, mb.response_tokens.to(self.device))
+        with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.s.entropy_coef)):
+            entropy = entropy_from_logits(logits)
+        return log_probs, entropy
 
     @abc.abstractmethod
     def _sum_grads(self) -> None:
@@ -202,35 +227,57 @@ class TrainerCore(abc.ABC):
             len(samples), self.s.global_batch_size, self.dp_size, self.dp_rank, self.s.micro_batch_size
         )
 
+    def _fuses_first_step(self) -> bool:
+        """Whether the log-prob pass runs the first step's forward and backward (module docstring)."""
+        return self.s.fuse_first_step and not self.s.use_rollout_logprobs
+
     @torch.no_grad()
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
         """Old-policy / reference log-probs and entropy per response token; every rank computes its share,
         global rank 0 writes the Parquet (sample_index, log_probs, ref_log_probs, entropy: the columns
-        computed) and returns its ref. With --use-rollout-logprobs only the reference log-probs (if any)."""
+        computed) and returns its ref. With --use-rollout-logprobs only the reference log-probs (if any).
+        Fused (module docstring): the first step's micro-batches also run their loss and backward."""
         samples = self._rollout(rollout_ref)
         rows: dict[int, dict[str, list[float]]] = {}
         policy_s = ref_s = 0.0
-        for step in self._my_micro_batches(samples):
+        self._fused = None
+        fuse = self._fuses_first_step()
+        advantages = self._advantages(samples) if fuse else None
+        use_rollout_lp = all(len(s.rollout_log_probs) == s.response_length for s in samples)
+        sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float32))
+        for k, step in enumerate(self._my_micro_batches(samples)):
+            if fuse and k == 0:
+                for p in self.params:
+                    p.grad = None
             for positions in step:
                 batch = [samples[p] for p in positions]
                 mb = self._micro_batch(samples, positions)
-                tokens = mb.response_tokens.to(self.device)
                 for s in batch:
                     rows[s.sample_index] = {}
-                if not self.s.use_rollout_logprobs:  # else the engine's log-probs are the old policy's
-                    began = time.perf_counter()
-                    logits = self._response_logits(self.model, mb)
-                    lp, ent = log_probs_from_logits(logits, tokens).cpu(), entropy_from_logits(logits).cpu()
-                    for i, s in enumerate(batch):
-                        n = s.response_length
-                        rows[s.sample_index].update(log_probs=lp[i, :n].tolist(), entropy=ent[i, :n].tolist())
-                    policy_s += time.perf_counter() - began
                 if self.ref_model is not None:
                     began = time.perf_counter()
-                    ref = log_probs_from_logits(self._response_logits(self.ref_model, mb), tokens).cpu()
+                    ref, _ = self._token_outputs(self.ref_model, mb)
                     for i, s in enumerate(batch):
                         rows[s.sample_index]["ref_log_probs"] = ref[i, : s.response_length].tolist()
                     ref_s += time.perf_counter() - began
+                if not self.s.use_rollout_logprobs:  # else the engine's log-probs are the old policy's
+                    began = time.perf_counter()
+                    with torch.set_grad_enabled(fuse and k == 0):
+                        lp, ent = self._token_outputs(self.model, mb)
+                        for i, s in enumerate(batch):
+                            n = s.response_length
+                            rows[s.sample_index].update(log_probs=lp[i, :n].tolist(), entropy=ent[i, :n].tolist())
+                        if fuse and k == 0:
+                            assert advantages is not None
+                            metrics = self._micro_step(batch, mb, advantages[positions], rows, use_rollout_lp,
+                                                       (lp, ent))
+                            for key, v in metrics.items():
+                                sums[key] = sums[key] + v.cpu()
+                    policy_s += time.perf_counter() - began
+        if fuse and samples:
+            first = [samples[p] for mb in self._my_micro_batches(samples)[0] for p in mb]
+            self._fused = FusedStep(rollout_ref.sha256, self.global_step, dict(sums),
+                                    {s.sample_index: rows[s.sample_index]["log_probs"] for s in first})
         self._perf = {"perf/log_probs_time": policy_s, "perf/ref_log_probs_time": ref_s}
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, rows if self.replica_lead else {})
@@ -268,10 +315,14 @@ class TrainerCore(abc.ABC):
                 f"rollout {rollout_id} was already applied to these weights "
                 f"(trainer is at rollout {self.last_applied_rollout}); refusing to train twice"
             )
+        fused, self._fused = self._fused, None  # used by this call or never
+        lp_rows = self._logprob_rows(logprob_ref)
+        if fused is not None and not self._fused_step_applies(fused, rollout_ref, lp_rows):
+            fused = None
         snapshot = self._snapshot()
         began = time.perf_counter()
         try:
-            metrics = self._train_rollout(samples, self._logprob_rows(logprob_ref), dump_template)
+            metrics = self._train_rollout(samples, lp_rows, dump_template, fused)
         except BaseException:
             self._restore(snapshot)  # a failed step leaves the weights as they were, so a retry is safe
             raise
@@ -279,6 +330,14 @@ class TrainerCore(abc.ABC):
         self.last_applied_rollout = rollout_id
         self._perf["perf/actor_train_time"] = time.perf_counter() - began
         return metrics
+
+    def _fused_step_applies(self, fused: FusedStep, rollout_ref: ArtifactRef, lp_rows: list[dict]) -> bool:
+        """Whether `fused` is this rollout's first step on these weights, trained against these log-probs
+        (a train-step run alone, e.g. replayed from another run's artifacts, is not)."""
+        if fused.rollout_sha256 != rollout_ref.sha256 or fused.global_step != self.global_step:
+            return False
+        given = {r["sample_index"]: r.get("log_probs") for r in lp_rows}
+        return all(given.get(index) == old for index, old in fused.old.items())
 
     def perf(self) -> dict[str, float]:
         """slime's perf/log_probs_time, perf/ref_log_probs_time and perf/actor_train_time (seconds) of the
@@ -306,29 +365,35 @@ class TrainerCore(abc.ABC):
             )
         return old
 
-    def _train_rollout(
-        self, samples: list[Sample], lp_rows: list[dict], dump_template: str | None
-    ) -> list[dict[str, float]]:
-        """The optimizer steps of one rollout (no guard, no snapshot: see train_step); one record a step."""
-        old = self._old_log_probs(samples, lp_rows)
+    def _advantages(self, samples: list[Sample]) -> torch.Tensor:
+        """Per-sample advantages of the rollout, [N] in sample order."""
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
-        advantages = get_advantage_estimator(self.s.advantage_estimator)(
-            rewards, groups, normalize_std=self.s.normalize_std
-        )
+        return get_advantage_estimator(self.s.advantage_estimator)(rewards, groups, normalize_std=self.s.normalize_std)
+
+    def _train_rollout(
+        self, samples: list[Sample], lp_rows: list[dict], dump_template: str | None, fused: FusedStep | None = None
+    ) -> list[dict[str, float]]:
+        """The optimizer steps of one rollout (no guard, no snapshot: see train_step); one record a step.
+        `fused`: the first step's forward and backward already ran (its gradients are in .grad)."""
+        old = self._old_log_probs(samples, lp_rows)
+        advantages = self._advantages(samples)
         use_rollout_lp = all(len(s.rollout_log_probs) == s.response_length for s in samples)
         out = []
-        for step in self._my_micro_batches(samples):
-            # set_to_none: the first micro-batch's gradient is assigned, not added to zeros, so one rank
-            # accumulating two micro-batches and two ranks summing one each do the same float additions
-            for p in self.params:
-                p.grad = None
+        for k, step in enumerate(self._my_micro_batches(samples)):
             sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float32))
-            for positions in step:
-                batch = [samples[p] for p in positions]
-                mb = self._micro_batch(samples, positions)
-                for k, v in self._micro_step(batch, mb, advantages[positions], old, use_rollout_lp).items():
-                    sums[k] = sums[k] + v.cpu()
+            if k == 0 and fused is not None:
+                sums.update(fused.sums)
+            else:
+                # set_to_none: the first micro-batch's gradient is assigned, not added to zeros, so one rank
+                # accumulating two micro-batches and two ranks summing one each do the same float additions
+                for p in self.params:
+                    p.grad = None
+                for positions in step:
+                    batch = [samples[p] for p in positions]
+                    mb = self._micro_batch(samples, positions)
+                    for key, v in self._micro_step(batch, mb, advantages[positions], old, use_rollout_lp).items():
+                        sums[key] = sums[key] + v.cpu()
             self.faults.reach("trainer_step_before_allreduce", rollout_id=samples[0].rollout_id)
             for p in self.params:
                 if p.grad is None:  # every rank must join every collective
@@ -358,17 +423,13 @@ class TrainerCore(abc.ABC):
         adv: torch.Tensor,
         old: dict[int, dict],
         use_rollout_lp: bool,
+        outputs: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Forward and backward of one micro-batch (gradients accumulate in .grad); returns the loss
-        metrics, sums over the micro-batch already divided by the global batch size. `adv`: [B]."""
+        metrics, sums over the micro-batch already divided by the global batch size. `adv`: [B].
+        `outputs`: this micro-batch's `_token_outputs`, when the caller already ran the forward."""
         width, dev = mb.response_tokens.shape[1], self.device
-        logits = self._response_logits(self.model, mb)
-        log_probs = log_probs_from_logits(logits, mb.response_tokens.to(dev))
-        if self.s.entropy_coef:
-            entropy = entropy_from_logits(logits)
-        else:  # only a metric: no graph through it
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits)
+        log_probs, entropy = outputs if outputs is not None else self._token_outputs(self.model, mb)
         ref = (
             pad_rows([old[s.sample_index]["ref_log_probs"] for s in batch], width).to(dev)
             if self.s.use_kl_loss
@@ -446,6 +507,7 @@ class TrainerCore(abc.ABC):
     @torch.no_grad()
     def _restore(self, snap: Snapshot) -> None:
         """Put back what `_snapshot` copied; drops the failed step's gradients."""
+        self._fused = None
         for t, saved in zip(self._state_tensors(), snap.weights, strict=True):
             t.copy_(saved)
         for p in self.params:
@@ -490,6 +552,7 @@ class TrainerCore(abc.ABC):
     def _restore_meta(self, path: Path) -> int:
         """Step, last applied rollout and its metrics from `path`/meta.json; returns that rollout id."""
         meta = json.loads((path / "meta.json").read_text())
+        self._fused = None  # its gradients were for the weights this load replaced
         self.global_step = int(meta["global_step"])
         self.last_applied_rollout = int(meta["rollout_id"])
         if meta.get("applied") is not None:  # a retried train-step of this rollout returns these metrics

@@ -13,6 +13,7 @@ Registries:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -184,6 +185,119 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     # makes that term exactly 0 and the clamp blocks the NaN gradient.
     log_p = log_p.clamp(min=torch.finfo(log_p.dtype).min)
     return -(log_p.exp() * log_p).sum(dim=-1)
+
+
+# Elements of one chunk's [rows, V] logits in linear_log_probs_and_entropy: 1M float32 (4 MiB) stays in a CPU's
+# L2/L3 cache for the half-dozen passes over it, and is large enough that the chunk's matmuls run at full speed.
+CHUNK_ELEMENTS = 1 << 20
+
+
+def chunk_rows_for(vocab_size: int) -> int:
+    """Rows per chunk of :func:`linear_log_probs_and_entropy` for a vocabulary of ``vocab_size`` (at least 16,
+    so a huge vocabulary still gets matmuls of some height)."""
+    return max(16, CHUNK_ELEMENTS // max(vocab_size, 1))
+
+
+class _LinearLogProbs(torch.autograd.Function):
+    """The output layer, log-softmax, target gather and entropy of N tokens, chunk by chunk over the rows.
+
+    Per chunk it keeps only ``log p`` ([rows, V] float32, for the backward) and never builds the logits, the
+    log-softmax, the softmax or their gradients for all N tokens at once (today's path materialises each of
+    those as a [N, V] tensor, and on a CPU every such pass costs as much as the output matmul itself)."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float,
+                chunk_rows: int) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        log_probs = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        saved: list[Tensor] = []
+        for start in range(0, n, chunk_rows):
+            rows = slice(start, min(n, start + chunk_rows))
+            log_p = _chunk_log_softmax(hidden[rows], weight, temperature)  # [rows, V] float32
+            log_probs[rows] = log_p.gather(-1, tokens[rows, None]).squeeze(-1)
+            # -sum p log p, term by term >= 0 (log p <= 0), as entropy_from_logits computes it
+            entropy[rows] = -(log_p.exp() * log_p).sum(-1)
+            saved.append(log_p)
+        ctx.save_for_backward(hidden, weight, tokens, entropy)
+        ctx.log_p, ctx.temperature, ctx.chunk_rows = saved, temperature, chunk_rows
+        ctx.set_materialize_grads(False)
+        return log_probs, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_lp: Tensor | None, grad_ent: Tensor | None
+                 ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+        hidden, weight, tokens, entropy = ctx.saved_tensors
+        grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        if grad_lp is None and grad_ent is None:
+            return grad_h, grad_w, None, None, None
+        for i, log_p in enumerate(ctx.log_p):
+            rows = slice(i * ctx.chunk_rows, i * ctx.chunk_rows + log_p.shape[0])
+            g = _chunk_logits_grad(log_p, tokens[rows], entropy[rows],
+                                   None if grad_lp is None else grad_lp[rows],
+                                   None if grad_ent is None else grad_ent[rows])
+            if ctx.temperature != 1.0:
+                g.div_(ctx.temperature)
+            g = g.to(hidden.dtype)
+            if grad_h is not None:
+                grad_h[rows] = g @ weight
+            if grad_w is not None:
+                grad_w.addmm_(g.t(), hidden[rows])
+        ctx.log_p = []  # the chunks were overwritten above: this backward runs once
+        return grad_h, grad_w, None, None, None
+
+
+def _chunk_log_softmax(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    """``log_softmax(hidden @ weight.T / temperature)`` in float32, in the order of torch's log_softmax kernel
+    (shift by the row max, subtract the log of the sum of exponentials). [rows, H], [V, H] -> [rows, V]."""
+    z = (hidden @ weight.t()).float()
+    if temperature != 1.0:
+        z = z.div_(temperature)
+    z = z.sub_(z.amax(-1, keepdim=True))
+    return z.sub_(z.exp().sum(-1, keepdim=True).log_())
+
+
+def _chunk_logits_grad(log_p: Tensor, tokens: Tensor, entropy: Tensor, grad_lp: Tensor | None,
+                       grad_ent: Tensor | None) -> Tensor:
+    """d(loss)/d(logits / temperature) of one chunk, written over ``log_p`` (which is not needed after):
+    d lp_i / dz_ij = [j = t_i] - p_ij and d H_i / dz_ij = -p_ij (log p_ij + H_i). [rows, V] float32."""
+    p = log_p.exp()
+    if grad_ent is None:
+        assert grad_lp is not None
+        g = p.mul_(-grad_lp[:, None])
+    else:
+        g = log_p.add_(entropy[:, None]).mul_(grad_ent[:, None])
+        if grad_lp is not None:
+            g = g.add_(grad_lp[:, None])
+        g = g.mul_(p).neg_()
+    if grad_lp is not None:
+        g.scatter_add_(-1, tokens[:, None], grad_lp[:, None])
+    return g
+
+
+def linear_log_probs_and_entropy(hidden: Tensor, weight: Tensor, tokens: Tensor, *, temperature: float = 1.0,
+                                 chunk_rows: int | None = None) -> tuple[Tensor, Tensor]:
+    """Log-probability of each target token and entropy of each distribution, straight from the hidden states
+    and the output layer, without materialising [N, V] logits, log-softmax or their gradients.
+
+    ``logits = hidden @ weight.T / temperature`` (an output layer without bias); ``log_probs[i] =
+    log_softmax(logits[i])[tokens[i]]``, ``entropy[i] = -sum_v p log p``, both float32, equal to
+    :func:`log_probs_from_logits` / :func:`entropy_from_logits` of those logits within float32 rounding.
+    Differentiable in ``hidden`` and ``weight`` through either output (the gradient is computed chunk by chunk
+    in the backward; backward runs once). The result of a row depends only on that row and on ``chunk_rows``,
+    so the same call under ``no_grad`` and with autograd gives bitwise the same values.
+
+    Shapes: hidden [N, H], weight [V, H], tokens [N] int -> (log_probs [N], entropy [N]).
+    ``chunk_rows`` defaults to :func:`chunk_rows_for` of V.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1] or tokens.shape != hidden.shape[:1]:
+        raise ValueError(f"expected hidden [N, H], weight [V, H], tokens [N]; got {tuple(hidden.shape)}, "
+                         f"{tuple(weight.shape)}, {tuple(tokens.shape)}")
+    rows = chunk_rows or chunk_rows_for(weight.shape[0])
+    log_probs, entropy = _LinearLogProbs.apply(hidden, weight, tokens.long(), float(temperature), rows)
+    return log_probs, entropy
 
 
 # ----------------------------------------------------------------------------------------------- reduction

@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
 from artifacts.hashing import tensor_hashes, weights_sha256
 from engines.base import Engine, GenerateOutput, GenerateRequest
+from engines.torch_engine.decoder import Decoder, FastDecoder, FastWeights, HFDecoder
 
 
 class TorchEngine:
@@ -31,6 +32,7 @@ class TorchEngine:
         self._version = 0
         self._sha256: str | None = None  # of the weights now held; None = not computed since the last change
         self._tensor_hashes: dict[str, str] | None = None  # the same, per tensor (asked for only on a mismatch)
+        self._fast: FastWeights | None = None  # FastDecoder's view of the weights; None = rebuild before use
 
     # -- generation ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -41,51 +43,76 @@ class TorchEngine:
             outputs.extend(self._generate_batch(requests[start:start + self.max_batch_size]))
         return outputs
 
+    def _decoder(self, length: int) -> Decoder:
+        """A decoder for one batch; the fast one's rearranged weights are rebuilt after a weight change."""
+        if not FastDecoder.supports(self.model):
+            return HFDecoder(self.model)
+        if self._fast is None or self._fast.cos.shape[0] < length:
+            self._fast = FastWeights(self.model, max(length, self.model.config.max_position_embeddings))
+        return FastDecoder(self._fast, length)
+
     def _generate_batch(self, reqs: list[GenerateRequest]) -> list[GenerateOutput]:
         b, width = len(reqs), max(len(r.prompt_tokens) for r in reqs)
-        # The full attention mask is allocated once and sliced per step (no concatenation per token).
+        steps = max(r.params.max_new_tokens for r in reqs)
         # left padding keeps every row's last prompt token at the end; built as lists, one tensor each
         ids = torch.tensor([[self.pad_id] * (width - len(r.prompt_tokens)) + list(r.prompt_tokens) for r in reqs],
                            dtype=torch.long, device=self.device)
-        steps = max(r.params.max_new_tokens for r in reqs)
-        full_mask = torch.tensor([[0] * (width - len(r.prompt_tokens)) + [1] * (len(r.prompt_tokens) + steps)
-                                  for r in reqs], dtype=torch.long, device=self.device)
-        mask = full_mask[:, :width]
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        key_mask = torch.tensor([[False] * (width - len(r.prompt_tokens)) + [True] * (len(r.prompt_tokens) + steps)
+                                 for r in reqs], dtype=torch.bool, device=self.device)
+        positions = (key_mask[:, :width].long().cumsum(-1) - 1).clamp(min=0)
+        # per live row (these shrink as rows finish and are dropped from the batch)
+        rows = torch.arange(b, device=self.device)  # each live row's index in `reqs`
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=self.device)
         seeds = torch.tensor([r.seed for r in reqs], dtype=torch.long)
         max_new = torch.tensor([r.params.max_new_tokens for r in reqs], device=self.device)
         n_stop = max(1, max(len(r.params.stop_token_ids) for r in reqs))
         stops = torch.tensor([list(r.params.stop_token_ids) + [-1] * (n_stop - len(r.params.stop_token_ids))
                               for r in reqs], dtype=torch.long, device=self.device)
+        live = torch.ones(b, dtype=torch.bool, device=self.device)
+        filters = _row_filters(reqs)
+        # per request
         tokens = torch.full((b, steps), self.pad_id, dtype=torch.long, device=self.device)
         logps = torch.zeros((b, steps), dtype=torch.float32, device=self.device)
         lengths = torch.zeros(b, dtype=torch.long, device=self.device)
-        done = torch.zeros(b, dtype=torch.bool, device=self.device)
         stopped = torch.zeros(b, dtype=torch.bool, device=self.device)
 
-        cache = DynamicCache()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         cache=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1, :]
-        next_pos = positions[:, -1:] + 1
+        decoder = self._decoder(width + steps)
+        # a GRPO group repeats its prompt n_samples_per_prompt times: run each distinct prompt once, then
+        # give every row a copy of its prompt's cache
+        first = {prompt: i for i, prompt in reversed(list(enumerate(r.prompt_tokens for r in reqs)))}
+        if len(first) < b:
+            unique = torch.tensor(sorted(first.values()), device=self.device)
+            slot = {i: n for n, i in enumerate(unique.tolist())}
+            expand = torch.tensor([slot[first[r.prompt_tokens]] for r in reqs], device=self.device)
+            logits = decoder.prefill(ids[unique], positions[unique], key_mask[unique])
+            decoder.keep(expand)
+            logits = logits[expand]
+        else:
+            logits = decoder.prefill(ids, positions, key_mask)
+        next_pos = positions[:, -1] + 1
         for step in range(steps):
-            logp = torch.log_softmax(logits.float() / temps[:, None], dim=-1)
-            filtered = _filter_top_k_top_p(logp, reqs)
-            noise = counter_uniform(seeds, step, logp.shape[-1]).to(self.device)
-            picked = torch.argmax(filtered - torch.log(-torch.log(noise)), dim=-1)  # Gumbel-max sampling
-            active = ~done
-            tokens[active, step] = picked[active]
-            logps[active, step] = logp.gather(-1, picked[:, None]).squeeze(-1)[active]
-            lengths += active.long()
-            hit_stop = (picked[:, None] == stops).any(-1) & active
-            stopped |= hit_stop
-            done |= hit_stop | (lengths >= max_new)
-            if bool(done.all()):
+            logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+            picked = gumbel_argmax(_filter_top_k_top_p(logp, filters, rows), seeds, step)
+            at = rows[live]
+            tokens[at, step] = picked[live]
+            logps[at, step] = logp.gather(-1, picked[:, None]).squeeze(-1)[live]
+            hit_stop = (picked[:, None] == stops).any(-1) & live
+            stopped[rows[hit_stop]] = True
+            finished = (hit_stop | (max_new <= step + 1)) & live
+            lengths[rows[finished]] = step + 1
+            live &= ~finished
+            n_live = int(live.sum())
+            if n_live == 0:
                 break
-            out = self.model(input_ids=picked[:, None], attention_mask=full_mask[:, :width + step + 1], position_ids=next_pos,
-                             cache=cache, use_cache=True)
-            logits = out.logits[:, -1, :]
+            # a finished row still costs a full row per step until it is dropped, and dropping copies the
+            # cache: drop once a quarter of the batch is finished
+            if (live.numel() - n_live) * 4 >= live.numel():
+                keep = live.nonzero().squeeze(1)
+                decoder.keep(keep)
+                rows, temps, seeds, max_new, stops, picked, next_pos = (
+                    t.index_select(0, keep) for t in (rows, temps, seeds, max_new, stops, picked, next_pos))
+                live = live[keep]
+            logits = decoder.decode(picked, next_pos)
             next_pos = next_pos + 1
         tok_rows, lp_rows, lens = tokens.tolist(), logps.tolist(), lengths.tolist()
         return [
@@ -117,7 +144,7 @@ class TorchEngine:
             raise KeyError(f"weight update does not match the engine's model: unknown={unknown[:5]}")
         for name, tensor in named_tensors.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-        self._sha256, self._tensor_hashes = None, None
+        self._sha256, self._tensor_hashes, self._fast = None, None, None
 
     def set_weight_version(self, version: int) -> None:
         """Record the version of the weights now held (after the last bucket of a sync)."""
@@ -137,7 +164,7 @@ class TorchEngine:
         """Keep a copy of every persistent weight, then overwrite each with noise (the weight-update
         check: only a complete, correct sync can restore them). Returns the number of tensors."""
         self._snapshot = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self._sha256, self._tensor_hashes = None, None
+        self._sha256, self._tensor_hashes, self._fast = None, None, None
         gen = torch.Generator().manual_seed(seed)
         for t in self.model.state_dict().values():
             t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype))
@@ -208,25 +235,64 @@ def counter_uniform(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
     A counter-based generator (splitmix64 over the counter) instead of one torch.Generator per
     request: the same bits per request whatever the batch, but computed for the whole batch at once.
     """
-    counter = _splitmix64(seeds)[:, None] + (step * vocab + torch.arange(vocab, dtype=torch.long))[None, :] * _GOLDEN
+    return _uniform_at(seeds[:, None], step, vocab, torch.arange(vocab, dtype=torch.long)[None, :])
+
+
+def _uniform_at(seeds: torch.Tensor, step: int, vocab: int, index: torch.Tensor) -> torch.Tensor:
+    """`counter_uniform`'s entries at vocab `index` for rows seeded `seeds` (broadcast together)."""
+    counter = _splitmix64(seeds) + (step * vocab + index) * _GOLDEN
     bits = _srl(_splitmix64(counter), 40)  # top 24 bits: exact in float32
     return (bits.to(torch.float32) + 0.5) / float(1 << 24)
 
 
-def _filter_top_k_top_p(logp: torch.Tensor, reqs: list[GenerateRequest]) -> torch.Tensor:
-    """Set log-probs outside each row's top-k / top-p set to -inf. logp: [B, V]."""
+# Gumbel noise from 24-bit uniforms lies in [-log(-log(2^-25)), -log(-log(1 - 2^-25))] = [-2.86, 17.33]: a
+# token whose log-prob is more than 20.19 below its row's best can never win the argmax. 21 leaves margin
+# for float32 rounding of both bounds.
+_GUMBEL_SPAN = 21.0
+
+
+def gumbel_argmax(logp: torch.Tensor, seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """argmax(logp - log(-log(counter_uniform(seeds, step, V)))) per row: Gumbel-max sampling. [B, V] -> [B].
+
+    Hashing the noise costs ~20 int64 passes over [B, V]; it is computed only for the tokens that can
+    still win (within _GUMBEL_SPAN of their row's best), which for a trained model is a small share of
+    a large vocabulary. The same expression on the same entries: the result is identical to the full one.
+    """
+    b, v = logp.shape
+    candidate = logp >= logp.max(dim=-1, keepdim=True).values - _GUMBEL_SPAN
+    if int(candidate.sum()) * 4 > b * v:  # a flat distribution: gathering would cost more than it saves
+        return torch.argmax(logp - torch.log(-torch.log(counter_uniform(seeds, step, v))), dim=-1)
+    row, col = candidate.nonzero(as_tuple=True)
+    noise = _uniform_at(seeds[row], step, v, col)
+    scores = torch.full_like(logp, float("-inf"))
+    scores[row, col] = logp[row, col] - torch.log(-torch.log(noise))
+    return torch.argmax(scores, dim=-1)
+
+
+def _row_filters(reqs: list[GenerateRequest]) -> list[tuple[int, float]] | None:
+    """(top_k, top_p) per request; None when no request truncates its distribution."""
     if all(r.params.top_k <= 0 and r.params.top_p >= 1.0 for r in reqs):
+        return None
+    return [(r.params.top_k, r.params.top_p) for r in reqs]
+
+
+def _filter_top_k_top_p(logp: torch.Tensor, filters: list[tuple[int, float]] | None,
+                        rows: torch.Tensor) -> torch.Tensor:
+    """Set log-probs outside each row's top-k / top-p set to -inf. logp: [B, V]; rows: [B], each row's
+    index into `filters`."""
+    if filters is None:
         return logp
     out = logp.clone()
-    for i, r in enumerate(reqs):
+    for i, req_index in enumerate(rows.tolist()):
+        top_k, top_p = filters[req_index]
         row = out[i]
-        if r.params.top_k > 0:
-            kth = torch.topk(row, min(r.params.top_k, row.numel())).values[-1]
+        if top_k > 0:
+            kth = torch.topk(row, min(top_k, row.numel())).values[-1]
             row[row < kth] = float("-inf")
-        if r.params.top_p < 1.0:
+        if top_p < 1.0:
             sorted_lp, order = torch.sort(row, descending=True)
             cum = torch.cumsum(sorted_lp.exp(), dim=-1)
-            drop = cum - sorted_lp.exp() > r.params.top_p  # keep the smallest set reaching top_p
+            drop = cum - sorted_lp.exp() > top_p  # keep the smallest set reaching top_p
             row[order[drop]] = float("-inf")
     return out
 

@@ -194,3 +194,43 @@ def test_use_rollout_logprobs_trains_on_the_engine_log_probs(engine, base_checkp
     plain = _trainer(cfg_for(False), base_checkpoint)  # a trainer that recomputes refuses such an artifact
     with pytest.raises(ValueError, match="no trainer log_probs"):
         plain.train_step(ref, lp_ref)
+
+
+@pytest.mark.parametrize("train", [{}, {"use_kl_loss": True, "kl_loss_coef": 0.01, "entropy_coef": 0.01}])
+def test_fused_first_step_trains_bitwise_as_a_separate_log_prob_pass(engine, base_checkpoint, tmp_path, train):
+    """The log-prob pass runs the first step's forward and backward by default; training, metrics and the
+    log-prob artifact are bitwise those of a separate log-prob forward (--debug-separate-logprob-pass)."""
+    def cfg_for(separate: bool) -> RunConfig:
+        return RunConfig.model_validate({
+            "hf_checkpoint": base_checkpoint, "run_dir": str(tmp_path),
+            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
+            "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3, **train},
+            "debug": {"debug_separate_logprob_pass": separate}})
+
+    fused, separate = _trainer(cfg_for(False), base_checkpoint), _trainer(cfg_for(True), base_checkpoint)
+    assert fused.s.fuse_first_step and not separate.s.fuse_first_step
+    for rollout in range(2):
+        _, ref = _rollout(engine, cfg_for(False), tmp_path / f"r{rollout}")
+        lp = [t.compute_log_probs(ref, str(tmp_path / f"lp{rollout}-{i}.parquet"))
+              for i, t in enumerate((fused, separate))]
+        assert lp[0].sha256 == lp[1].sha256
+        assert fused._fused is not None and separate._fused is None
+        assert fused.train_step(ref, lp[0]) == separate.train_step(ref, lp[1])
+        assert all(torch.equal(separate.export_weights()[k], v) for k, v in fused.export_weights().items())
+        engine.update_weights(fused.export_weights(), rollout + 1)
+
+
+def test_a_fused_step_is_used_only_for_its_own_rollout_and_weights(engine, base_checkpoint, tmp_path):
+    cfg = RunConfig.model_validate({
+        "hf_checkpoint": base_checkpoint, "run_dir": str(tmp_path),
+        "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
+        "train": {"global_batch_size": 16, "lr": 1e-3}})
+    trainer, clean = _trainer(cfg, base_checkpoint), _trainer(cfg, base_checkpoint)
+    _, ref = _rollout(engine, cfg, tmp_path)
+    _, other = _rollout(engine, cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"rollout_seed": 7})}),
+                        tmp_path / "other")
+    trainer.compute_log_probs(other, str(tmp_path / "lp-other.parquet"))  # leaves a fused step for `other`
+    lp = clean.compute_log_probs(ref, str(tmp_path / "lp.parquet"))
+    clean._fused = None  # train this one from the artifact alone, as `rollflow replay ... train-step` does
+    assert trainer.train_step(ref, lp) == clean.train_step(ref, lp)
+    assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())

@@ -28,6 +28,7 @@ from trainers.base import Trainer
 from trainers.batching import MicroBatch
 from trainers.collectives import all_reduce_sum, init_method
 from trainers.core import TrainerCore, buckets
+from trainers.losses import linear_log_probs_and_entropy
 from trainers.settings import TrainerSettings
 
 
@@ -57,6 +58,7 @@ class TorchTrainer(TrainerCore):
             self.ref_model.train()
             self.ref_model.requires_grad_(False)
         self.params = [p for _, p in self.model.named_parameters()]
+        self._plain_head = has_plain_output_layer(self.model)
         self._build_optimizer()
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
                 "params": sum(p.numel() for p in self.params)}
@@ -68,6 +70,31 @@ class TorchTrainer(TrainerCore):
         logits = model(input_ids=mb.input_ids).logits
         idx = mb.response_index[:, :, None].expand(-1, -1, logits.shape[-1])
         return logits.gather(1, idx).float() / self.s.temperature
+
+    def _token_outputs(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """TrainerCore._token_outputs, one forward per length bucket of `mb` (less padding), with only the
+        hidden states that predict a response token going through the output layer, chunk by chunk
+        (trainers.losses.linear_log_probs_and_entropy: no [B, T_all, V] logits, no [tokens, V] log-softmax).
+        Models whose logits are not a plain linear layer over the decoder's output take the generic path."""
+        if not self._plain_head:
+            return super()._token_outputs(model, mb)
+        hf: Any = model  # an HF PreTrainedModel (setup built it)
+        head, decoder = hf.get_output_embeddings().weight, hf.base_model
+        lps, ents, targets = [], [], []
+        for bucket in mb.buckets:
+            hidden = decoder(input_ids=mb.input_ids[bucket.rows, :bucket.width], use_cache=False).last_hidden_state
+            picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, bucket.source)  # [n, H]
+            lp, ent = linear_log_probs_and_entropy(picked, head, bucket.tokens, temperature=self.s.temperature)
+            lps.append(lp)
+            ents.append(ent)
+            targets.append(bucket.target)
+        b, t = mb.response_tokens.shape
+        target = torch.cat(targets)
+        log_probs = torch.zeros(b * t).index_copy(0, target, torch.cat(lps)).view(b, t)
+        entropy = torch.cat(ents)
+        if not self.s.entropy_coef:  # a metric only: no graph through it
+            entropy = entropy.detach()
+        return log_probs, torch.zeros(b * t).index_copy(0, target, entropy).view(b, t)
 
     # DP is the whole world: every rank is its own replica, the default group is the DP group
     @property
@@ -174,6 +201,21 @@ class TorchTrainer(TrainerCore):
         self._set_scheduler_state(json.loads((path / "scheduler.json").read_text()))
         torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
         return self._restore_meta(path)
+
+
+@torch.no_grad()
+def has_plain_output_layer(model: PreTrainedModel) -> bool:
+    """Whether `model`'s logits are exactly output_layer(base_model(ids).last_hidden_state) with a bias-free
+    linear output layer, so the trainer may apply that layer to the response positions only. Probed, not
+    assumed from the class: a family that rescales or soft-caps its logits (Gemma, Cohere, ...) fails the
+    bitwise comparison and keeps the full forward."""
+    head = model.get_output_embeddings()
+    decoder = getattr(model, "base_model", None)
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or decoder is None or decoder is model:
+        return False
+    ids = torch.arange(min(8, head.out_features))[None]
+    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+    return bool(torch.equal(head(hidden), model(input_ids=ids, use_cache=False).logits))
 
 
 # mypy checks here that TorchTrainer (constructor included) satisfies the Trainer protocol

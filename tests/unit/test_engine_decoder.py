@@ -1,0 +1,87 @@
+"""The embedded engine's fast decoder and sampler give what the plain HF forward and full Gumbel-max give."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from engines.base import GenerateRequest, SamplingParams
+from engines.torch_engine import engine as engine_mod
+from engines.torch_engine.decoder import FastDecoder, FastWeights, HFDecoder
+from engines.torch_engine.engine import TorchEngine, counter_uniform, gumbel_argmax
+
+
+def _dense_argmax(logp: torch.Tensor, seeds: torch.Tensor, step: int) -> torch.Tensor:
+    return torch.argmax(logp - torch.log(-torch.log(counter_uniform(seeds, step, logp.shape[-1]))), dim=-1)
+
+
+@pytest.mark.parametrize("scale", [0.5, 8.0, 40.0])  # flat (dense path), peaked, very peaked
+def test_gumbel_argmax_equals_the_full_computation(scale):
+    gen = torch.Generator().manual_seed(0)
+    logp = torch.log_softmax(torch.randn(32, 4096, generator=gen) * scale, dim=-1)
+    logp[3, 100:] = float("-inf")  # a top-k-filtered row
+    seeds = torch.arange(32) * 7919
+    for step in range(20):
+        assert torch.equal(gumbel_argmax(logp, seeds, step), _dense_argmax(logp, seeds, step))
+
+
+def _llama(tmp_path):
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama")
+    return str(tmp_path / "llama")
+
+
+@pytest.fixture(params=["tiny-arith", "llama"])
+def checkpoint(request, base_checkpoint, tmp_path):
+    return base_checkpoint if request.param == "tiny-arith" else _llama(tmp_path)
+
+
+def test_fast_decoder_matches_the_hf_forward(checkpoint):
+    eng = TorchEngine(checkpoint)
+    assert FastDecoder.supports(eng.model)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])
+    key_mask = torch.tensor([[False, False] + [True] * 6, [True] * 8])
+    positions = (key_mask[:, :5].long().cumsum(-1) - 1).clamp(min=0)
+    fast, hf = FastDecoder(FastWeights(eng.model, 64), 8), HFDecoder(eng.model)
+    with torch.inference_mode():
+        assert torch.allclose(fast.prefill(ids, positions, key_mask), hf.prefill(ids, positions, key_mask), atol=1e-5)
+        pos, tok = positions[:, -1] + 1, torch.tensor([9, 10])
+        for _ in range(2):
+            assert torch.allclose(fast.decode(tok, pos), hf.decode(tok, pos), atol=1e-5)
+            pos = pos + 1
+        fast.keep(torch.tensor([1]))
+        hf.keep(torch.tensor([1]))
+        assert torch.allclose(fast.decode(tok[1:], pos[1:]), hf.decode(tok[1:], pos[1:]), atol=1e-5)
+
+
+def test_dropping_finished_rows_changes_no_output(checkpoint, monkeypatch):
+    """Rows that stop early leave the batch; every row's tokens are still those it gets alone, and those the
+    HF forward gives."""
+    eng = TorchEngine(checkpoint)
+    reqs = [GenerateRequest((2, 7, 11, 14, 8)[: 3 + i % 3], seed=i,
+                            params=SamplingParams(max_new_tokens=1 + (i * 5) % 12, stop_token_ids=(1,)))
+            for i in range(16)]
+    together = eng.generate(reqs)
+    assert len({len(o.response_tokens) for o in together}) > 3
+    alone = [eng.generate([r])[0] for r in reqs]
+    assert [o.response_tokens for o in together] == [o.response_tokens for o in alone]
+    monkeypatch.setattr(engine_mod.FastDecoder, "supports", staticmethod(lambda model: False))
+    hf = eng.generate(reqs)
+    assert [o.response_tokens for o in hf] == [o.response_tokens for o in together]
+    assert max(abs(a - b) for x, y in zip(hf, together, strict=True)
+               for a, b in zip(x.log_probs, y.log_probs, strict=True)) < 1e-5
+
+
+def test_fast_weights_follow_a_weight_update(base_checkpoint):
+    eng = TorchEngine(base_checkpoint)
+    req = [GenerateRequest((2, 7, 11), seed=3, params=SamplingParams(max_new_tokens=4))]
+    before = eng.generate(req)[0]
+    w = eng.get_weights()
+    eng.update_weights({k: v * 0.0 for k, v in w.items()}, version=1)  # all logits equal: log-prob -log(V)
+    zeroed = eng.generate(req)[0]
+    assert zeroed.log_probs[0] == pytest.approx(-torch.log(torch.tensor(float(eng.model.config.vocab_size))).item())
+    eng.update_weights(w, version=2)
+    assert eng.generate(req)[0].response_tokens == before.response_tokens

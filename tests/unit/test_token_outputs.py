@@ -1,0 +1,89 @@
+"""The torch trainer's fast token outputs: the chunked output layer + log-softmax, and length buckets.
+Each must give what the plain path gives (full logits, torch's log_softmax), values and gradients."""
+
+from __future__ import annotations
+
+import random
+import types
+
+import pytest
+import torch
+
+from recipes.tiny_arith.model import build_model, model_config
+from tests.helpers import make_sample
+from trainers.batching import length_buckets, make_micro_batch
+from trainers.core import TrainerCore
+from trainers.losses import entropy_from_logits, linear_log_probs_and_entropy, log_probs_from_logits
+from trainers.torch_trainer.trainer import TorchTrainer, has_plain_output_layer
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_output_layer_matches_log_softmax_values_and_gradients(temperature):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(37, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(300, 16, generator=gen, requires_grad=True)
+    tokens = torch.randint(0, 300, (37,), generator=gen)
+    g_lp, g_ent = torch.randn(37, generator=gen), torch.randn(37, generator=gen)
+
+    def grads(lp: torch.Tensor, ent: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), [hidden, weight]))
+
+    logits = (hidden @ weight.t() / temperature)[None]
+    ref_lp, ref_ent = log_probs_from_logits(logits, tokens[None])[0], entropy_from_logits(logits)[0]
+    lp, ent = linear_log_probs_and_entropy(hidden, weight, tokens, temperature=temperature, chunk_rows=8)
+    assert torch.allclose(lp, ref_lp, atol=1e-5) and torch.allclose(ent, ref_ent, atol=1e-5)
+    for a, b in zip(grads(lp, ent), grads(ref_lp, ref_ent), strict=True):
+        assert torch.allclose(a, b, atol=1e-4)
+    lp, _ = linear_log_probs_and_entropy(hidden, weight, tokens, temperature=temperature, chunk_rows=8)
+    (g_hidden,) = torch.autograd.grad((lp * g_lp).sum(), [hidden])  # the entropy unused: no gradient from it
+    ref_lp = log_probs_from_logits((hidden @ weight.t() / temperature)[None], tokens[None])[0]
+    (ref_g_hidden,) = torch.autograd.grad((ref_lp * g_lp).sum(), [hidden])
+    assert torch.allclose(g_hidden, ref_g_hidden, atol=1e-4)
+    with pytest.raises(ValueError, match="expected hidden"):
+        linear_log_probs_and_entropy(hidden[None], weight, tokens)
+
+
+def _cost(buckets: list[list[int]], lengths: list[int]) -> int:
+    return sum(len(b) * max(lengths[i] for i in b) + 64 for b in buckets)
+
+
+def test_length_buckets_cover_every_sample_and_cost_no_more_than_one_forward():
+    rng = random.Random(0)
+    for _ in range(50):
+        lengths = [rng.randint(1, 300) for _ in range(rng.randint(1, 40))]
+        buckets = length_buckets(lengths, overhead_tokens=64)
+        assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+        flat = [i for b in buckets for i in b]
+        assert [lengths[i] for i in flat] == sorted(lengths)  # shortest first, contiguous in length
+
+        assert _cost(buckets, lengths) <= _cost([list(range(len(lengths)))], lengths)
+        assert _cost(buckets, lengths) <= _cost([[i] for i in range(len(lengths))], lengths)
+    assert length_buckets([10, 200, 12, 198], overhead_tokens=10) == [[0, 2], [3, 1]]
+    assert length_buckets([10, 200], overhead_tokens=10_000) == [[0, 1]]
+
+
+def test_torch_trainer_token_outputs_match_the_generic_path():
+    vocab, pad = 40, 0
+    model = build_model(model_config(vocab), seed=0)
+    assert has_plain_output_layer(model)
+    shapes = [(5, 200), (9, 1), (3, 190), (7, 6), (4, 198), (6, 2), (5, 180), (8, 3)]
+    samples = [make_sample(i, n=n, vocab=vocab, prompt_tokens=list(range(1, 1 + p))) for i, (p, n) in enumerate(shapes)]
+    mb = make_micro_batch(samples, pad)
+    assert len(mb.buckets) > 1  # the lengths are spread: several forwards
+    trainer = types.SimpleNamespace(s=types.SimpleNamespace(temperature=0.8, entropy_coef=0.1), device=torch.device("cpu"),
+                                    _plain_head=True)
+    trainer._response_logits = lambda m, b: TorchTrainer._response_logits(trainer, m, b)  # type: ignore[arg-type]
+
+    def run(fn) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        lp, ent = fn(trainer, model, mb)
+        ((lp * mb.loss_mask).sum() + (ent * mb.loss_mask).sum()).backward()
+        return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]
+
+    fast, plain = run(TorchTrainer._token_outputs), run(TrainerCore._token_outputs)
+    real = mb.loss_mask.bool()
+    assert torch.allclose(fast[0][real], plain[0][real], atol=1e-5)
+    assert torch.allclose(fast[1][real], plain[1][real], atol=1e-5)
+    assert torch.equal(fast[0][~real], torch.zeros_like(fast[0][~real]))
+    for a, b in zip(fast[2], plain[2], strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
