@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._flops import flops_per_token, matmul_peak_gflops  # noqa: E402
 from bench._plain_loop import table  # noqa: E402
 from engines.base import GenerateRequest, SamplingParams  # noqa: E402
 from engines.torch_engine.engine import TorchEngine  # noqa: E402
@@ -92,6 +93,7 @@ def main() -> None:
     # tiny-arith's answers take at most 4 tokens; a recipe with longer ones names its maximum (long-arith: 256)
     k = args.max_new_tokens or recipe.rollout.get("rollout_max_response_len", 8)
 
+    peak = matmul_peak_gflops(args.threads)
     rows = []
     for b in batch_sizes:
         prompts = [tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
@@ -109,13 +111,19 @@ def main() -> None:
                     totals[side][1] += s
             e_tps, h_tps = (totals[x][0] / totals[x][1] for x in ("engine", "hf"))
             per_row = [f"{totals[x][0] / (args.repeats * b):.2f}" for x in ("engine", "hf")]
-            rows.append([str(b), mode, *per_row, f"{e_tps:,.0f}", f"{h_tps:,.0f}", f"{e_tps / h_tps:.2f}x"])
+            # FLOP limit: each token attends over its prompt and half of its row's answer on average
+            context = sum(len(x) for x in prompts) / b + totals["engine"][0] / (args.repeats * b) / 2
+            share = [tps * flops_per_token(model, context) / 1e9 / peak for tps in (e_tps, h_tps)]
+            rows.append([str(b), mode, *per_row, f"{e_tps:,.0f}", f"{h_tps:,.0f}", f"{e_tps / h_tps:.2f}x",
+                         *(f"{x:.1%}" for x in share)])
             print(" ".join(rows[-1]), flush=True)
 
     print(f"\n{args.recipe}: K = {k} max new tokens, {args.repeats} timed repeats after 1 warm-up, {args.threads} torch "
           f"thread(s); eos = tokens up to and including EOS counted, full = EOS ignored, K tokens per row")
+    print(f"FLOP limit: fp32 GEMM at {peak:.0f} GFLOP/s on {args.threads} thread(s); "
+          f"{flops_per_token(model, 0) / 1e6:.1f} MFLOP per token before attention")
     print(table(["batch", "mode", "tok/row engine", "tok/row HF", "rollflow engine tok/s",
-                 "HF generate tok/s", "engine / HF"], rows))
+                 "HF generate tok/s", "engine / HF", "engine % of limit", "HF % of limit"], rows))
 
 
 if __name__ == "__main__":
