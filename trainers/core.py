@@ -188,6 +188,9 @@ class TrainerCore(abc.ABC):
             lr=self.s.lr,
             betas=(self.s.adam_beta1, self.s.adam_beta2),
             weight_decay=self.s.weight_decay,
+            # one kernel per tensor instead of ~10 ops: 0.6 ms vs 2.7 ms a step for tiny-arith's model, 3 vs 16
+            # ms for long-arith's (bench measurements on 1 CPU thread); elementwise, so bitwise run to run
+            fused=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
