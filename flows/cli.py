@@ -193,8 +193,12 @@ def _plot(args: argparse.Namespace) -> int:
 # batches of 1000 or every 60 s instead of Prefect's 20 / 5 s: at 20 it wrote about once per rollout, and
 # whenever a write was in progress while the parent flow created the next `rollout-<id>` run, SQLite
 # refused that request ("database is locked", a 503) and Prefect's client waited 2 s (measured: one such
-# stall every 3-5 rollouts). Flow runs, task runs, logs and artifacts are not events and still reach the
-# server at once; the UI's event feed lags by up to 60 s, and the server writes the rest when it stops.
+# stall every 3-5 rollouts). Flow runs, logs and artifacts are not events and still reach the server at once;
+# the UI's event feed lags by up to 60 s, and the server writes the rest when it stops.
+# Task runs are events too: the task-run recorder writes them in one batch a second instead of one write per
+# state change (Prefect's batch size 1: about 20 writes per rollout, each a chance to collide with the creation
+# of the next `rollout-<id>` run; the parent had to wait for them before creating it, ~60 ms a rollout). The UI
+# shows a task run up to a second late; the run flow waits for its last rollout's task runs before it ends.
 PREFECT_ENV_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     # the client side of the same opt-out: Prefect's SDK printed a 4-line telemetry notice into the console of the
@@ -202,6 +206,8 @@ PREFECT_ENV_DEFAULTS = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "1000",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "60",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "1000",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "RAY_DEDUP_LOGS": "0",
 }
