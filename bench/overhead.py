@@ -37,7 +37,10 @@ _TMP = Path(tempfile.mkdtemp(prefix="rf-bench-overhead-"))
 # before anything imports prefect or ray
 os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+if os.environ.get("ROLLFLOW_BENCH_LOGS") == "info":
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+else:
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flows.cli import configure_prefect_env, configure_ray_env  # noqa: E402

@@ -213,11 +213,25 @@ PREFECT_ENV_DEFAULTS = {
 }
 
 
-def configure_prefect_env() -> None:
+# Set by `configure_prefect_env` too, unless already set, for the temporary server a run starts itself (no
+# PREFECT_API_URL; not for `rollflow server`): the automations services (triggers, and the actions they fire,
+# one setting) are off. Nobody can define an automation on a server that lives as long as one run, and their
+# consumers read every event the run sends (measured: a quarter of that server's CPU per rollout, on the two
+# cores the run's actors use).
+EPHEMERAL_SERVER_DEFAULTS = {
+    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+}
+
+
+def configure_prefect_env(*, serving: bool = False) -> None:
     """Settings that make the embedded Prefect (and Ray) usable on a small machine: each of
-    `PREFECT_ENV_DEFAULTS` that the environment does not already set. (Ray's token authentication stays on:
-    tasks/actors.ensure_ray.)"""
-    for name, value in PREFECT_ENV_DEFAULTS.items():
+    `PREFECT_ENV_DEFAULTS` that the environment does not already set, and, unless `serving` (`rollflow server`)
+    or PREFECT_API_URL names a server, each of `EPHEMERAL_SERVER_DEFAULTS`. (Ray's token authentication stays
+    on: tasks/actors.ensure_ray.)"""
+    defaults = dict(PREFECT_ENV_DEFAULTS)
+    if not serving and not os.environ.get("PREFECT_API_URL"):
+        defaults.update(EPHEMERAL_SERVER_DEFAULTS)
+    for name, value in defaults.items():
         os.environ.setdefault(name, value)
 
 
@@ -246,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()  # the run's summary counts its wall time from here
     args = make_parser().parse_args(argv)
     if args.command == "server":
-        configure_prefect_env()
+        configure_prefect_env(serving=True)
         # the UI calls the API at PREFECT_UI_API_URL, which Prefect defaults to port 4200 whatever --port says
         os.environ.setdefault("PREFECT_UI_API_URL", f"http://127.0.0.1:{args.port}/api")
         os.execv(sys.executable, server_command(args.port))

@@ -314,7 +314,7 @@ def _dispose_gate(cfg: RunConfig, report: RunReport) -> None:
     """The accuracy gate, disposed at the end of the run as in miles: logged as a check record, raised on failure."""
     gate = metric_gate(cfg, [r for r in report.records if r["kind"] == "eval"])
     if cfg.ci.ci_metric_checker_key:
-        log_metrics(cfg, "check", cfg.rollout.num_rollout, {"check/metric_gate": 0.0 if gate else 1.0})
+        log_metrics(cfg, "check", cfg.rollout.num_rollout, {"check/metric_gate": 0.0 if gate else 1.0}, sync=True)
     raise_if_any(gate)
 
 

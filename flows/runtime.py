@@ -371,4 +371,4 @@ def run_log(run_dir: Path) -> Iterator[Path]:
 
 def log_step_time(cfg: RunConfig, rollout_id: int, seconds: float) -> None:
     """The parent's record that rollout `rollout_id` completed (also the resume point's marker)."""
-    log_metrics(cfg, "perf", rollout_id, {"perf/step_time": seconds})
+    log_metrics(cfg, "perf", rollout_id, {"perf/step_time": seconds}, sync=True)
