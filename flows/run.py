@@ -126,7 +126,10 @@ def _run_name() -> str:
     return f"run/{flow_run.parameters['cfg'].name}"
 
 
-@flow(name="rollout", flow_run_name="rollout-{rollout_id}", log_prints=True)
+# Prefect's validation of the parameters (pydantic over the whole RunConfig, ~10 ms a flow run on a busy machine,
+# before the run starts) is skipped: the parent passes a validated RunConfig; the body validates what comes as
+# plain data (a run started through the API), as Prefect would have.
+@flow(name="rollout", flow_run_name="rollout-{rollout_id}", log_prints=True, validate_parameters=False)
 async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, session: str,
                        refresh: list[str] | None = None) -> RolloutResult:
     """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval).
@@ -135,6 +138,9 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
     recording instead of generating and never syncs; --ci-inject-rollout-data-path generates, then
     checks the generation against the recording and trains on the recording."""
     runtime.rollout_begun(session)  # the parent may post the previous rollout's artifacts now
+    if not isinstance(cfg, RunConfig) or not isinstance(weights, WeightsRef):
+        cfg, weights = RunConfig.model_validate(cfg), WeightsRef.model_validate(weights)
+        rollout_id = int(rollout_id)
     s, d, q = _Stages(cfg, refresh or [], rollout_id), cfg.debug, opaque_config(cfg)  # q: cfg as the tasks' argument
     has_engines = not cfg.train_only
     if rollout_id == 0 and _evaluates(cfg):
