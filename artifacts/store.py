@@ -481,8 +481,9 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"metrics value of type {type(value).__name__} is not JSON-serialisable")
 
 
-def append_metrics(path: PathArg, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line, then fsync.
+def append_metrics(path: PathArg, record: dict[str, Any], *, sync: bool = True) -> None:
+    """Append ``record`` as one JSON line, then fsync (``sync``; an fsync also makes every line appended
+    before it durable, so a writer may sync only the records that mark a point to resume from).
 
     The line goes out in one ``write`` on an ``O_APPEND`` descriptor, so concurrent appenders do
     not interleave and a crash leaves at most one torn line at the end. If a previous crash left
@@ -502,7 +503,8 @@ def append_metrics(path: PathArg, record: dict[str, Any]) -> None:
         view = memoryview(data)
         while view:  # os.write on a regular file writes everything unless the disk is full
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -1,8 +1,10 @@
 """The rollflow RL loop without Prefect or Ray: one TorchEngine and one TorchTrainer in this process.
 
 Per rollout it does the same engine + trainer work as a `rollout-<id>` flow run:
-generate -> write_rollout -> compute_log_probs -> train_step -> update_weights(export_weights).
-Shared by bench/overhead.py and bench/vs_trl.py.
+generate -> write_rollout -> compute_log_probs -> train_step -> update_weights(export_weights), and, when the
+config evaluates (--eval-interval with eval data, as the default recipe does), the evals on the flow's schedule
+(eval 0 before rollout 0, eval N + 1 after rollout N when due: generate -> write_rollout of the eval samples),
+each counted in the rollout whose flow run does it. Shared by bench/overhead.py and bench/vs_trl.py.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from engines.torch_engine.engine import TorchEngine
 from flows.resolve import resolve
 from rollout.data import prompts_for_rollout
 from rollout.requests import build_requests, sampling_metadata, to_samples
-from rollout.source import train_params
+from rollout.source import eval_params, train_params
+from tasks.metrics import eval_stats
 from trainers.settings import trainer_settings
 from trainers.torch_trainer.trainer import TorchTrainer
 
@@ -47,9 +50,23 @@ def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
     trainer = TorchTrainer(trainer_settings(cfg), cfg.hf_checkpoint, rank=0, world_size=1)
     trainer.setup("127.0.0.1", _free_port())
     seconds: list[float] = []
+    evaluates = bool(cfg.eval.eval_interval and src.evals)
+
+    def evaluate(eval_id: int) -> None:  # tasks.stages.evaluate's work
+        prompts = [p for _, s in src.evals for p in s.prompts]
+        names = [name for name, s in src.evals for _ in s.prompts]
+        entries = build_requests(prompts, r.rollout_seed, eval_id, cfg.eval.n_samples_per_eval_prompt,
+                                 eval_params(cfg, src.stops), eval_mode=True, datasets=names)
+        outputs = engine.generate([e.request for e in entries])
+        samples = asyncio.run(to_samples(entries, outputs, src.tokenizer, src.stops, src.eval_scorer, eval_id))
+        write_rollout(paths.eval_rollout(eval_id), samples, metadata={}, kind="eval")
+        eval_stats(samples, [name for name, _ in src.evals])
+
     try:
         for rollout_id in range(n):
             start = time.perf_counter()
+            if evaluates and rollout_id == 0:
+                evaluate(0)
             prompts = prompts_for_rollout(src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed,
                                           cfg.data.rollout_shuffle)
             entries = build_requests(prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, params)
@@ -61,6 +78,9 @@ def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
             assert logprobs is not None  # rank 0 always writes
             trainer.train_step(rollout, logprobs)
             engine.update_weights(trainer.export_weights(), rollout_id + 1)
+            every = cfg.eval.eval_interval
+            if evaluates and every and ((rollout_id + 1) % every == 0 or rollout_id + 1 == n):
+                evaluate(rollout_id + 1)
             seconds.append(time.perf_counter() - start)
     finally:
         if dist.is_initialized():

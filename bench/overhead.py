@@ -4,15 +4,24 @@
     no Ray -- timed around each rollout.
 (a) flow: `flows.run.run_flow` on a throw-away Prefect home (ephemeral server) and a local Ray; the
     per-rollout times are read back from Prefect: each `rollout-<id>` child flow run's start -> end
-    ("flow run") and the start -> start interval to the next child ("cadence", which also counts the
-    parent's between-rollout work: waiting for task runs to settle, creating the next child run;
-    that part alone is the "gap": one child's end -> the next child's start).
-Same config for both (eval off, no checkpoints, 1 torch thread). Rollout 0 is a warm-up and is left
-out of every mean. The plain loop runs first so the Prefect server and Ray are not yet running.
-The difference flow - plain is the orchestration overhead per rollout (Prefect task/flow runs, Ray
-calls and object transfer, the flow's extra checks, metric logging and artifacts).
+    ("flow run") and the start -> start interval to the next child ("start to start", which also counts the
+    parent's between-rollout work: creating the next child run; that part alone is the "gap": one child's
+    end -> the next child's start).
+Same config for both (no checkpoints, 1 torch thread): by default a small one with eval off; with
+--default-recipe the default recipe's (RunConfig's defaults: 128 prompts x 4 samples, eval every 10 rollouts,
+which the plain loop then runs too) with --rollouts rollouts. Rollout 0 is a warm-up and is left out of every
+mean. The plain loop runs first so the Prefect server and Ray are not yet running. The difference flow - plain
+is the orchestration overhead per rollout (Prefect task/flow runs, Ray calls and object transfer, the flow's
+extra checks, metric logging and artifacts).
+
+The two figures of issue 09's "done when", printed last:
+- start to start minus in-process, per rollout (medians; means beside them), target <= 0.1 s on a quiet machine;
+- the flow's rollouts / the plain loop's: the flow's first child start -> last child end over the sum of the
+  plain loop's rollouts, all rollouts counted (Prefect/Ray start-up, before the first child, is not), target
+  <= 1.3x with --default-recipe --rollouts 40.
 
     python bench/overhead.py [--rollouts 6] [--batch-size 16] [--n-samples 8] [--max-response-len 6]
+    python bench/overhead.py --default-recipe --rollouts 40
 """
 
 from __future__ import annotations
@@ -28,7 +37,10 @@ _TMP = Path(tempfile.mkdtemp(prefix="rf-bench-overhead-"))
 # before anything imports prefect or ray
 os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+if os.environ.get("ROLLFLOW_BENCH_LOGS") == "info":
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+else:
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flows.cli import configure_prefect_env, configure_ray_env  # noqa: E402
@@ -38,6 +50,11 @@ configure_ray_env()  # and its Ray settings (before ray is imported)
 
 from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
 from config import RunConfig  # noqa: E402
+
+
+def default_recipe_config(run_dir: Path, rollouts: int, name: str = "bench-overhead") -> RunConfig:
+    """The default recipe (every RunConfig default) with `rollouts` rollouts."""
+    return RunConfig.model_validate({"name": name, "run_dir": str(run_dir), "rollout": {"num_rollout": rollouts}})
 
 
 def bench_config(run_dir: Path, rollouts: int, batch_size: int, n_samples: int, max_len: int,
@@ -63,9 +80,10 @@ async def _child_runs(parent_id) -> list:
     return sorted(runs, key=lambda r: int(r.name.rsplit("-", 1)[1]))
 
 
-def flow_rollouts(cfg: RunConfig) -> tuple[list[float], list[float], list[float], float]:
+def flow_rollouts(cfg: RunConfig) -> tuple[list[float], list[float], list[float], float, float]:
     """Run `run_flow`; return (per-rollout child flow-run seconds, start-to-start cadence seconds,
-    end-to-next-start gap seconds, wall seconds of the whole run_flow call incl. Ray/actor start-up)."""
+    end-to-next-start gap seconds, first child start -> last child end seconds, wall seconds of the whole
+    run_flow call incl. Ray/actor start-up)."""
     import asyncio
     import time
 
@@ -88,7 +106,8 @@ def flow_rollouts(cfg: RunConfig) -> tuple[list[float], list[float], list[float]
     durations = [(r.end_time - r.start_time).total_seconds() for r in runs]
     cadence = [(b.start_time - a.start_time).total_seconds() for a, b in zip(runs, runs[1:], strict=False)]
     gaps = [(b.start_time - a.end_time).total_seconds() for a, b in zip(runs, runs[1:], strict=False)]
-    return durations, cadence, gaps, wall
+    span = (runs[-1].end_time - runs[0].start_time).total_seconds()
+    return durations, cadence, gaps, span, wall
 
 
 def main() -> None:
@@ -97,14 +116,21 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16, help="rollout_batch_size (prompts per rollout)")
     p.add_argument("--n-samples", type=int, default=8, help="n_samples_per_prompt")
     p.add_argument("--max-response-len", type=int, default=6, help="rollout_max_response_len")
+    p.add_argument("--default-recipe", action="store_true",
+                   help="the default recipe's config (RunConfig's defaults, eval included) with --rollouts rollouts; "
+                        "--batch-size, --n-samples and --max-response-len are ignored")
     args = p.parse_args()
-    if args.rollouts < 2:
-        p.error("--rollouts must be >= 2 (rollout 0 is excluded as warm-up)")
-    dims = (args.rollouts, args.batch_size, args.n_samples, args.max_response_len)
+    if args.rollouts < 3:
+        p.error("--rollouts must be >= 3 (rollout 0 is excluded as warm-up)")
 
-    plain = plain_rollouts(bench_config(_TMP / "plain", *dims), args.rollouts)
+    def config(run_dir: Path) -> RunConfig:
+        if args.default_recipe:
+            return default_recipe_config(run_dir, args.rollouts)
+        return bench_config(run_dir, args.rollouts, args.batch_size, args.n_samples, args.max_response_len)
+
+    plain = plain_rollouts(config(_TMP / "plain"), args.rollouts)
     print("plain per-rollout s:", " ".join(f"{s:.3f}" for s in plain), flush=True)
-    durations, cadence, gaps, wall = flow_rollouts(bench_config(_TMP / "flow", *dims))
+    durations, cadence, gaps, span, wall = flow_rollouts(config(_TMP / "flow"))
     print("flow  per-rollout s:", " ".join(f"{s:.3f}" for s in durations), flush=True)
     print("flow  cadence s:    ", " ".join(f"{s:.3f}" for s in cadence), flush=True)
 
@@ -115,12 +141,24 @@ def main() -> None:
         rows.append([label, f"{mean(xs):.3f}", f"{mean(xs) - base:+.3f}", f"{med:.3f}", f"{med - base_median:+.3f}"])
     rows.append(["flow: gap between child runs", f"{mean(gaps[1:]):.3f}", "(part of cadence)",
                  f"{statistics.median(gaps[1:]):.3f}", ""])
-    print(f"\n{args.rollouts} rollouts x {args.batch_size} prompts x {args.n_samples} samples, "
-          f"max {args.max_response_len} new tokens, 1 torch thread; means over rollouts 1..{args.rollouts - 1} "
-          f"(cadence: 1..{args.rollouts - 2}); run_flow wall incl. start-up {wall:.1f} s")
+    cfg = config(_TMP / "x")
+    r = cfg.rollout
+    shape = (f"{r.rollout_batch_size} prompts x {r.n_samples_per_prompt} samples, max {r.rollout_max_response_len} "
+             f"new tokens, eval {'every ' + str(cfg.eval.eval_interval) if cfg.eval.eval_interval else 'off'}")
+    print(f"\n{args.rollouts} rollouts x {shape}{' (default recipe)' if args.default_recipe else ''}, 1 torch "
+          f"thread; means over rollouts 1..{args.rollouts - 1} (cadence: 1..{args.rollouts - 2}); run_flow wall incl. "
+          f"start-up {wall:.1f} s")
     print(table(["per rollout", "mean s", "overhead s (vs plain)", "median s", "overhead (medians)"], rows))
-    print("A cadence far above the median is Prefect's SQLite answering 503 (database is locked) to the next "
-          "flow-run creation and the client backing off 2 s.")
+    print("A cadence far above the median is Prefect's SQLite answering 503 (database is locked) to a request of "
+          "the loop and the client backing off 2 s.")
+    s2s_median = statistics.median(cadence[1:]) - base_median
+    s2s_mean = mean(cadence[1:]) - base
+    ratio = span / sum(plain)
+    print(f"\ndone-when 1: start-to-start minus in-process per rollout: {s2s_median:+.3f} s (medians; means "
+          f"{s2s_mean:+.3f} s); target <= 0.1 s on a quiet machine")
+    print(f"done-when 2: flow rollouts / in-process loop: {span:.1f} s / {sum(plain):.1f} s = {ratio:.2f}x "
+          f"(all {args.rollouts} rollouts; first child start -> last child end); target <= 1.3x for "
+          f"--default-recipe --rollouts 40")
 
 
 if __name__ == "__main__":

@@ -193,8 +193,12 @@ def _plot(args: argparse.Namespace) -> int:
 # batches of 1000 or every 60 s instead of Prefect's 20 / 5 s: at 20 it wrote about once per rollout, and
 # whenever a write was in progress while the parent flow created the next `rollout-<id>` run, SQLite
 # refused that request ("database is locked", a 503) and Prefect's client waited 2 s (measured: one such
-# stall every 3-5 rollouts). Flow runs, task runs, logs and artifacts are not events and still reach the
-# server at once; the UI's event feed lags by up to 60 s, and the server writes the rest when it stops.
+# stall every 3-5 rollouts). Flow runs, logs and artifacts are not events and still reach the server at once;
+# the UI's event feed lags by up to 60 s, and the server writes the rest when it stops.
+# Task runs are events too: the task-run recorder writes them in one batch a second instead of one write per
+# state change (Prefect's batch size 1: about 20 writes per rollout, each a chance to collide with the creation
+# of the next `rollout-<id>` run; the parent had to wait for them before creating it, ~60 ms a rollout). The UI
+# shows a task run up to a second late; the run flow waits for its last rollout's task runs before it ends.
 PREFECT_ENV_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     # the client side of the same opt-out: Prefect's SDK printed a 4-line telemetry notice into the console of the
@@ -202,16 +206,32 @@ PREFECT_ENV_DEFAULTS = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "1000",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "60",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "1000",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "RAY_DEDUP_LOGS": "0",
 }
 
 
-def configure_prefect_env() -> None:
+# Set by `configure_prefect_env` too, unless already set, for the temporary server a run starts itself (no
+# PREFECT_API_URL; not for `rollflow server`): the automations services (triggers, and the actions they fire,
+# one setting) are off. Nobody can define an automation on a server that lives as long as one run, and their
+# consumers read every event the run sends (measured: a quarter of that server's CPU per rollout, on the two
+# cores the run's actors use).
+EPHEMERAL_SERVER_DEFAULTS = {
+    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+}
+
+
+def configure_prefect_env(*, serving: bool = False) -> None:
     """Settings that make the embedded Prefect (and Ray) usable on a small machine: each of
-    `PREFECT_ENV_DEFAULTS` that the environment does not already set. (Ray's token authentication stays on:
-    tasks/actors.ensure_ray.)"""
-    for name, value in PREFECT_ENV_DEFAULTS.items():
+    `PREFECT_ENV_DEFAULTS` that the environment does not already set, and, unless `serving` (`rollflow server`)
+    or PREFECT_API_URL names a server, each of `EPHEMERAL_SERVER_DEFAULTS`. (Ray's token authentication stays
+    on: tasks/actors.ensure_ray.)"""
+    defaults = dict(PREFECT_ENV_DEFAULTS)
+    if not serving and not os.environ.get("PREFECT_API_URL"):
+        defaults.update(EPHEMERAL_SERVER_DEFAULTS)
+    for name, value in defaults.items():
         os.environ.setdefault(name, value)
 
 
@@ -240,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()  # the run's summary counts its wall time from here
     args = make_parser().parse_args(argv)
     if args.command == "server":
-        configure_prefect_env()
+        configure_prefect_env(serving=True)
         # the UI calls the API at PREFECT_UI_API_URL, which Prefect defaults to port 4200 whatever --port says
         os.environ.setdefault("PREFECT_UI_API_URL", f"http://127.0.0.1:{args.port}/api")
         os.execv(sys.executable, server_command(args.port))

@@ -69,8 +69,7 @@ class _Stages:
         self.eval = self._stage("eval", evaluate)
 
     def _stage(self, name: str, task: Task[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        configured = with_retries(self.cfg, task, retries=0 if name in ("check", "inject") else None).with_options(
-            refresh_cache=True if name in self.refresh else NotSet)
+        configured = _configured(self.cfg, name, task, name in self.refresh)
 
         async def run(*args: P.args, **kwargs: P.kwargs) -> R:
             self.started += 1
@@ -80,6 +79,22 @@ class _Stages:
                 note_stage(e, self.rollout_id, name)
                 raise
         return run
+
+
+# (stage task, retries, retry delay, refresh) -> the stage's task with those options
+_CONFIGURED: dict[tuple[Task, str, str, bool], Task] = {}
+
+
+def _configured(cfg: RunConfig, name: str, task: Task[P, R], refresh: bool) -> Task[P, R]:
+    """`task` with the run's retry policy (none for check and inject) and `refresh`, made once per process and
+    policy: every `Task.with_options` copy reads the task's source again (measured: about 50 ms of CPU per
+    rollout flow run for its nine stages)."""
+    f = cfg.faults
+    key = (task, repr(f.task_retries), repr(f.task_retry_delay), refresh)
+    if key not in _CONFIGURED:
+        _CONFIGURED[key] = with_retries(cfg, task, retries=0 if name in ("check", "inject") else None).with_options(
+            refresh_cache=True if refresh else NotSet)
+    return cast(Task[P, R], _CONFIGURED[key])
 
 
 def with_retries(cfg: RunConfig, task: Task[P, R], retries: int | None = None) -> Task[P, R]:
@@ -93,7 +108,8 @@ def with_retries(cfg: RunConfig, task: Task[P, R], retries: int | None = None) -
 @dataclass(frozen=True)
 class RolloutResult:
     """What a `rollout-<id>` flow run returns: the engines' weights after it, and how many task runs it
-    started (the parent waits for the server to have recorded that many, `_settle`)."""
+    started (at the end of the run, the parent waits for the server to have recorded those of the last rollout,
+    `runtime.settle`)."""
 
     weights: WeightsRef
     task_runs: int
@@ -110,7 +126,10 @@ def _run_name() -> str:
     return f"run/{flow_run.parameters['cfg'].name}"
 
 
-@flow(name="rollout", flow_run_name="rollout-{rollout_id}", log_prints=True)
+# Prefect's validation of the parameters (pydantic over the whole RunConfig, ~10 ms a flow run on a busy machine,
+# before the run starts) is skipped: the parent passes a validated RunConfig; the body validates what comes as
+# plain data (a run started through the API), as Prefect would have.
+@flow(name="rollout", flow_run_name="rollout-{rollout_id}", log_prints=True, validate_parameters=False)
 async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, session: str,
                        refresh: list[str] | None = None) -> RolloutResult:
     """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval).
@@ -118,6 +137,10 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
     --debug-rollout-only stops after save-rollout; --load-debug-rollout-data (train-only) loads a
     recording instead of generating and never syncs; --ci-inject-rollout-data-path generates, then
     checks the generation against the recording and trains on the recording."""
+    runtime.rollout_begun(session)  # the parent may post the previous rollout's artifacts now
+    if not isinstance(cfg, RunConfig) or not isinstance(weights, WeightsRef):
+        cfg, weights = RunConfig.model_validate(cfg), WeightsRef.model_validate(weights)
+        rollout_id = int(rollout_id)
     s, d, q = _Stages(cfg, refresh or [], rollout_id), cfg.debug, opaque_config(cfg)  # q: cfg as the tasks' argument
     has_engines = not cfg.train_only
     if rollout_id == 0 and _evaluates(cfg):
@@ -142,7 +165,7 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
     await s.check(q, rollout_id, steps, weights if synced else None, logprobs.stats if logprobs else None)
     if _eval_due(cfg, rollout_id) and _evaluates(cfg):
         await s.eval(q, rollout_id + 1, weights)
-    return RolloutResult(weights, s.started)  # the parent then attaches the metrics table (_publish_metrics_table)
+    return RolloutResult(weights, s.started)  # the parent's publisher then attaches the metrics table
 
 
 @flow(name="rollflow-run", flow_run_name=_run_name, log_prints=True)
@@ -200,15 +223,24 @@ class _RunLoop:
         cfg, owned = self.cfg, self.owned
         actors.set_run(cfg, owned.info.run_id, owned.info.started_at)
         actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
+        session = uuid.uuid4().hex
+        self.publisher = runtime.Publisher(cfg, self.report.records, self.page, session)
+        ok = False
         try:
             weights = await self._start_actors()
-            session = uuid.uuid4().hex
+            last: tuple[uuid.UUID | None, int] | None = None
             for rollout_id in range(owned.start, self.report.end):
-                weights = await self._rollout(rollout_id, weights, session)
+                weights, last = await self._rollout(rollout_id, weights, session)
             if self.report.end < cfg.rollout.num_rollout:
                 notify.notice(f"--debug-exit-after-rollout: stopping after rollout {self.report.end - 1}")
+            await self.publisher.drain()
+            if last is not None:  # task runs are recorded in order: the last rollout's last ones are the run's
+                await runtime.settle(last[1], flow_run_id=last[0])
+            ok = True
             return weights
         finally:
+            if not ok:
+                await self.publisher.drain(raise_errors=False)
             actors.stop_actors(cfg)
 
     async def _start_actors(self) -> WeightsRef:
@@ -226,16 +258,17 @@ class _RunLoop:
                           f"{actors.start_weights(cfg, None)}")
         if engines and trainers:  # the weight-update checker runs at the run's first sync, not at a resume
             check_first_sync = cfg.ci.weight_check and not owned.resumed
-            return await runtime.settled(with_retries(cfg, sync), opaque_config(cfg), start - 1,
-                                         verify_equal=check_first_sync)
+            return await with_retries(cfg, sync)(opaque_config(cfg), start - 1, verify_equal=check_first_sync)
         if engines:  # rollout-only: the engines keep the weights they loaded, version 0
             return WeightsRef(version=0, sha256=await engines[0].weights_sha256.remote())
         # train-only: nothing to sync; identify the trainer's starting weights
         return WeightsRef(version=start, sha256=(await trainer_weights(cfg)).sha256)
 
-    async def _rollout(self, rollout_id: int, weights: WeightsRef, session: str) -> WeightsRef:
-        """One child flow run, then the parent's share: wait for the server (`settle`), the metrics table, a
-        checkpoint when due, the rollout's wall time, the run page and the observers."""
+    async def _rollout(self, rollout_id: int, weights: WeightsRef, session: str
+                       ) -> tuple[WeightsRef, tuple[uuid.UUID | None, int]]:
+        """One child flow run, then the parent's share: a checkpoint when due, the rollout's wall time, the
+        observers; its Prefect artifacts (metrics table, run page) go to the publisher, posted in the background.
+        Returns the weights after it, and its flow run id with the number of task runs it started."""
         cfg, report = self.cfg, self.report
         began = time.perf_counter()
         # the rollout a resume re-runs logs everything again: none of its stages may come from the cache
@@ -243,20 +276,17 @@ class _RunLoop:
         state = await rollout_flow(cfg, rollout_id, weights, session, stages, return_state=True)
         result: RolloutResult = await state.result()  # type: ignore[misc]
         child = state.state_details.flow_run_id
-        await runtime.settle(result.task_runs, flow_run_id=child)
-        await runtime.publish_metrics_table(cfg, rollout_id, child, report.records)
         if not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == report.end)):
-            await runtime.settled(with_retries(cfg, save_checkpoint), opaque_config(cfg), rollout_id)
+            await with_retries(cfg, save_checkpoint)(opaque_config(cfg), rollout_id)
         seconds = time.perf_counter() - began
         runtime.log_step_time(cfg, rollout_id, seconds)
         report.rollout_done(rollout_id, seconds)
-        if self.page is not None:
-            await self.page.rollout_done(rollout_id)
+        self.publisher.rollout_done(rollout_id, child)
         for observer in observers():
             observer.rollout_done(report, rollout_id)
         self.faults.reach("orchestrator_rollout_end", rollout_id=rollout_id, attempt=0,
                           weight_version=result.weights.version)
-        return result.weights
+        return result.weights, (child, result.task_runs)
 
 
 def _end(cfg: RunConfig, start: int) -> int:
@@ -290,7 +320,7 @@ def _dispose_gate(cfg: RunConfig, report: RunReport) -> None:
     """The accuracy gate, disposed at the end of the run as in miles: logged as a check record, raised on failure."""
     gate = metric_gate(cfg, [r for r in report.records if r["kind"] == "eval"])
     if cfg.ci.ci_metric_checker_key:
-        log_metrics(cfg, "check", cfg.rollout.num_rollout, {"check/metric_gate": 0.0 if gate else 1.0})
+        log_metrics(cfg, "check", cfg.rollout.num_rollout, {"check/metric_gate": 0.0 if gate else 1.0}, sync=True)
     raise_if_any(gate)
 
 

@@ -11,9 +11,10 @@ run goes, beside the per-rollout metrics tables on the `rollout-<id>` flow runs.
   Re-drawn after every rollout that ran an eval, and at the end.
 
 Cost: each artifact is created once and then changed in place (PATCH /artifacts/{id}: the key keeps one
-version per run instead of one per rollout); per rollout that is two small requests, made by the parent after
-the child's task runs are recorded (`runtime.settle`), like the metrics table, so that they do not collide with
-the server's burst of task-run writes. The chart is the only heavy part (about 100 KB), sent only on evals.
+version per run instead of one per rollout). The run loop's publisher (`flows.runtime.Publisher`) calls
+`rollout_done` in the background, off the loop's path; progress and summary are sent at most every
+`PAGE_EVERY` seconds (two small requests), the chart (about 100 KB, and a few hundred ms of CPU to draw) after an
+eval at most every `CURVES_EVERY` seconds; `close` sends all three at the end of the run, whatever its outcome.
 `ROLLFLOW_RUN_PAGE=off` turns the three artifacts off (e.g. to measure their cost with bench/overhead.py).
 """
 
@@ -34,6 +35,8 @@ from tasks.stages import artifact_slug
 
 CHART_SIZE = (1200, 800)  # pixels of the embedded PNG (the size `rollflow plot` draws by default)
 MAX_EVAL_ROWS = 50
+PAGE_EVERY = 2.0  # seconds between two updates of progress and summary while the run goes
+CURVES_EVERY = 60.0  # seconds between two drawings of the curves while the run goes (after an eval)
 _STATUS = {"running": "running", "completed": "completed", "stopped": "stopped (--debug-exit-after-rollout)",
            "failed": "FAILED"}
 
@@ -212,6 +215,8 @@ class RunPage:
         self.slug = artifact_slug(report.cfg.name)
         self.ids: dict[str, uuid.UUID] = {}
         self.seconds = 0.0
+        self._sent = self._drawn = time.monotonic()  # when progress and summary / the curves were last sent
+        self._undrawn = False  # an eval ran since the curves were last drawn
 
     async def open(self) -> None:
         """Create the progress and summary artifacts (the curves come with the first eval)."""
@@ -225,12 +230,19 @@ class RunPage:
         summary = MarkdownArtifact(key=f"{self.slug}-summary", description=f"summary of run {name}",
                                    markdown=summary_markdown(self.report), flow_run_id=self.flow_run_id)
         self.ids["summary"] = (await summary.acreate()).id
+        self._sent = self._drawn = time.monotonic()
         self.seconds += time.perf_counter() - began
 
     async def rollout_done(self, rollout_id: int) -> None:
-        """After each rollout: progress and summary; the curves when the rollout ran an eval."""
+        """After each rollout: progress and summary, if `PAGE_EVERY` seconds have passed since they were last
+        sent; the curves too when an eval ran since they were last drawn and `CURVES_EVERY` seconds have passed."""
+        self._undrawn |= self.report.evaluated_in(rollout_id)
+        now = time.monotonic()
+        curves = self._undrawn and now - self._drawn >= CURVES_EVERY
+        if not curves and now - self._sent < PAGE_EVERY:
+            return
         began = time.perf_counter()
-        await self._update(curves=self.report.evaluated_in(rollout_id))
+        await self._update(curves=curves)
         self.seconds += time.perf_counter() - began
 
     async def close(self) -> None:
@@ -250,8 +262,10 @@ class RunPage:
             await client.update_artifact(self.ids["progress"], ArtifactUpdate(
                 data=self._percent(), description=progress_text(self.report)))
             await client.update_artifact(self.ids["summary"], ArtifactUpdate(data=summary_markdown(self.report)))
+            self._sent = time.monotonic()
             if curves:
                 await self._curves(client)
+                self._drawn, self._undrawn = time.monotonic(), False
 
     async def _curves(self, client: Any) -> None:
         """Draw the curves (in a worker thread: matplotlib's Agg canvas, no pyplot state) and post them."""

@@ -1,6 +1,6 @@
 """What the run flow needs besides the algorithm: owning the run dir (lock, identity, resume point, records a
-resume must not duplicate), the run's log file, the Prefect/SQLite accommodations (`settle`), the per-rollout
-metrics table, marking a dead run's flow run Crashed, and the watchdog that ends a run whose Prefect API stopped
+resume must not duplicate), the run's log file, the Prefect/SQLite accommodations (`settle`, `Publisher`), the
+per-rollout metrics table, marking a dead run's flow run Crashed, and the watchdog that ends a run whose Prefect API stopped
 answering."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -235,12 +235,9 @@ async def settle(task_runs: int, *, flow_run_id: uuid.UUID | None = None, task_r
     """Wait until the server has recorded `task_runs` task runs of the given flow run (or the one task
     run `task_run_id`), each in a final state; False if that took longer than `timeout` seconds.
 
-    Task runs reach the server as events that a background service writes to SQLite one by one; when
-    the parent creates the next child flow run while it writes, SQLite refuses the request ("database
-    is locked"), the API answers 503 and Prefect's client backs off for 2 s. Waiting here (a read every
-    20 ms) keeps the two writers apart. The count matters: the last task's events can still be on their
-    way when the earlier task runs are recorded final (measured: a 2 s stall every 5-10 rollouts when
-    only the task runs already recorded were awaited).
+    Task runs reach the server as events that its task-run recorder writes to SQLite in batches, once a
+    second (`flows.cli.PREFECT_ENV_DEFAULTS`), in the order they happened: the parent waits here once, for its
+    last rollout, so that a run's task runs are all recorded when its flow run ends (a read every 20 ms).
     """
     import anyio
     from prefect.client.orchestration import get_client
@@ -258,12 +255,82 @@ async def settle(task_runs: int, *, flow_run_id: uuid.UUID | None = None, task_r
     return False
 
 
-async def settled(task: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run one of the parent flow's own tasks, wait until the server has recorded its task run (`settle`),
-    and return its result (raising as the task did)."""
-    state = await task(*args, return_state=True, **kwargs)
-    await settle(1, task_run_id=state.state_details.task_run_id)
-    return await state.result()
+# session of a run loop -> what tells its publisher that a rollout flow run has begun
+_BEGUN: dict[str, Callable[[], None]] = {}
+
+
+def rollout_begun(session: str) -> None:
+    """Called by a `rollout-<id>` flow run as its body begins (its flow run is created and running): the
+    publisher of the run loop `session`, if any, may post the previous rollout's artifacts now."""
+    callback = _BEGUN.get(session)
+    if callback is not None:
+        callback()
+
+
+class Publisher:
+    """The Prefect artifacts of each finished rollout -- its metrics table on its `rollout-<id>` flow run
+    (`publish_metrics_table`) and the run page's updates (`flows.run_page`) -- posted by a background task, off
+    the loop's path: the next rollout starts as soon as one ends.
+
+    Rollout N's artifacts are posted once rollout N+1's flow run has begun (`rollout_begun`), or when the run
+    ends (`drain`): the server's SQLite takes one writer at a time, a request that meets another write there is
+    refused ("database is locked": 503) and Prefect's client retries it after 2 s, and the requests that create
+    and start the next flow run are the ones the loop waits for; while its stages run, the server writes little.
+    A failure to post is raised at the next rollout's end (`rollout_done`) or by `drain`, as it was raised in line.
+    `seconds` accumulates the wall time of the posts (background time, not the loop's)."""
+
+    def __init__(self, cfg: RunConfig, records: list[dict[str, Any]], page: Any, session: str) -> None:
+        import asyncio
+
+        self.cfg, self.records, self.page, self.session = cfg, records, page, session
+        self.seconds = 0.0
+        self._due: list[tuple[int, uuid.UUID | None]] = []
+        self._begun = asyncio.Event()  # the flow run after the due rollouts has begun (or the run ends)
+        self._task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+        _BEGUN[session] = self._begun.set
+
+    def rollout_done(self, rollout_id: int, flow_run_id: uuid.UUID | None) -> None:
+        """Rollout `rollout_id` (flow run `flow_run_id`) has ended: its artifacts are due."""
+        import asyncio
+
+        self._raise()
+        self._begun.clear()  # the next rollout's flow run has not begun yet
+        self._due.append((rollout_id, flow_run_id))
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._post())
+
+    async def drain(self, *, raise_errors: bool = True) -> None:
+        """Post what is due now and wait for it; stop listening for rollouts. Raises a failure to post unless
+        `raise_errors` is False (the run already failed: that failure is the one to report)."""
+        _BEGUN.pop(self.session, None)
+        self._begun.set()
+        if self._task is not None:
+            await self._task
+        if raise_errors:
+            self._raise()
+
+    def _raise(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    async def _post(self) -> None:
+        try:
+            while self._due:
+                await self._begun.wait()
+                due, self._due = self._due, []
+                began = time.perf_counter()
+                for rollout_id, flow_run_id in due:
+                    await publish_metrics_table(self.cfg, rollout_id, flow_run_id, self.records)
+                    if self.page is not None:
+                        await self.page.rollout_done(rollout_id)
+                self.seconds += time.perf_counter() - began
+        except Exception as e:
+            self._error = e
+            self._due.clear()
+        finally:
+            self._task = None
 
 
 async def publish_metrics_table(cfg: RunConfig, rollout_id: int, flow_run_id: uuid.UUID | None,
@@ -271,9 +338,7 @@ async def publish_metrics_table(cfg: RunConfig, rollout_id: int, flow_run_id: uu
     """One Prefect table artifact per rollout with every metric its flow run logged (of the run's `records`):
     rollout, step, perf and check records, and the evals it ran (eval E runs after rollout E - 1, so its row is
     in that rollout's table; `eval/step` names the weights evaluated). Attached to the rollout's `rollout-<id>`
-    flow run. The parent posts it once the child's task runs are recorded (`settle`): posted at the end of the
-    child, it waited behind the server's burst of task-run writes (about 80 ms of every child flow run on 2
-    cores), and posted concurrently with them SQLite answers 503."""
+    flow run. The parent's `Publisher` posts it in the background, once the next rollout's flow run has begun."""
     from prefect.artifacts import TableArtifact
 
     rows = [{"kind": r["kind"], "step": r.get("step", ""), "metric": k, "value": v}
@@ -306,4 +371,4 @@ def run_log(run_dir: Path) -> Iterator[Path]:
 
 def log_step_time(cfg: RunConfig, rollout_id: int, seconds: float) -> None:
     """The parent's record that rollout `rollout_id` completed (also the resume point's marker)."""
-    log_metrics(cfg, "perf", rollout_id, {"perf/step_time": seconds})
+    log_metrics(cfg, "perf", rollout_id, {"perf/step_time": seconds}, sync=True)

@@ -31,10 +31,16 @@ def run_id_of(cfg: RunConfig) -> str | None:
     return _RUN_IDS.get(str(cfg.resolved_run_dir))
 
 
-def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, Any], step: int | None = None) -> dict:
+def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, Any], step: int | None = None, *,
+                sync: bool = False) -> dict:
     """Append `{"kind", "run_id"?, "rollout_id", "step"?, "metrics"}` to metrics.jsonl, log it as slime prints
     it (`rollout N: {...}`), hand it to the in-process listeners, then to the trackers the config turns on (their
-    failure raises `TrackerError`, after the record is written)."""
+    failure raises `TrackerError`, after the record is written).
+
+    `sync` fsyncs metrics.jsonl after the record (and so every record before it): the parent's records that mark
+    a point a resume starts from (a rollout's `perf/step_time`, the end-of-run gate) sync; a stage's records need
+    not (about 1 ms each, more on a busy disk): should the machine lose them, their rollout has no mark and a
+    resume runs it again."""
     record: dict[str, Any] = {"kind": kind}
     run_id = run_id_of(cfg)
     if run_id is not None:
@@ -43,7 +49,7 @@ def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, A
     if step is not None:
         record["step"] = step
     record["metrics"] = metrics
-    append_metrics(RunPaths(cfg.resolved_run_dir).metrics, record)
+    append_metrics(RunPaths(cfg.resolved_run_dir).metrics, record, sync=sync)
     say(f"{kind} {step if kind == 'step' else rollout_id}: {metrics}")
     publish_record(cfg.resolved_run_dir, record)
     track(cfg, kind, rollout_id, metrics, step)

@@ -91,21 +91,42 @@ def test_prefect_env_batches_event_writes_and_keeps_user_values(monkeypatch):
     value the user already set wins."""
     from prefect.settings.models.root import Settings
 
-    from flows.cli import PREFECT_ENV_DEFAULTS, configure_prefect_env
+    from flows.cli import EPHEMERAL_SERVER_DEFAULTS, PREFECT_ENV_DEFAULTS, configure_prefect_env
 
-    for name in PREFECT_ENV_DEFAULTS:
+    for name in [*PREFECT_ENV_DEFAULTS, *EPHEMERAL_SERVER_DEFAULTS, "PREFECT_API_URL"]:
         monkeypatch.delenv(name, raising=False)
     configure_prefect_env()
     settings = Settings()
     persister = settings.server.services.event_persister
     assert (persister.batch_size, persister.flush_interval) == (1000, 60)
+    recorder = settings.server.services.task_run_recorder
+    assert (recorder.batch_size, recorder.flush_interval) == (1000, 1)
     assert settings.server.analytics_enabled is False and settings.server.ephemeral.startup_timeout_seconds == 120
+    # the run's own temporary server: no automations services
+    services = settings.server.services
+    assert services.triggers.enabled is False  # triggers and the actions they fire
 
     monkeypatch.setenv("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE", "50")
     monkeypatch.setenv("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL", "5")
     configure_prefect_env()
     persister = Settings().server.services.event_persister
     assert (persister.batch_size, persister.flush_interval) == (50, 5)
+
+
+def test_served_and_named_servers_keep_their_automations(monkeypatch):
+    """`rollflow server`, and a run against a server named by PREFECT_API_URL, leave the automations services as
+    Prefect has them (only the temporary server of a run turns them off)."""
+    from prefect.settings.models.root import Settings
+
+    from flows.cli import EPHEMERAL_SERVER_DEFAULTS, configure_prefect_env
+
+    for name in [*EPHEMERAL_SERVER_DEFAULTS, "PREFECT_API_URL"]:
+        monkeypatch.delenv(name, raising=False)
+    configure_prefect_env(serving=True)
+    assert Settings().server.services.triggers.enabled is True
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    configure_prefect_env()
+    assert Settings().server.services.triggers.enabled is True
 
 
 def test_server_command_runs_without_the_venv_on_path(monkeypatch, tmp_path):
