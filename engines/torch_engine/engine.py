@@ -63,7 +63,7 @@ class TorchEngine:
         # per live row (these shrink as rows finish and are dropped from the batch)
         rows = torch.arange(b, device=self.device)  # each live row's index in `reqs`
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=self.device)
-        seeds = torch.tensor([r.seed for r in reqs], dtype=torch.long)
+        seeds = torch.tensor([r.seed for r in reqs], dtype=torch.long, device=self.device)
         max_new = torch.tensor([r.params.max_new_tokens for r in reqs], device=self.device)
         n_stop = max(1, max(len(r.params.stop_token_ids) for r in reqs))
         stops = torch.tensor([list(r.params.stop_token_ids) + [-1] * (n_stop - len(r.params.stop_token_ids))
@@ -235,7 +235,7 @@ def counter_uniform(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
     A counter-based generator (splitmix64 over the counter) instead of one torch.Generator per
     request: the same bits per request whatever the batch, but computed for the whole batch at once.
     """
-    return _uniform_at(seeds[:, None], step, vocab, torch.arange(vocab, dtype=torch.long)[None, :])
+    return _uniform_at(seeds[:, None], step, vocab, torch.arange(vocab, dtype=torch.long, device=seeds.device)[None, :])
 
 
 def _uniform_at(seeds: torch.Tensor, step: int, vocab: int, index: torch.Tensor) -> torch.Tensor:
