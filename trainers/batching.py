@@ -39,6 +39,57 @@ class Bucket:
 
 
 @dataclass
+class SharedPrompts:
+    """One micro-batch laid out as its distinct prompts + each sample's response (see
+    trainers/torch_trainer/shared_prompt.py). G distinct prompts, left padded to P; B samples, their response
+    inputs right padded to R (a response's last token is never an input); N real response tokens."""
+
+    prompt_ids: torch.Tensor     # [G, P] int64, left padded
+    prompt_pos: torch.Tensor     # [G, P] int64 rotary positions (0 on padding)
+    prompt_valid: torch.Tensor   # [G, P] bool
+    group: torch.Tensor          # [B] int64: each sample's prompt
+    response_ids: torch.Tensor   # [B, R] int64: response tokens 0..r-2, right padded
+    response_pos: torch.Tensor   # [B, R] int64
+    source: torch.Tensor         # [N] int64: index into the flattened [B, 1 + R] hidden states predicting each token
+    target: torch.Tensor         # [N] int64: where that token sits in the micro-batch's flattened [B, T] layout
+    tokens: torch.Tensor         # [N] int64
+
+    @staticmethod
+    def build(samples: list[Sample], t: int, pad_id: int, padded_cost: int) -> SharedPrompts | None:
+        """The layout of `samples` (T = the longest response), or None when it would not cost fewer token
+        positions than `padded_cost` (what the length-bucketed forwards cost)."""
+        prompts: dict[tuple[int, ...], int] = {}
+        group = [prompts.setdefault(tuple(s.prompt_tokens), len(prompts)) for s in samples]
+        width = max(len(p) for p in prompts)
+        r = max(max(s.response_length for s in samples) - 1, 0)
+        # a prompt part and a response part: two forwards' worth of per-call cost
+        if r == 0 or len(prompts) * width + len(samples) * r + 2 * FORWARD_OVERHEAD_TOKENS >= padded_cost:
+            return None
+        prompt_ids = [[pad_id] * (width - len(p)) + list(p) for p in prompts]
+        prompt_pos = [[0] * (width - len(p)) + list(range(len(p))) for p in prompts]
+        response_ids: list[list[int]] = []
+        response_pos: list[list[int]] = []
+        source: list[int] = []
+        target: list[int] = []
+        tokens: list[int] = []
+        for b, s in enumerate(samples):
+            p, n = len(s.prompt_tokens), s.response_length
+            inputs = list(s.response_tokens[:max(n - 1, 0)])
+            response_ids.append(inputs + [pad_id] * (r - len(inputs)))
+            response_pos.append([p + i for i in range(r)])
+            source.extend(range(b * (1 + r), b * (1 + r) + n))  # column 0: the prompt's last hidden state
+            target.extend(range(b * t, b * t + n))
+            tokens.extend(s.response_tokens)
+        long = torch.long
+        return SharedPrompts(torch.tensor(prompt_ids, dtype=long), torch.tensor(prompt_pos, dtype=long),
+                             torch.tensor([[i >= width - len(p) for i in range(width)] for p in prompts]),
+                             torch.tensor(group, dtype=long), torch.tensor(response_ids, dtype=long).reshape(len(samples), r),
+                             torch.tensor(response_pos, dtype=long).reshape(len(samples), r),
+                             torch.tensor(source, dtype=long), torch.tensor(target, dtype=long),
+                             torch.tensor(tokens, dtype=long))
+
+
+@dataclass
 class MicroBatch:
     """Right-padded tensors of one micro-batch. T_all = longest prompt+response, T = longest response.
 
@@ -53,6 +104,7 @@ class MicroBatch:
     loss_mask: torch.Tensor       # [B, T] float32 (0 on padding)
     sample_index: list[int]
     buckets: list[Bucket]         # the same samples cut by length (a backend may run one forward per bucket)
+    shared: SharedPrompts | None  # or laid out by distinct prompt, when that costs fewer positions
 
 
 def make_micro_batch(samples: list[Sample], pad_id: int) -> MicroBatch:
@@ -68,10 +120,12 @@ def make_micro_batch(samples: list[Sample], pad_id: int) -> MicroBatch:
         response_index.append(list(range(p - 1, p - 1 + r)) + [0] * (t - r))
         response_tokens.append(list(s.response_tokens) + [pad_id] * (t - r))
         loss_mask.append([float(m) for m in s.loss_mask] + [0.0] * (t - r))
+    cuts = length_buckets([len(x) for x in seqs])
+    padded = sum(len(rows) * max(len(seqs[i]) for i in rows) + FORWARD_OVERHEAD_TOKENS for rows in cuts)
     return MicroBatch(input_ids, torch.tensor(response_index, dtype=torch.long),
                       torch.tensor(response_tokens, dtype=torch.long),
                       torch.tensor(loss_mask, dtype=torch.float32), [s.sample_index for s in samples],
-                      [_bucket(samples, rows, t) for rows in length_buckets([len(x) for x in seqs])])
+                      [_bucket(samples, rows, t) for rows in cuts], SharedPrompts.build(samples, t, pad_id, padded))
 
 
 def _bucket(samples: list[Sample], rows: list[int], t: int) -> Bucket:

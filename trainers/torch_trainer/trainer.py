@@ -30,6 +30,8 @@ from trainers.collectives import all_reduce_sum, init_method
 from trainers.core import TrainerCore, buckets
 from trainers.losses import linear_log_probs_and_entropy
 from trainers.settings import TrainerSettings
+from trainers.torch_trainer import shared_prompt
+from trainers.torch_trainer.shared_prompt import shared_hidden
 
 
 class TorchTrainer(TrainerCore):
@@ -59,6 +61,7 @@ class TorchTrainer(TrainerCore):
             self.ref_model.requires_grad_(False)
         self.params = [p for _, p in self.model.named_parameters()]
         self._plain_head = has_plain_output_layer(self.model)
+        self._shared_prompts = self._plain_head and shared_prompt.supports(self.model)
         self._build_optimizer()
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
                 "params": sum(p.numel() for p in self.params)}
@@ -72,8 +75,9 @@ class TorchTrainer(TrainerCore):
         return logits.gather(1, idx).float() / self.s.temperature
 
     def _token_outputs(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """TrainerCore._token_outputs, one forward per length bucket of `mb` (less padding), with only the
-        hidden states that predict a response token going through the output layer, chunk by chunk
+        """TrainerCore._token_outputs, one forward per length bucket of `mb` (less padding), or, when its samples
+        share prompts and that costs less, each distinct prompt once (shared_prompt.py); only the hidden states
+        that predict a response token go through the output layer, chunk by chunk
         (trainers.losses.linear_log_probs_and_entropy: no [B, T_all, V] logits, no [tokens, V] log-softmax).
         Models whose logits are not a plain linear layer over the decoder's output take the generic path."""
         if not self._plain_head:
@@ -81,13 +85,17 @@ class TorchTrainer(TrainerCore):
         hf: Any = model  # an HF PreTrainedModel (setup built it)
         head, decoder = hf.get_output_embeddings().weight, hf.base_model
         lps, ents, targets = [], [], []
-        for bucket in mb.buckets:
-            hidden = decoder(input_ids=mb.input_ids[bucket.rows, :bucket.width], use_cache=False).last_hidden_state
-            picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, bucket.source)  # [n, H]
-            lp, ent = linear_log_probs_and_entropy(picked, head, bucket.tokens, temperature=self.s.temperature)
+        if mb.shared is not None and self._shared_prompts:
+            parts = [(shared_hidden(hf, mb.shared), mb.shared.tokens, mb.shared.target)]
+        else:
+            parts = [(decoder(input_ids=mb.input_ids[bucket.rows, :bucket.width], use_cache=False).last_hidden_state
+                      .flatten(0, 1).index_select(0, bucket.source), bucket.tokens, bucket.target)
+                     for bucket in mb.buckets]
+        for picked, tokens, target in parts:  # picked: [n, H], the hidden states predicting `tokens`
+            lp, ent = linear_log_probs_and_entropy(picked, head, tokens, temperature=self.s.temperature)
             lps.append(lp)
             ents.append(ent)
-            targets.append(bucket.target)
+            targets.append(target)
         b, t = mb.response_tokens.shape
         target = torch.cat(targets)
         log_probs = torch.zeros(b * t).index_copy(0, target, torch.cat(lps)).view(b, t)
