@@ -10,6 +10,7 @@ Contract of ``build_once(final, lock_file, build, *, num_threads, log)``:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import os
@@ -173,3 +174,13 @@ def save_checkpoint(target: pathlib.Path, model: PreTrainedModel, tok: PreTraine
     info = {**info, "num_parameters": sum(p.numel() for p in model.parameters()), "num_threads": torch.get_num_threads()}
     (target / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     (target / DONE_MARKER).write_text(fingerprint + "\n")
+
+
+def cli(name: str, ensure_checkpoint: Callable[..., pathlib.Path], argv: Sequence[str] | None = None) -> None:
+    """`python -m recipes.<name>.bootstrap [--cache-dir D] [--num-threads N]`: build (or find) the recipe's
+    checkpoint and print its path."""
+    parser = argparse.ArgumentParser(description=f"Build (or find) the {name} checkpoint.")
+    parser.add_argument("--cache-dir", default=None, help="default: $ROLLFLOW_CACHE_DIR or ~/.cache/rollflow")
+    parser.add_argument("--num-threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    print(ensure_checkpoint(args.cache_dir, num_threads=args.num_threads))

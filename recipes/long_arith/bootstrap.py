@@ -21,7 +21,6 @@ Run ``python -m recipes.long_arith.bootstrap [--cache-dir D] [--num-threads N]``
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -33,13 +32,13 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
-from recipes.common import CACHE_ENV_VAR, build_model, default_cache_dir
+from recipes.common import build_model, default_cache_dir
 from recipes.long_arith.data import DIGITS, MAX_RESPONSE_TOKENS, eval_problems, make_problems
 from recipes.long_arith.model import model_config
 from recipes.long_arith.reward import mean_reward, reward
 from recipes.long_arith.settings import RECIPE_VERSION, WarmupSettings, checkpoint_path, recipe_fingerprint
 from recipes.long_arith.tokenizer import build_tokenizer
-from recipes.warmup import build_once, generate_responses, save_checkpoint, sft_tensors
+from recipes.warmup import build_once, cli, generate_responses, save_checkpoint, sft_tensors
 
 LOCK_FILE = "long-arith.lock"
 
@@ -137,11 +136,8 @@ def ensure_checkpoint(cache_dir: str | os.PathLike[str] | None = None, settings:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Build (or find) the long-arith checkpoint.")
-    parser.add_argument("--cache-dir", default=None, help=f"default: ${CACHE_ENV_VAR} or ~/.cache/rollflow")
-    parser.add_argument("--num-threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    print(ensure_checkpoint(args.cache_dir, num_threads=args.num_threads))
+    """Build (or find) the checkpoint and print its path (recipes.warmup.cli)."""
+    cli("long-arith", ensure_checkpoint, argv)
 
 
 if __name__ == "__main__":

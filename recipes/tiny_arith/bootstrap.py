@@ -32,7 +32,6 @@ and print the path.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import pathlib
@@ -58,6 +57,7 @@ from recipes.warmup import (  # noqa: F401  (re-exported)
     DONE_MARKER,
     INFO_FILE,
     build_once,
+    cli,
     generate_responses,
     save_checkpoint,
     sft_tensors,
@@ -191,11 +191,8 @@ def ensure_checkpoint(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Build (or find) the tiny-arith checkpoint.")
-    parser.add_argument("--cache-dir", default=None, help=f"default: ${CACHE_ENV_VAR} or ~/.cache/rollflow")
-    parser.add_argument("--num-threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    print(ensure_checkpoint(args.cache_dir, num_threads=args.num_threads))
+    """Build (or find) the checkpoint and print its path (recipes.warmup.cli)."""
+    cli("tiny-arith", ensure_checkpoint, argv)
 
 
 if __name__ == "__main__":
