@@ -26,17 +26,20 @@ def apply_recipe(cfg: RunConfig, *, build: bool = True) -> RunConfig:
     """Fill in the recipe's base model, prompt data (+ keys), eval data and reward where the flags are unset.
     With `build=False` the recipe's checkpoint is not built (its path is filled in all the same)."""
     recipe = get_recipe(cfg.recipe)
+    data, reward = cfg.data, cfg.reward
+    given = sorted(k for k in _DATA_KEYS if k in data.model_fields_set)
+    if data.prompt_data is None and given:  # refused before the recipe builds its model (a minute, the first time)
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ValueError(f"{flags} given without --prompt-data: the {recipe.name} preset reads its own prompts "
+                         f"with its own keys; give --prompt-data to use yours")
+    if data.prompt_data is not None and reward.rm_type is None and reward.custom_rm_path is None:
+        raise ValueError("--prompt-data is given but no reward: add --rm-type (exact_match, math, deepscaler, f1, "
+                         "tiny-arith, long-arith, or boxed_<type>) or --custom-rm-path module.fn")
     update: dict[str, Any] = {}
     if cfg.hf_checkpoint is None:
         update["hf_checkpoint"] = str(recipe.ensure_checkpoint() if build else recipe.checkpoint_path())
-    data, reward = cfg.data, cfg.reward
     data_update: dict[str, Any] = {}
     if data.prompt_data is None:
-        given = sorted(k for k in _DATA_KEYS if k in data.model_fields_set)
-        if given:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise ValueError(f"{flags} given without --prompt-data: the {recipe.name} preset reads its own prompts "
-                             f"with its own keys; give --prompt-data to use yours")
         train, evals = recipe.ensure_data()
         preset = {k: v for k, v in recipe.data.items() if k not in data.model_fields_set}
         data_update = {**preset, "prompt_data": str(train)}
@@ -47,9 +50,6 @@ def apply_recipe(cfg: RunConfig, *, build: bool = True) -> RunConfig:
         rollout_preset = {k: v for k, v in recipe.rollout.items() if k not in cfg.rollout.model_fields_set}
         if rollout_preset:
             update["rollout"] = cfg.rollout.model_copy(update=rollout_preset)
-    elif reward.rm_type is None and reward.custom_rm_path is None:
-        raise ValueError("--prompt-data is given but no reward: add --rm-type (exact_match, math, deepscaler, f1, tiny-arith, long-arith, "
-                         "or boxed_<type>) or --custom-rm-path module.fn")
     if data_update:
         update["data"] = data.model_copy(update=data_update)
     return RunConfig.model_validate({**cfg.model_dump(), **{k: v.model_dump() if hasattr(v, "model_dump") else v
