@@ -177,6 +177,7 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None, resume: boo
     As it goes, the run's report (`flows.report`) feeds the observers (the console of `rollflow run`) and the run's
     page in the Prefect UI (`flows.run_page`); at the end, with --ci-test, `rollflow doctor` runs on the run dir
     and its findings join both. Log lines go to `<run dir>/logs/run.log`, the actors' output to logs/actors.log."""
+    runtime.retry_busy_server_quickly()
     # a Prefect retry of this flow run (UI, `prefect flow-run retry`) continues the run like --resume
     owned = runtime.own(cfg, resume=resume or (flow_run.run_count or 1) > 1, overwrite=overwrite)
     cfg = owned.cfg
@@ -228,9 +229,12 @@ class _RunLoop:
         ok = False
         try:
             weights = await self._start_actors()
+            runtime.freeze_heap()
             last: tuple[uuid.UUID | None, int] | None = None
             for rollout_id in range(owned.start, self.report.end):
                 weights, last = await self._rollout(rollout_id, weights, session)
+                if rollout_id == owned.start:  # what the first rollout imported and cached stays for the run
+                    runtime.freeze_heap()
             if self.report.end < cfg.rollout.num_rollout:
                 notify.notice(f"--debug-exit-after-rollout: stopping after rollout {self.report.end - 1}")
             await self.publisher.drain()

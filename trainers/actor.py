@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,12 @@ class TrainerActor:
         """Join the trainer group at `master_addr:master_port` (gloo on this node's interface when the group
         spans nodes) and build the backend's model and optimizer."""
         use_interface_for(master_addr, ray.util.get_node_ip_address())
-        return self.trainer.setup(master_addr, master_port)
+        info = self.trainer.setup(master_addr, master_port)
+        # model, optimizer and imports live as long as the actor: out of the GC's full collections
+        # (flows/runtime.py::freeze_heap says what they cost)
+        gc.collect()
+        gc.freeze()
+        return info
 
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
         return self.trainer.compute_log_probs(rollout_ref, out_path)

@@ -1,0 +1,51 @@
+"""A busy embedded Prefect server (SQLite "database is locked": 503 without Retry-After) is retried after
+0.05 s and 0.25 s instead of Prefect's 2 s and 4 s, and only for the first two busy answers to a request."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from prefect.client import base as client_base
+
+from flows.runtime import retry_busy_server_quickly
+
+
+def _busy_then_ok(busy: int, waits: list[float], monkeypatch) -> tuple[int, list[int]]:
+    """Send one request to a server that answers 503 `busy` times, then 200; record the client's waits."""
+    answers: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        code = 503 if len(answers) < busy else 200
+        answers.append(code)
+        return httpx.Response(code, text="database is locked" if code == 503 else "ok")
+
+    async def no_sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(client_base.anyio, "sleep", no_sleep)
+
+    async def send() -> int:
+        async with client_base.PrefectHttpxAsyncClient(transport=httpx.MockTransport(handler),
+                                                       base_url="http://prefect.test/api") as client:
+            return (await client.get("/health")).status_code
+
+    return asyncio.run(send()), answers
+
+
+def test_the_first_two_busy_answers_are_retried_quickly_then_prefect_backs_off(monkeypatch):
+    retry_busy_server_quickly()
+    waits: list[float] = []
+    status, answers = _busy_then_ok(3, waits, monkeypatch)
+    assert status == 200 and answers == [503, 503, 503, 200]
+    assert waits[0] < 0.1 and waits[1] < 0.5  # Prefect alone: about 2 s and 4 s
+    assert waits[2] >= 4.0  # the third busy answer: Prefect's own exponential back-off, not hammering
+
+
+def test_the_patch_is_applied_once_and_other_answers_pass_through(monkeypatch):
+    retry_busy_server_quickly()
+    patched = client_base.PrefectHttpxAsyncClient._send_with_retry
+    retry_busy_server_quickly()
+    assert client_base.PrefectHttpxAsyncClient._send_with_retry is patched
+    waits: list[float] = []
+    assert _busy_then_ok(0, waits, monkeypatch) == (200, [200]) and waits == []
