@@ -150,7 +150,7 @@ def main() -> None:
           f"start-up {wall:.1f} s")
     print(table(["per rollout", "mean s", "overhead s (vs plain)", "median s", "overhead (medians)"], rows))
     print("A cadence far above the median is Prefect's SQLite answering 503 (database is locked) to a request of "
-          "the loop more than twice in a row (the first two retries wait 0.05 and 0.25 s, then Prefect's 8 s: "
+          "the loop more than three times in a row (the first three retries wait 0.05, 0.25 and 1 s, then Prefect's 16 s: "
           "flows/runtime.py::retry_busy_server_quickly), or the machine was busy.")
     s2s_median = statistics.median(cadence[1:]) - base_median
     s2s_mean = mean(cadence[1:]) - base

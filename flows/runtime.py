@@ -168,16 +168,18 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-# The first two waits after a 503 "database is locked" (the embedded server's SQLite refused a write that met
-# another one): the lock is held for milliseconds, but Prefect's client, seeing no Retry-After header, waits
-# 2 s and then 4 s -- a stall of the whole loop, rollout flow runs and task runs are created in line. From the
-# third busy answer on, Prefect's own back-off applies: a server that stays busy is not hammered.
-_BUSY_RETRY_SECONDS = ("0.05", "0.25")
+# The first waits after a 503 "database is locked" (the embedded server's SQLite refused a write: in WAL mode a
+# transaction that read before another one committed fails at once, SQLITE_BUSY_SNAPSHOT, whatever the busy
+# timeout): the conflict is gone milliseconds later, but Prefect's client, seeing no Retry-After header, waits
+# 2, 4, 8 s -- a stall of the whole loop, rollout flow runs and task runs are created in line. From the fourth
+# busy answer to a request on, Prefect's own back-off (16, 32 s) applies: a server that stays busy is not
+# hammered, and a request still fails after about 50 s of it (Prefect alone: 62 s).
+_BUSY_RETRY_SECONDS = ("0.05", "0.25", "1")
 
 
 def retry_busy_server_quickly() -> None:
     """Make this process's Prefect clients retry a busy server (503 without Retry-After) after
-    `_BUSY_RETRY_SECONDS` for its first two busy answers to a request, then as Prefect would. Idempotent."""
+    `_BUSY_RETRY_SECONDS` for its first three busy answers to a request, then as Prefect would. Idempotent."""
     from prefect.client import base
 
     cls = base.PrefectHttpxAsyncClient
