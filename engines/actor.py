@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 import ray
@@ -13,6 +12,7 @@ from engines.base import Engine, GenerateOutput, GenerateRequest
 from engines.registry import get_engine_class
 from faults import FaultHookRequest, FaultInjector
 from faults.drop_weight import dropped_weights
+from procs import freeze_heap
 
 
 @ray.remote(num_cpus=0)
@@ -32,10 +32,7 @@ class EngineActor:
         self.faults = FaultInjector(faults or [], "engine", engine_index, run_dir, epoch)
         self.generate_calls = 0
         self._receiving: set[str] | None = None  # names of a streamed sync's buckets so far
-        # the model, torch and Ray live as long as the actor: keep the GC's full collections from walking
-        # them (flows/runtime.py::freeze_heap says what that cost)
-        gc.collect()
-        gc.freeze()
+        freeze_heap()  # the model, torch and Ray live as long as the actor
 
     def generate(self, requests: list[GenerateRequest], ctx: dict[str, Any] | None = None) -> list[GenerateOutput]:
         self.faults.reach("engine_generate_start", weight_version=self.engine.weight_version(), **(ctx or {}))

@@ -20,6 +20,7 @@ from faults import FaultInjector
 from flows import run_page, runtime
 from flows.failure import explain, note_stage
 from flows.report import RunReport, observers
+from procs import freeze_heap
 from tasks import STAGE_NAMES, actors, notify
 from tasks.checks import metric_gate, raise_if_any, retry_unless_check_failed
 from tasks.metrics import close_run, log_metrics
@@ -229,12 +230,12 @@ class _RunLoop:
         ok = False
         try:
             weights = await self._start_actors()
-            runtime.freeze_heap()
+            freeze_heap()  # Prefect, Ray, torch and the config are set up for the run
             last: tuple[uuid.UUID | None, int] | None = None
             for rollout_id in range(owned.start, self.report.end):
                 weights, last = await self._rollout(rollout_id, weights, session)
                 if rollout_id == owned.start:  # what the first rollout imported and cached stays for the run
-                    runtime.freeze_heap()
+                    freeze_heap()
             if self.report.end < cfg.rollout.num_rollout:
                 notify.notice(f"--debug-exit-after-rollout: stopping after rollout {self.report.end - 1}")
             await self.publisher.drain()

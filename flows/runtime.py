@@ -1,12 +1,11 @@
 """What the run flow needs besides the algorithm: owning the run dir (lock, identity, resume point, records a
 resume must not duplicate), the run's log file, the Prefect/SQLite accommodations (`settle`, `Publisher`,
-`retry_busy_server_quickly`), the frozen heap, the per-rollout metrics table, marking a dead run's flow run
+`retry_busy_server_quickly`), the per-rollout metrics table, marking a dead run's flow run
 Crashed, and the watchdog that ends a run whose Prefect API stopped answering."""
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import sys
@@ -157,17 +156,6 @@ def _checkpoint_rollout(path: Path) -> int:
     return int(_checkpoint_meta(path)["rollout_id"])
 
 
-def freeze_heap() -> None:
-    """Collect once, then move every object alive now to the GC's permanent generation.
-
-    The driver holds about 750k long-lived objects once Prefect, Ray, torch and pydantic are imported and the
-    actors started; each full (gen-2) collection walked them all, 200-400 ms at a time, a stall inside some
-    rollout every few rollouts. Frozen objects are never scanned again (they were never going to be freed:
-    modules, classes, the config); what the loop allocates later is collected as usual."""
-    gc.collect()
-    gc.freeze()
-
-
 # The first waits after a 503 "database is locked" (the embedded server's SQLite refused a write: in WAL mode a
 # transaction that read before another one committed fails at once, SQLITE_BUSY_SNAPSHOT, whatever the busy
 # timeout): the conflict is gone milliseconds later, but Prefect's client, seeing no Retry-After header, waits
@@ -177,31 +165,47 @@ def freeze_heap() -> None:
 _BUSY_RETRY_SECONDS = ("0.05", "0.25", "1")
 
 
+class _QuickBusyRetry:
+    """One request's busy answers so far: the first `_BUSY_RETRY_SECONDS` of them get a Retry-After header."""
+
+    def __init__(self) -> None:
+        self.busy = 0
+
+    def mark(self, response: Any) -> Any:
+        if response.status_code == 503 and "Retry-After" not in response.headers and self.busy < len(_BUSY_RETRY_SECONDS):
+            response.headers["Retry-After"] = _BUSY_RETRY_SECONDS[self.busy]
+            self.busy += 1
+        return response
+
+
 def retry_busy_server_quickly() -> None:
-    """Make this process's Prefect clients retry a busy server (503 without Retry-After) after
-    `_BUSY_RETRY_SECONDS` for its first three busy answers to a request, then as Prefect would. Idempotent."""
+    """Make this process's Prefect clients (async and sync) retry a busy server (503 without Retry-After) after
+    `_BUSY_RETRY_SECONDS` for its first three busy answers to a request, then as Prefect would. Idempotent.
+
+    Prefect's `_send_with_retry(request, send, ...)` honours a Retry-After header and has no setting for its
+    back-off, so each response that `send` returns passes `_QuickBusyRetry.mark` first."""
     from prefect.client import base
 
-    cls = base.PrefectHttpxAsyncClient
-    if getattr(cls._send_with_retry, "_rollflow_quick", False):
+    async_cls, sync_cls = base.PrefectHttpxAsyncClient, base.PrefectHttpxSyncClient
+    if getattr(async_cls._send_with_retry, "_rollflow_quick", False):
         return
-    original = cls._send_with_retry
+    async_original, sync_original = async_cls._send_with_retry, sync_cls._send_with_retry
 
-    async def send_with_quick_retry(self: Any, request: Any, send: Any, *args: Any, **kwargs: Any) -> Any:
-        busy = 0
+    async def send_async(self: Any, request: Any, send: Any, *args: Any, **kwargs: Any) -> Any:
+        quick = _QuickBusyRetry()
 
         async def send_once(*a: Any, **kw: Any) -> Any:
-            nonlocal busy
-            response = await send(*a, **kw)
-            if response.status_code == 503 and "Retry-After" not in response.headers and busy < len(_BUSY_RETRY_SECONDS):
-                response.headers["Retry-After"] = _BUSY_RETRY_SECONDS[busy]
-                busy += 1
-            return response
+            return quick.mark(await send(*a, **kw))
 
-        return await original(self, request, send_once, *args, **kwargs)
+        return await async_original(self, request, send_once, *args, **kwargs)
 
-    send_with_quick_retry._rollflow_quick = True  # type: ignore[attr-defined]
-    cls._send_with_retry = send_with_quick_retry  # type: ignore[method-assign]
+    def send_sync(self: Any, request: Any, send: Any, *args: Any, **kwargs: Any) -> Any:
+        quick = _QuickBusyRetry()
+        return sync_original(self, request, lambda *a, **kw: quick.mark(send(*a, **kw)), *args, **kwargs)
+
+    send_async._rollflow_quick = True  # type: ignore[attr-defined]
+    async_cls._send_with_retry = send_async  # type: ignore[method-assign]
+    sync_cls._send_with_retry = send_sync  # type: ignore[method-assign]
 
 
 def record_flow_run(owned: OwnedRun, flow_run_id: str) -> None:
@@ -248,12 +252,12 @@ def start_api_watchdog(api_url: str, timeout: float, run_dir: Path) -> threading
         with httpx.Client(timeout=min(5.0, timeout / 4)) as client:  # one connection for every poll
             while not stop.wait(min(5.0, timeout / 4)):
                 try:
-                    if client.get(url).status_code < 500:
-                        last_ok = time.monotonic()
-                        continue
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() - last_ok > timeout:
+                    answered = client.get(url).status_code < 500
+                except httpx.HTTPError:  # refused, reset, timed out: counts as not answering
+                    answered = False
+                if answered:
+                    last_ok = time.monotonic()
+                elif time.monotonic() - last_ok > timeout:
                     print(f"rollflow: error: the Prefect API at {api_url} has not answered for {timeout:g} s "
                           f"(--prefect-timeout); stopping the run. Continue it with "
                           f"`rollflow run --resume {run_dir}`", file=sys.stderr, flush=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from artifacts.hashing import tensor_hashes
 from artifacts.store import ArtifactRef
 from artifacts.wire import WireWeights, to_wire
 from faults import FaultHookRequest, FaultInjector
+from procs import freeze_heap
 from trainers.base import Trainer
 from trainers.collectives import use_interface_for
 from trainers.registry import get_trainer_class
@@ -63,10 +63,7 @@ class TrainerActor:
         spans nodes) and build the backend's model and optimizer."""
         use_interface_for(master_addr, ray.util.get_node_ip_address())
         info = self.trainer.setup(master_addr, master_port)
-        # model, optimizer and imports live as long as the actor: out of the GC's full collections
-        # (flows/runtime.py::freeze_heap says what they cost)
-        gc.collect()
-        gc.freeze()
+        freeze_heap()  # the model, optimizer and imports live as long as the actor
         return info
 
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:

@@ -1,17 +1,19 @@
 """A busy embedded Prefect server (SQLite "database is locked": 503 without Retry-After) is retried after
-0.05, 0.25 and 1 s instead of Prefect's 2, 4 and 8 s, and only for the first three busy answers to a request."""
+0.05, 0.25 and 1 s instead of Prefect's 2, 4 and 8 s, and only for the first three busy answers to a request;
+by the async client and the sync one."""
 
 from __future__ import annotations
 
 import asyncio
 
 import httpx
+import pytest
 from prefect.client import base as client_base
 
 from flows.runtime import retry_busy_server_quickly
 
 
-def _busy_then_ok(busy: int, waits: list[float], monkeypatch) -> tuple[int, list[int]]:
+def _busy_then_ok(busy: int, waits: list[float], monkeypatch, sync: bool) -> tuple[int, list[int]]:
     """Send one request to a server that answers 503 `busy` times, then 200; record the client's waits."""
     answers: list[int] = []
 
@@ -24,19 +26,24 @@ def _busy_then_ok(busy: int, waits: list[float], monkeypatch) -> tuple[int, list
         waits.append(seconds)
 
     monkeypatch.setattr(client_base.anyio, "sleep", no_sleep)
+    monkeypatch.setattr(client_base.time, "sleep", waits.append)  # the sync client's wait (the test's only)
+    url = "http://prefect.test/api"
+    if sync:
+        with client_base.PrefectHttpxSyncClient(transport=httpx.MockTransport(handler), base_url=url) as client:
+            return client.get("/health").status_code, answers
 
     async def send() -> int:
-        async with client_base.PrefectHttpxAsyncClient(transport=httpx.MockTransport(handler),
-                                                       base_url="http://prefect.test/api") as client:
+        async with client_base.PrefectHttpxAsyncClient(transport=httpx.MockTransport(handler), base_url=url) as client:
             return (await client.get("/health")).status_code
 
     return asyncio.run(send()), answers
 
 
-def test_the_first_three_busy_answers_are_retried_quickly_then_prefect_backs_off(monkeypatch):
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_the_first_three_busy_answers_are_retried_quickly_then_prefect_backs_off(monkeypatch, sync):
     retry_busy_server_quickly()
     waits: list[float] = []
-    status, answers = _busy_then_ok(4, waits, monkeypatch)
+    status, answers = _busy_then_ok(4, waits, monkeypatch, sync)
     assert status == 200 and answers == [503, 503, 503, 503, 200]
     assert waits[0] < 0.1 and waits[1] < 0.5 and waits[2] < 1.5  # Prefect alone: about 2, 4 and 8 s
     assert waits[3] >= 8.0  # the fourth busy answer: Prefect's own exponential back-off, not hammering
@@ -48,4 +55,4 @@ def test_the_patch_is_applied_once_and_other_answers_pass_through(monkeypatch):
     retry_busy_server_quickly()
     assert client_base.PrefectHttpxAsyncClient._send_with_retry is patched
     waits: list[float] = []
-    assert _busy_then_ok(0, waits, monkeypatch) == (200, [200]) and waits == []
+    assert _busy_then_ok(0, waits, monkeypatch, sync=False) == (200, [200]) and waits == []
