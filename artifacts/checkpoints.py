@@ -17,12 +17,16 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
         return d
     latest = d / LATEST_FILE
     if not latest.is_file():
-        if d.is_dir() and any(p.name.startswith("iter_") and (p / "meta.json").is_file() for p in d.iterdir()):
+        if d.is_dir() and any(
+            p.name.startswith("iter_") and (p / "meta.json").is_file() for p in d.iterdir()
+        ):
             raise FileNotFoundError(f"--load {directory}: has iter_* checkpoints but no {LATEST_FILE}")
         return None
     text = latest.read_text().strip()
     if not text.isdigit():
-        raise FileNotFoundError(f"--load {directory}: {LATEST_FILE} holds {text[:40]!r}, not an iteration number")
+        raise FileNotFoundError(
+            f"--load {directory}: {LATEST_FILE} holds {text[:40]!r}, not an iteration number"
+        )
     path = d / f"iter_{int(text):07d}"
     if not (path / "meta.json").is_file():
         raise FileNotFoundError(f"--load {directory}: {path} is missing or incomplete")
@@ -45,5 +49,7 @@ def model_dir(path: str | Path) -> Path:
         return p
     ckpt = latest_checkpoint(p)
     if ckpt is None or not (ckpt / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: neither an HF model dir (config.json) nor a directory of checkpoints")
+        raise FileNotFoundError(
+            f"{path}: neither an HF model dir (config.json) nor a directory of checkpoints"
+        )
     return ckpt

@@ -16,8 +16,13 @@ def _max_abs_diff(a: Any, b: Any) -> float | None:
     """Max |a - b| over numbers or equal-length numeric lists; None when not comparable numerically."""
     if isinstance(a, int | float) and isinstance(b, int | float):
         return abs(float(a) - float(b))
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and a and \
-            all(isinstance(x, int | float) for x in a + b):
+    if (
+        isinstance(a, list)
+        and isinstance(b, list)
+        and len(a) == len(b)
+        and a
+        and all(isinstance(x, int | float) for x in a + b)
+    ):
         return max(abs(float(x) - float(y)) for x, y in zip(a, b, strict=True))
     return None
 

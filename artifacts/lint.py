@@ -38,16 +38,55 @@ __all__ = ["CheckpointNotFound", "LintProblem", "LintReport", "lint_checkpoint",
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8,
-                "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+}
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
-_CONFIG_DTYPES = {"float32": "F32", "float": "F32", "bfloat16": "BF16", "float16": "F16", "half": "F16",
-                  "float64": "F64", "double": "F64"}
+_CONFIG_DTYPES = {
+    "float32": "F32",
+    "float": "F32",
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "half": "F16",
+    "float64": "F64",
+    "double": "F64",
+}
 # Tensors that quantisation formats store next to (or instead of) a module's plain `weight`:
 # compressed-tensors, GPTQ/AWQ, FP8 block scales, bitsandbytes.
-_QUANT_SUFFIXES = {"weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_global_scale",
-                   "input_global_scale", "input_scale", "weight_scale_inv", "qweight", "qzeros", "scales", "g_idx",
-                   "SCB", "absmax", "quant_map", "nested_absmax", "nested_quant_map"}
+_QUANT_SUFFIXES = {
+    "weight_packed",
+    "weight_scale",
+    "weight_zero_point",
+    "weight_shape",
+    "weight_global_scale",
+    "input_global_scale",
+    "input_scale",
+    "weight_scale_inv",
+    "qweight",
+    "qzeros",
+    "scales",
+    "g_idx",
+    "SCB",
+    "absmax",
+    "quant_map",
+    "nested_absmax",
+    "nested_quant_map",
+}
 _IGNORE_KEYS = ("ignore", "modules_to_not_convert", "ignored_layers", "llm_int8_skip_modules")
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(.+)$")
@@ -99,7 +138,9 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, _Tensor], list[str]]:
             return {}, [f"not a safetensors file: {size} bytes"]
         (n,) = struct.unpack("<Q", head)
         if n > size - 8:
-            return {}, [f"truncated: the header claims {n} bytes, the file has {size - 8} after its length field"]
+            return {}, [
+                f"truncated: the header claims {n} bytes, the file has {size - 8} after its length field"
+            ]
         try:
             header = json.loads(f.read(n))
         except (ValueError, UnicodeDecodeError) as e:
@@ -112,7 +153,14 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, _Tensor], list[str]]:
             continue
         try:
             begin, end = (int(x) for x in info["data_offsets"])
-            t = _Tensor(name, str(info["dtype"]), tuple(int(d) for d in info["shape"]), path, 8 + n + begin, 8 + n + end)
+            t = _Tensor(
+                name,
+                str(info["dtype"]),
+                tuple(int(d) for d in info["shape"]),
+                path,
+                8 + n + begin,
+                8 + n + end,
+            )
         except (KeyError, TypeError, ValueError):
             problems.append(f"tensor {name}: malformed header entry {info!r}")
             continue
@@ -121,8 +169,10 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, _Tensor], list[str]]:
             problems.append(f"truncated: tensor {name}'s bytes end at {t.end}, the file has {size}")
         width = _DTYPE_BYTES.get(t.dtype)
         if width is not None and (t.end - t.start) != math.prod(t.shape) * width:
-            problems.append(f"tensor {name}: {t.end - t.start} bytes stored for shape {list(t.shape)} {t.dtype} "
-                            f"({math.prod(t.shape) * width} needed)")
+            problems.append(
+                f"tensor {name}: {t.end - t.start} bytes stored for shape {list(t.shape)} {t.dtype} "
+                f"({math.prod(t.shape) * width} needed)"
+            )
     return tensors, problems
 
 
@@ -138,12 +188,16 @@ def _model_dirs(path: Path) -> list[Path]:
     if path.is_file():
         if path.name in (INDEX_FILE, SINGLE_FILE):
             return [path.parent]
-        raise CheckpointNotFound(f"{path}: not a checkpoint (give the directory, {SINGLE_FILE} or {INDEX_FILE})")
+        raise CheckpointNotFound(
+            f"{path}: not a checkpoint (give the directory, {SINGLE_FILE} or {INDEX_FILE})"
+        )
     if _is_model_dir(path):
         return [path]
     iters = sorted(p for p in path.glob("iter_*") if p.is_dir() and _is_model_dir(p))
     if not iters:
-        raise CheckpointNotFound(f"{path}: not a checkpoint: no {SINGLE_FILE}, no {INDEX_FILE}, no iter_* checkpoints")
+        raise CheckpointNotFound(
+            f"{path}: not a checkpoint: no {SINGLE_FILE}, no {INDEX_FILE}, no iter_* checkpoints"
+        )
     return iters
 
 
@@ -175,7 +229,9 @@ def _lint_dir(d: Path, prefix: str, report: LintReport) -> None:
 def _read_config(d: Path, problems: list[LintProblem]) -> dict[str, Any] | None:
     path = d / "config.json"
     if not path.is_file():
-        problems.append(LintProblem("config.json", "missing: shapes, dtypes and tied embeddings cannot be checked"))
+        problems.append(
+            LintProblem("config.json", "missing: shapes, dtypes and tied embeddings cannot be checked")
+        )
         return None
     try:
         config = json.loads(path.read_text())
@@ -191,7 +247,9 @@ def _read_config(d: Path, problems: list[LintProblem]) -> dict[str, Any] | None:
 # -- files and index ---------------------------------------------------------------------------------------
 def _layers_of(names: list[str]) -> str:
     found = sorted({int(m.group(1)) for n in names if (m := _LAYER.search(n))})
-    return f" in layer(s) {', '.join(map(str, found[:12]))}{', ...' if len(found) > 12 else ''}" if found else ""
+    return (
+        f" in layer(s) {', '.join(map(str, found[:12]))}{', ...' if len(found) > 12 else ''}" if found else ""
+    )
 
 
 def _inventory(d: Path, problems: list[LintProblem]) -> tuple[dict[str, _Tensor], set[str]]:
@@ -217,19 +275,30 @@ def _inventory(d: Path, problems: list[LintProblem]) -> tuple[dict[str, _Tensor]
     for shard in sorted(listed):
         if not (d / shard).is_file():
             names = sorted(listed[shard])
-            problems.append(LintProblem(shard, f"missing: {INDEX_FILE} lists it for {len(names)} tensor(s)"
-                                               f"{_layers_of(names)}, e.g. {names[0]}"))
+            problems.append(
+                LintProblem(
+                    shard,
+                    f"missing: {INDEX_FILE} lists it for {len(names)} tensor(s)"
+                    f"{_layers_of(names)}, e.g. {names[0]}",
+                )
+            )
             continue
         stored[shard], bad = read_safetensors_header(d / shard)
         problems += [LintProblem(shard, m) for m in bad]
     for extra in sorted(p.name for p in d.glob("model*.safetensors") if p.name not in listed):
-        problems.append(LintProblem(extra, f"not listed in {INDEX_FILE}: loaders that follow the index never read it"))
+        problems.append(
+            LintProblem(extra, f"not listed in {INDEX_FILE}: loaders that follow the index never read it")
+        )
     tensors = _reconcile(weight_map, listed, stored, problems)
     return tensors, set(tensors) | set(weight_map)
 
 
-def _reconcile(weight_map: dict[str, str], listed: dict[str, list[str]], stored: dict[str, dict[str, _Tensor]],
-               problems: list[LintProblem]) -> dict[str, _Tensor]:
+def _reconcile(
+    weight_map: dict[str, str],
+    listed: dict[str, list[str]],
+    stored: dict[str, dict[str, _Tensor]],
+    problems: list[LintProblem],
+) -> dict[str, _Tensor]:
     """Tensors as the shards hold them; each disagreement with the index is a problem naming the tensor."""
     holders: dict[str, list[str]] = {}
     for shard, tensors in stored.items():
@@ -293,20 +362,28 @@ def _shape_rules(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple[in
     rules: list[tuple[str, tuple[int | None, ...]]] = [
         (r"(^|\.)embed_tokens\.weight$", (v, h)),
         (r"^lm_head\.weight$", (v, h)),
-        (r"\.(input_layernorm|post_attention_layernorm|pre_feedforward_layernorm|post_feedforward_layernorm)\.weight$",
-         (h,)),
+        (
+            r"\.(input_layernorm|post_attention_layernorm|pre_feedforward_layernorm|post_feedforward_layernorm)\.weight$",
+            (h,),
+        ),
         (r"^model\.norm\.weight$", (h,)),
-        (r"\.self_attn\.q_proj\.weight$", (q, h)), (r"\.self_attn\.q_proj\.bias$", (q,)),
-        (r"\.self_attn\.[kv]_proj\.weight$", (k, h)), (r"\.self_attn\.[kv]_proj\.bias$", (k,)),
+        (r"\.self_attn\.q_proj\.weight$", (q, h)),
+        (r"\.self_attn\.q_proj\.bias$", (q,)),
+        (r"\.self_attn\.[kv]_proj\.weight$", (k, h)),
+        (r"\.self_attn\.[kv]_proj\.bias$", (k,)),
         (r"\.self_attn\.o_proj\.weight$", (h, q)),
         (r"\.self_attn\.[qk]_norm\.weight$", (hd,)),
-        (r"\.mlp\.(gate_proj|up_proj)\.weight$", (inter, h)), (r"\.mlp\.down_proj\.weight$", (h, inter)),
+        (r"\.mlp\.(gate_proj|up_proj)\.weight$", (inter, h)),
+        (r"\.mlp\.down_proj\.weight$", (h, inter)),
         (r"\.mlp\.experts\.\d+\.(gate_proj|up_proj)\.weight$", (moe, h)),
         (r"\.mlp\.experts\.\d+\.down_proj\.weight$", (h, moe)),
         (r"\.mlp\.gate\.weight$", (experts, h)),
     ]
-    return [(re.compile(p), tuple(int(x) for x in shape)) for p, shape in rules  # type: ignore[arg-type]
-            if all(x is not None for x in shape)]
+    return [
+        (re.compile(p), tuple(int(x) for x in shape))  # type: ignore[arg-type]
+        for p, shape in rules
+        if all(x is not None for x in shape)
+    ]
 
 
 def _config_dtype(config: dict[str, Any]) -> str | None:
@@ -314,7 +391,9 @@ def _config_dtype(config: dict[str, Any]) -> str | None:
     return _CONFIG_DTYPES.get(str(value).removeprefix("torch.")) if value else None
 
 
-def _check_config(config: dict[str, Any], tensors: dict[str, _Tensor], declared: set[str]) -> list[LintProblem]:
+def _check_config(
+    config: dict[str, Any], tensors: dict[str, _Tensor], declared: set[str]
+) -> list[LintProblem]:
     """dtypes and shapes (of the stored tensors) against config.json, then the layers (of the declared ones)."""
     problems = []
     quantized = _quantized_modules(tensors)
@@ -323,8 +402,13 @@ def _check_config(config: dict[str, Any], tensors: dict[str, _Tensor], declared:
         if _module(name) in quantized or name.rsplit(".", 1)[-1] in _QUANT_SUFFIXES:
             continue  # a quantised module's tensors have packed shapes and integer / scale dtypes by design
         if dtype is not None and t.dtype in _FLOAT_DTYPES and t.dtype != dtype:
-            problems.append(LintProblem(name, f"dtype {t.dtype}, config.json says {dtype} "
-                                              f"({config.get('torch_dtype') or config.get('dtype')})"))
+            problems.append(
+                LintProblem(
+                    name,
+                    f"dtype {t.dtype}, config.json says {dtype} "
+                    f"({config.get('torch_dtype') or config.get('dtype')})",
+                )
+            )
         expected = next((shape for pattern, shape in rules if pattern.search(name)), None)
         if expected is not None and t.shape != expected:
             problems.append(LintProblem(name, f"shape {list(t.shape)}, config.json implies {list(expected)}"))
@@ -338,15 +422,26 @@ def _check_layers(config: dict[str, Any], names: set[str]) -> list[LintProblem]:
     for name in names:
         m = _LAYER.search(name)
         if m:
-            layers.setdefault(int(m.group(1)), set()).add(name[m.end():])
+            layers.setdefault(int(m.group(1)), set()).add(name[m.end() :])
     n = _int(config, "num_hidden_layers")
     if not layers or n is None:
         return []
-    extra = _int(config, "num_nextn_predict_layers") or 0  # DeepSeek-style MTP layers follow the decoder layers
-    problems = [LintProblem(f"layer {i}", f"no tensors (num_hidden_layers is {n}): a missing shard or an unfinished "
-                                          "conversion?") for i in range(n) if i not in layers]
-    problems += [LintProblem(f"layer {i}", f"has tensors but num_hidden_layers is {n}")
-                 for i in sorted(layers) if i >= n + extra]
+    extra = (
+        _int(config, "num_nextn_predict_layers") or 0
+    )  # DeepSeek-style MTP layers follow the decoder layers
+    problems = [
+        LintProblem(
+            f"layer {i}",
+            f"no tensors (num_hidden_layers is {n}): a missing shard or an unfinished conversion?",
+        )
+        for i in range(n)
+        if i not in layers
+    ]
+    problems += [
+        LintProblem(f"layer {i}", f"has tensors but num_hidden_layers is {n}")
+        for i in sorted(layers)
+        if i >= n + extra
+    ]
     experts = _int(config, "num_experts", "num_local_experts", "n_routed_experts")
     kinds = set(config.get("layer_types") or [])
     # Only dense decoders whose layers are all alike: MoE models mix dense and sparse layers (DeepSeek's first
@@ -365,10 +460,14 @@ def _uniform_layers(layers: dict[int, set[str]], n: int) -> list[LintProblem]:
     for i, names in sorted(layers.items()):
         if i >= n:
             continue
-        problems += [LintProblem(f"model.layers.{i}.{s}", "missing: the other layers hold it")
-                     for s in sorted(typical_set - names)]
-        problems += [LintProblem(f"model.layers.{i}.{s}", "only this layer holds it")
-                     for s in sorted(names - typical_set)]
+        problems += [
+            LintProblem(f"model.layers.{i}.{s}", "missing: the other layers hold it")
+            for s in sorted(typical_set - names)
+        ]
+        problems += [
+            LintProblem(f"model.layers.{i}.{s}", "only this layer holds it")
+            for s in sorted(names - typical_set)
+        ]
     return problems
 
 
@@ -383,12 +482,18 @@ def _complete_experts(names: set[str], experts: int) -> list[LintProblem]:
     for layer, held in sorted(by_layer.items()):
         missing = [e for e in range(experts) if e not in held]
         if missing:
-            problems.append(LintProblem(f"model.layers.{layer}.mlp.experts",
-                                        f"{len(missing)} of {experts} experts have no tensors: {missing[:10]}"))
+            problems.append(
+                LintProblem(
+                    f"model.layers.{layer}.mlp.experts",
+                    f"{len(missing)} of {experts} experts have no tensors: {missing[:10]}",
+                )
+            )
         want = set.union(*held.values())
         for e, suffixes in sorted(held.items()):
-            problems += [LintProblem(f"model.layers.{layer}.mlp.experts.{e}.{s}", "missing: the other experts hold it")
-                         for s in sorted(want - suffixes)]
+            problems += [
+                LintProblem(f"model.layers.{layer}.mlp.experts.{e}.{s}", "missing: the other experts hold it")
+                for s in sorted(want - suffixes)
+            ]
     return problems
 
 
@@ -416,11 +521,20 @@ def _check_tied(config: dict[str, Any], tensors: dict[str, _Tensor]) -> list[Lin
     if embed is None or not isinstance(tie, bool):
         return []
     if not tie and head is None and not any(n.startswith("lm_head.") for n in tensors):
-        return [LintProblem("lm_head.weight", "missing while tie_word_embeddings is false: a loader would start "
-                                              "lm_head from random values")]
+        return [
+            LintProblem(
+                "lm_head.weight",
+                "missing while tie_word_embeddings is false: a loader would start lm_head from random values",
+            )
+        ]
     if tie and head is not None and not _same_bytes(tensors[embed], head):
-        return [LintProblem("lm_head.weight", f"differs from {embed} though tie_word_embeddings is true: a loader keeps "
-                                              "one of the two, so trainer and engine may use different heads")]
+        return [
+            LintProblem(
+                "lm_head.weight",
+                f"differs from {embed} though tie_word_embeddings is true: a loader keeps "
+                "one of the two, so trainer and engine may use different heads",
+            )
+        ]
     return []
 
 
@@ -446,7 +560,7 @@ def _listed(entry: str, module: str, names: list[str]) -> bool:
     if entry.startswith("re:"):
         pattern = re.compile(entry[3:])
         return any(pattern.match(x) for x in (module, *names))
-    return (module == entry or entry in names or module.endswith("." + entry) or module.startswith(entry + "."))
+    return module == entry or entry in names or module.endswith("." + entry) or module.startswith(entry + ".")
 
 
 def _is_matrix(t: _Tensor | None) -> bool:
@@ -458,8 +572,10 @@ def _check_quantization(config: dict[str, Any], tensors: dict[str, _Tensor]) -> 
     qc = config.get("quantization_config")
     if not isinstance(qc, dict):
         return []
-    key = next((k for k in _IGNORE_KEYS if k in qc), "ignore" if qc.get("quant_method") == "compressed-tensors"
-               else "modules_to_not_convert")
+    key = next(
+        (k for k in _IGNORE_KEYS if k in qc),
+        "ignore" if qc.get("quant_method") == "compressed-tensors" else "modules_to_not_convert",
+    )
     entries = [str(e) for k in _IGNORE_KEYS for e in (qc.get(k) or [])]
     modules: dict[str, list[str]] = {}
     for name in tensors:
@@ -472,17 +588,34 @@ def _check_quantization(config: dict[str, Any], tensors: dict[str, _Tensor]) -> 
         if kind is None:
             continue
         if module in quantized:
-            problems.append(LintProblem(module, f"{kind} stored quantised ({quantized[module]}); a {kind} must stay "
-                                                f"unquantised: add it to quantization_config.{key}"))
-        elif _is_matrix(tensors.get(module + ".weight")) and not any(_listed(e, module, names) for e in entries):
+            problems.append(
+                LintProblem(
+                    module,
+                    f"{kind} stored quantised ({quantized[module]}); a {kind} must stay "
+                    f"unquantised: add it to quantization_config.{key}",
+                )
+            )
+        elif _is_matrix(tensors.get(module + ".weight")) and not any(
+            _listed(e, module, names) for e in entries
+        ):
             unlisted.setdefault(kind, []).append(module)
     for kind, mods in unlisted.items():
-        problems.append(LintProblem(mods[0], f"{kind} not in quantization_config.{key} ({len(mods)} module(s) like it: "
-                                             f"{', '.join(mods[:4])}{', ...' if len(mods) > 4 else ''}): a quantiser "
-                                             "that follows the list (e.g. slime's online INT4/FP8 weight update) would "
-                                             "quantise it, and an engine that loads it by its plain name skips it"))
+        problems.append(
+            LintProblem(
+                mods[0],
+                f"{kind} not in quantization_config.{key} ({len(mods)} module(s) like it: "
+                f"{', '.join(mods[:4])}{', ...' if len(mods) > 4 else ''}): a quantiser "
+                "that follows the list (e.g. slime's online INT4/FP8 weight update) would "
+                "quantise it, and an engine that loads it by its plain name skips it",
+            )
+        )
     for entry in entries:
         if not re.fullmatch(r"[A-Z]\w*", entry) and not any(_listed(entry, m, n) for m, n in modules.items()):
-            problems.append(LintProblem(entry, f"listed in quantization_config.{key} but the model has no such module "
-                                               "(renamed, or a wrong prefix?)"))
+            problems.append(
+                LintProblem(
+                    entry,
+                    f"listed in quantization_config.{key} but the model has no such module "
+                    "(renamed, or a wrong prefix?)",
+                )
+            )
     return problems

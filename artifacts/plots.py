@@ -73,14 +73,18 @@ def curves(records: Sequence[dict[str, Any]]) -> Curves:
             for metric, value in record.get("metrics", {}).items():
                 if panel.wanted(metric) and isinstance(value, int | float):
                     points[panel.title].setdefault(metric, {})[x] = float(value)
-    return {title: {m: sorted(xy.items()) for m, xy in sorted(series.items())} for title, series in points.items()}
+    return {
+        title: {m: sorted(xy.items()) for m, xy in sorted(series.items())} for title, series in points.items()
+    }
 
 
 def load_curves(run_dir: str | Path) -> Curves:
     """`curves` of a run directory; FileNotFoundError naming the dir when it holds no metrics.jsonl."""
     path = RunPaths(run_dir).metrics
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a run directory, or the run logged nothing yet)")
+        raise FileNotFoundError(
+            f"{run_dir}: no metrics.jsonl (not a run directory, or the run logged nothing yet)"
+        )
     return curves(read_metrics(path))
 
 
@@ -97,8 +101,14 @@ def _figure(runs: Sequence[tuple[str, Curves]], size: tuple[int, int]) -> Any:
     # long as drawing the whole figure
     left, right, bottom, top, gap_w, gap_h = 70, 15, 45, 60, 80, 75
     axes_w, axes_h = (width - left - right - 2 * gap_w) / 3, (height - bottom - top - gap_h) / 2
-    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
-                        wspace=gap_w / axes_w, hspace=gap_h / axes_h)
+    fig.subplots_adjust(
+        left=left / width,
+        right=1 - right / width,
+        bottom=bottom / height,
+        top=1 - top / height,
+        wspace=gap_w / axes_w,
+        hspace=gap_h / axes_h,
+    )
     colors = [f"C{i % 10}" for i in range(len(runs))]
     styles: list[LineStyleType] = ["-", "--", ":", "-."]
     for ax, panel in zip(fig.subplots(2, 3).flat, PANELS, strict=True):
@@ -113,7 +123,9 @@ def _figure(runs: Sequence[tuple[str, Curves]], size: tuple[int, int]) -> Any:
                 xs, ys = zip(*xy, strict=True)
                 ax.plot(xs, ys, style[metric], color=color, marker="." if len(xy) < 30 else None)
         xs_all = [x for _, c in runs for xy in c[panel.title].values() for x, _ in xy]
-        if xs_all and max(xs_all) == min(xs_all):  # one point: autoscale would span +-0.05, with no whole number
+        if xs_all and max(xs_all) == min(
+            xs_all
+        ):  # one point: autoscale would span +-0.05, with no whole number
             ax.set_xlim(min(xs_all) - 1, max(xs_all) + 1)
         if not metrics:  # e.g. no eval, or a rollout-only run has no train curves
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
@@ -121,8 +133,13 @@ def _figure(runs: Sequence[tuple[str, Curves]], size: tuple[int, int]) -> Any:
             ax.legend([_line("gray", style[m]) for m in metrics], metrics, fontsize="x-small")
         else:
             ax.set_ylabel(metrics[0], fontsize="small")
-    fig.legend([_line(color, "-") for color in colors], [label for label, _ in runs], loc="upper center",
-               ncols=min(len(runs), 4), fontsize="small")
+    fig.legend(
+        [_line(color, "-") for color in colors],
+        [label for label, _ in runs],
+        loc="upper center",
+        ncols=min(len(runs), 4),
+        fontsize="small",
+    )
     return fig
 
 
@@ -142,7 +159,9 @@ def _runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None) -> list[
     return [(name, load_curves(d)) for name, d in zip(names, run_dirs, strict=True)]
 
 
-def _render(run_dirs: Sequence[str | Path], fmt: str, size: tuple[int, int], labels: Sequence[str] | None) -> bytes:
+def _render(
+    run_dirs: Sequence[str | Path], fmt: str, size: tuple[int, int], labels: Sequence[str] | None
+) -> bytes:
     from matplotlib import rc_context
 
     fig = _figure(_runs(run_dirs, labels), size)
@@ -153,37 +172,50 @@ def _render(run_dirs: Sequence[str | Path], fmt: str, size: tuple[int, int], lab
     return buf.getvalue()
 
 
-def render_png(run_dirs: Sequence[str | Path], size: tuple[int, int] = DEFAULT_SIZE,
-               labels: Sequence[str] | None = None) -> bytes:
+def render_png(
+    run_dirs: Sequence[str | Path], size: tuple[int, int] = DEFAULT_SIZE, labels: Sequence[str] | None = None
+) -> bytes:
     """PNG bytes of the runs' curves, exactly `size` = (width, height) pixels; each run is named in the legend
     by its `labels` entry (default: the run dir as given). FileNotFoundError for a dir without metrics.jsonl."""
     return _render(run_dirs, "png", size, labels)
 
 
-def render_svg(run_dirs: Sequence[str | Path], size: tuple[int, int] = DEFAULT_SIZE,
-               labels: Sequence[str] | None = None) -> str:
+def render_svg(
+    run_dirs: Sequence[str | Path], size: tuple[int, int] = DEFAULT_SIZE, labels: Sequence[str] | None = None
+) -> str:
     """SVG text of the same figure as `render_png` (text kept as <text>, so labels are searchable), displayed at
     `size` CSS pixels."""
     svg = _render(run_dirs, "svg", size, labels).decode("utf-8")
     # matplotlib sizes SVGs in points (72 per inch), which browsers show a third larger than the PNG
-    return re.sub(r'<svg([^>]*?) width="[\d.]+pt" height="[\d.]+pt"', rf'<svg\1 width="{size[0]}" height="{size[1]}"',
-                  svg, count=1)
+    return re.sub(
+        r'<svg([^>]*?) width="[\d.]+pt" height="[\d.]+pt"',
+        rf'<svg\1 width="{size[0]}" height="{size[1]}"',
+        svg,
+        count=1,
+    )
 
 
-def render_html(run_dirs: Sequence[str | Path], size: tuple[int, int] = DEFAULT_SIZE,
-                labels: Sequence[str] | None = None) -> str:
+def render_html(
+    run_dirs: Sequence[str | Path], size: tuple[int, int] = DEFAULT_SIZE, labels: Sequence[str] | None = None
+) -> str:
     """A self-contained HTML page (no external files or scripts) embedding `render_svg`'s figure."""
     names = list(labels) if labels is not None else [str(d) for d in run_dirs]
     svg = render_svg(run_dirs, size, labels)
-    svg = svg[svg.index("<svg"):]  # drop the XML prolog and DOCTYPE, which are not valid inside HTML
+    svg = svg[svg.index("<svg") :]  # drop the XML prolog and DOCTYPE, which are not valid inside HTML
     title = "rollflow curves: " + ", ".join(names)
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"</head>\n<body style=\"margin:1em;font-family:sans-serif\">\n<h1 style=\"font-size:1.2em\">"
-            f"{html.escape(title)}</h1>\n{svg}\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f'</head>\n<body style="margin:1em;font-family:sans-serif">\n<h1 style="font-size:1.2em">'
+        f"{html.escape(title)}</h1>\n{svg}\n</body></html>\n"
+    )
 
 
-def write_plot(run_dirs: Sequence[str | Path], out: str | Path, size: tuple[int, int] = DEFAULT_SIZE,
-               labels: Sequence[str] | None = None) -> Path:
+def write_plot(
+    run_dirs: Sequence[str | Path],
+    out: str | Path,
+    size: tuple[int, int] = DEFAULT_SIZE,
+    labels: Sequence[str] | None = None,
+) -> Path:
     """Write the runs' curves to `out`, the format chosen by its extension (.png, .svg, .html), atomically;
     returns the path. ValueError for another extension."""
     out = Path(out)

@@ -23,8 +23,19 @@ from artifacts.atomic import atomic_write_json, atomic_write_text
 INFO = "run.json"
 LOCK = ".lock"
 # what a run writes into its run dir (everything `--overwrite` removes; the lock stays)
-RECORDS = ("config.yaml", INFO, "metrics.jsonl", "faults.jsonl", "rollouts", "logprobs", "ft", "faults", "plots",
-           "replays", "logs")
+RECORDS = (
+    "config.yaml",
+    INFO,
+    "metrics.jsonl",
+    "faults.jsonl",
+    "rollouts",
+    "logprobs",
+    "ft",
+    "faults",
+    "plots",
+    "replays",
+    "logs",
+)
 
 
 class RunDirBusy(RuntimeError):
@@ -53,7 +64,9 @@ def acquire(run_dir: str | Path) -> IO[str]:
         f.seek(0)
         owner = f.read().strip() or "another process"
         f.close()
-        raise RunDirBusy(f"run dir {d} is in use by {owner}; wait for it, or give another --name/--run-dir") from None
+        raise RunDirBusy(
+            f"run dir {d} is in use by {owner}; wait for it, or give another --name/--run-dir"
+        ) from None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")

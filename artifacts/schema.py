@@ -191,7 +191,9 @@ def table_to_samples(table: pa.Table) -> list[Sample]:
             )
         if not column.type.equals(field.type):
             if not _same_family(column.type, field.type):
-                raise ValueError(f"column {field.name!r} has type {column.type}, but the schema says {field.type}")
+                raise ValueError(
+                    f"column {field.name!r} has type {column.type}, but the schema says {field.type}"
+                )
             try:
                 column = column.cast(field.type, safe=True)  # safe: refuse overflow / truncation
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
@@ -213,8 +215,10 @@ def table_to_samples(table: pa.Table) -> list[Sample]:
 
     names = SAMPLE_SCHEMA.names
     _check_rows(table)
-    return [Sample(**dict(zip(names, values, strict=True)))
-            for values in zip(*(columns[n] for n in names), strict=True)]
+    return [
+        Sample(**dict(zip(names, values, strict=True)))
+        for values in zip(*(columns[n] for n in names), strict=True)
+    ]
 
 
 def _check_rows(table: pa.Table) -> None:
@@ -229,15 +233,29 @@ def _check_rows(table: pa.Table) -> None:
         return int(bad[0].as_py()) if len(bad) else None
 
     checks = [
-        ("response_tokens", pc.equal(pc.list_value_length(table.column("response_tokens")), n),
-         "has a length other than response_length"),
-        ("loss_mask", pc.equal(pc.list_value_length(table.column("loss_mask")), n),
-         "has a length other than response_length"),
-        ("rollout_log_probs", pc.or_(pc.equal(pc.list_value_length(table.column("rollout_log_probs")), n),
-                                     pc.equal(pc.list_value_length(table.column("rollout_log_probs")), 0)),
-         "is neither empty nor response_length long"),
-        ("status", pc.is_in(table.column("status"), value_set=pa.array(SAMPLE_STATUSES)),
-         f"is not one of {SAMPLE_STATUSES}"),
+        (
+            "response_tokens",
+            pc.equal(pc.list_value_length(table.column("response_tokens")), n),
+            "has a length other than response_length",
+        ),
+        (
+            "loss_mask",
+            pc.equal(pc.list_value_length(table.column("loss_mask")), n),
+            "has a length other than response_length",
+        ),
+        (
+            "rollout_log_probs",
+            pc.or_(
+                pc.equal(pc.list_value_length(table.column("rollout_log_probs")), n),
+                pc.equal(pc.list_value_length(table.column("rollout_log_probs")), 0),
+            ),
+            "is neither empty nor response_length long",
+        ),
+        (
+            "status",
+            pc.is_in(table.column("status"), value_set=pa.array(SAMPLE_STATUSES)),
+            f"is not one of {SAMPLE_STATUSES}",
+        ),
     ]
     for name in ("rollout_id", "group_index", "sample_index", "response_length"):
         checks.append((name, pc.greater_equal(table.column(name), 0), "is negative"))
@@ -258,5 +276,7 @@ def _same_family(found: pa.DataType, wanted: pa.DataType) -> bool:
         if kind(wanted):
             return bool(kind(found))
     if t.is_list(wanted):
-        return (t.is_list(found) or t.is_large_list(found)) and _same_family(found.value_type, wanted.value_type)
+        return (t.is_list(found) or t.is_large_list(found)) and _same_family(
+            found.value_type, wanted.value_type
+        )
     return found.equals(wanted)

@@ -24,7 +24,7 @@ def matmul_peak_gflops(threads: int, n: int = 1024, repeats: int = 5) -> float:
             start = time.perf_counter()
             a @ b
             best = min(best, time.perf_counter() - start)
-        return 2 * n ** 3 / best / 1e9
+        return 2 * n**3 / best / 1e9
     finally:
         torch.set_num_threads(previous)
 

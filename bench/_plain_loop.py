@@ -55,10 +55,19 @@ def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
     def evaluate(eval_id: int) -> None:  # tasks.stages.evaluate's work
         prompts = [p for _, s in src.evals for p in s.prompts]
         names = [name for name, s in src.evals for _ in s.prompts]
-        entries = build_requests(prompts, r.rollout_seed, eval_id, cfg.eval.n_samples_per_eval_prompt,
-                                 eval_params(cfg, src.stops), eval_mode=True, datasets=names)
+        entries = build_requests(
+            prompts,
+            r.rollout_seed,
+            eval_id,
+            cfg.eval.n_samples_per_eval_prompt,
+            eval_params(cfg, src.stops),
+            eval_mode=True,
+            datasets=names,
+        )
         outputs = engine.generate([e.request for e in entries])
-        samples = asyncio.run(to_samples(entries, outputs, src.tokenizer, src.stops, src.eval_scorer, eval_id))
+        samples = asyncio.run(
+            to_samples(entries, outputs, src.tokenizer, src.stops, src.eval_scorer, eval_id)
+        )
         write_rollout(paths.eval_rollout(eval_id), samples, metadata={}, kind="eval")
         eval_stats(samples, [name for name, _ in src.evals])
 
@@ -67,13 +76,17 @@ def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
             start = time.perf_counter()
             if evaluates and rollout_id == 0:
                 evaluate(0)
-            prompts = prompts_for_rollout(src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed,
-                                          cfg.data.rollout_shuffle)
+            prompts = prompts_for_rollout(
+                src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed, cfg.data.rollout_shuffle
+            )
             entries = build_requests(prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, params)
             outputs = engine.generate([e.request for e in entries])
-            samples = asyncio.run(to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, rollout_id))
-            rollout = write_rollout(paths.rollout(rollout_id), samples,
-                                    metadata=sampling_metadata(params, r.rollout_seed))
+            samples = asyncio.run(
+                to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, rollout_id)
+            )
+            rollout = write_rollout(
+                paths.rollout(rollout_id), samples, metadata=sampling_metadata(params, r.rollout_seed)
+            )
             logprobs = trainer.compute_log_probs(rollout, str(paths.logprobs(rollout_id)))
             assert logprobs is not None  # rank 0 always writes
             trainer.train_step(rollout, logprobs)
@@ -96,7 +109,8 @@ def mean(xs: list[float]) -> float:
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A small left-aligned text table."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in [header, *rows]]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -54,8 +54,10 @@ def main() -> None:
     print("| class | bad input | exit | refused with (one line) |")
     print("|---|---|---|---|")
     print("\n".join(rows))
-    print(f"\n{refused} of {len(CASES)} refused before any work with one line naming the flag or file",
-          file=sys.stderr)
+    print(
+        f"\n{refused} of {len(CASES)} refused before any work with one line naming the flag or file",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -31,17 +31,51 @@ ACTIONS["freeze_process"] = {"kind": "freeze_process", "seconds": 600.0}
 
 
 def flags(run_dir: Path, checkpoint: str) -> list[str]:
-    return ["--run-dir", str(run_dir), "--hf-checkpoint", checkpoint, "--num-rollout", "3",
-            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "8", "--lr", "1e-2",
-            "--eval-interval", "none", "--save", str(run_dir / "ckpt"), "--save-interval", "1",
-            "--ci-save-model-hash", "--task-retry-delay", "0", "--rollout-timeout", "20", "--train-timeout", "20",
-            "--update-weights-timeout", "20", "--prefect-timeout", "30"]
+    return [
+        "--run-dir",
+        str(run_dir),
+        "--hf-checkpoint",
+        checkpoint,
+        "--num-rollout",
+        "3",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--global-batch-size",
+        "8",
+        "--lr",
+        "1e-2",
+        "--eval-interval",
+        "none",
+        "--save",
+        str(run_dir / "ckpt"),
+        "--save-interval",
+        "1",
+        "--ci-save-model-hash",
+        "--task-retry-delay",
+        "0",
+        "--rollout-timeout",
+        "20",
+        "--train-timeout",
+        "20",
+        "--update-weights-timeout",
+        "20",
+        "--prefect-timeout",
+        "30",
+    ]
 
 
 def rollflow(args: list[str], env: dict[str, str], limit: float) -> tuple[int | None, str]:
     """Run `rollflow run ARGS`; (exit code, or None when it was killed at `limit` seconds; its output)."""
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         out, _ = proc.communicate(timeout=limit)
         return proc.returncode, out
@@ -57,12 +91,18 @@ def last_error(out: str) -> str:
     return lines[-1][:160] if lines else (out.strip().splitlines() or ["(no output)"])[-1][:160]
 
 
-def cell(work: Path, baseline: Path, checkpoint: str, hook: str, action: str, env: dict[str, str],
-         limit: float) -> tuple[str, str, float]:
+def cell(
+    work: Path, baseline: Path, checkpoint: str, hook: str, action: str, env: dict[str, str], limit: float
+) -> tuple[str, str, float]:
     """(outcome, detail, seconds) of one hook x action."""
     run_dir = work / f"{hook}-{action}"
-    request = {"request_id": f"{hook}-{action}", "hook_name": hook, "action": ACTIONS[action], "rollout_id": 1,
-               "attempt": 0}
+    request = {
+        "request_id": f"{hook}-{action}",
+        "hook_name": hook,
+        "action": ACTIONS[action],
+        "rollout_id": 1,
+        "attempt": 0,
+    }
     began = time.perf_counter()
     code, out = rollflow([*flags(run_dir, checkpoint), "--ci-fault-hooks", json.dumps([request])], env, limit)
     how = "survived"
@@ -70,8 +110,11 @@ def cell(work: Path, baseline: Path, checkpoint: str, hook: str, action: str, en
         detail = f"exit {code}" if code is not None else f"killed after {limit:g} s"
         code, out2 = rollflow(["--resume", str(run_dir)], env, limit)
         if code != 0:
-            return "FAILED", f"{detail}; resume: {last_error(out2)}; first: {last_error(out)}", \
-                time.perf_counter() - began
+            return (
+                "FAILED",
+                f"{detail}; resume: {last_error(out2)}; first: {last_error(out)}",
+                time.perf_counter() - began,
+            )
         how = f"survived after --resume ({detail})"
     diff = first_divergence(baseline, run_dir)
     fired = (run_dir / "faults.jsonl").is_file() and '"fired"' in (run_dir / "faults.jsonl").read_text()
@@ -83,7 +126,9 @@ def cell(work: Path, baseline: Path, checkpoint: str, hook: str, action: str, en
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--hooks", default=",".join(HOOKS))
     parser.add_argument("--actions", default=",".join(ACTION_KINDS))
     parser.add_argument("--limit", type=float, default=240.0, help="seconds before a hung run is killed")
@@ -93,7 +138,9 @@ def main() -> None:
     checkpoint = str(ensure_checkpoint())
     work = Path(tempfile.mkdtemp(prefix="rf-bench-faults-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "PREFECT_API"))}
-    env.update({"PREFECT_HOME": str(work / "prefect"), "PYTHONPATH": str(ROOT), "PREFECT_LOGGING_LEVEL": "INFO"})
+    env.update(
+        {"PREFECT_HOME": str(work / "prefect"), "PYTHONPATH": str(ROOT), "PREFECT_LOGGING_LEVEL": "INFO"}
+    )
     baseline = work / "baseline"
     code, out = rollflow(flags(baseline, checkpoint), env, args.limit)
     if code != 0:
@@ -106,8 +153,10 @@ def main() -> None:
             print(" | ".join(rows[-1]), flush=True)
     print()
     print(table(["hook", "action", "outcome", "wall", "detail"], rows))
-    print(f"\n{sum(r[2].startswith('survived') for r in rows)} of {len(rows)} cells survived, identical to the "
-          f"fault-free run; work dir {work}")
+    print(
+        f"\n{sum(r[2].startswith('survived') for r in rows)} of {len(rows)} cells survived, identical to the "
+        f"fault-free run; work dir {work}"
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ from engines.torch_engine.engine import TorchEngine  # noqa: E402
 from recipes.registry import RECIPES, get_recipe  # noqa: E402
 
 
-def engine_call(engine: TorchEngine, prompts: list[list[int]], k: int, stop: tuple[int, ...],
-                seed: int) -> tuple[int, float]:
+def engine_call(
+    engine: TorchEngine, prompts: list[list[int]], k: int, stop: tuple[int, ...], seed: int
+) -> tuple[int, float]:
     """(tokens produced, seconds) for one engine.generate over all prompts."""
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=k, stop_token_ids=stop)
     reqs = [GenerateRequest(tuple(p), seed * len(prompts) + i, params) for i, p in enumerate(prompts)]
@@ -45,21 +46,30 @@ def engine_call(engine: TorchEngine, prompts: list[list[int]], k: int, stop: tup
     return sum(len(o.response_tokens) for o in outs), time.perf_counter() - start
 
 
-def hf_call(model: torch.nn.Module, prompts: list[list[int]], k: int, eos: int, pad: int, full: bool,
-            seed: int) -> tuple[int, float]:
+def hf_call(
+    model: torch.nn.Module, prompts: list[list[int]], k: int, eos: int, pad: int, full: bool, seed: int
+) -> tuple[int, float]:
     """(tokens produced, seconds) for one left-padded model.generate over all prompts."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     torch.manual_seed(seed)
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                             top_p=1.0, max_new_tokens=k, pad_token_id=pad,
-                             eos_token_id=None if full else eos)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=k,
+            pad_token_id=pad,
+            eos_token_id=None if full else eos,
+        )
     seconds = time.perf_counter() - start
     if full:
         return out[:, width:].numel(), seconds
@@ -73,8 +83,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", choices=sorted(RECIPES), default="tiny-arith", help="the model and prompts")
     p.add_argument("--batch-sizes", default="64,256", help="comma-separated prompt batch sizes")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="K, the same for both (default: 8 for tiny-arith, 256 for long-arith)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="K, the same for both (default: 8 for tiny-arith, 256 for long-arith)",
+    )
     p.add_argument("--repeats", type=int, default=5, help="timed calls per side (after one warm-up)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both")
     p.add_argument("--mode", choices=["eos", "full", "both"], default="both", help="token counting mode")
@@ -96,8 +110,13 @@ def main() -> None:
     peak = matmul_peak_gflops(args.threads)
     rows = []
     for b in batch_sizes:
-        prompts = [tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
-                              add_special_tokens=False) for m in pool[:b]]
+        prompts = [
+            tok.encode(
+                tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False,
+            )
+            for m in pool[:b]
+        ]
         for mode in modes:
             full = mode == "full"
             stop = () if full else (eos,)
@@ -105,8 +124,10 @@ def main() -> None:
             hf_call(model, prompts, k, eos, pad, full, seed=10_000)
             totals = {"engine": [0, 0.0], "hf": [0, 0.0]}
             for r in range(args.repeats):
-                for side, (n, s) in (("engine", engine_call(engine, prompts, k, stop, seed=r)),
-                                     ("hf", hf_call(model, prompts, k, eos, pad, full, seed=r))):
+                for side, (n, s) in (
+                    ("engine", engine_call(engine, prompts, k, stop, seed=r)),
+                    ("hf", hf_call(model, prompts, k, eos, pad, full, seed=r)),
+                ):
                     totals[side][0] += n
                     totals[side][1] += s
             e_tps, h_tps = (totals[x][0] / totals[x][1] for x in ("engine", "hf"))
@@ -114,16 +135,43 @@ def main() -> None:
             # FLOP limit: each token attends over its prompt and half of its row's answer on average
             context = sum(len(x) for x in prompts) / b + totals["engine"][0] / (args.repeats * b) / 2
             share = [tps * flops_per_token(model, context) / 1e9 / peak for tps in (e_tps, h_tps)]
-            rows.append([str(b), mode, *per_row, f"{e_tps:,.0f}", f"{h_tps:,.0f}", f"{e_tps / h_tps:.2f}x",
-                         *(f"{x:.1%}" for x in share)])
+            rows.append(
+                [
+                    str(b),
+                    mode,
+                    *per_row,
+                    f"{e_tps:,.0f}",
+                    f"{h_tps:,.0f}",
+                    f"{e_tps / h_tps:.2f}x",
+                    *(f"{x:.1%}" for x in share),
+                ]
+            )
             print(" ".join(rows[-1]), flush=True)
 
-    print(f"\n{args.recipe}: K = {k} max new tokens, {args.repeats} timed repeats after 1 warm-up, {args.threads} torch "
-          f"thread(s); eos = tokens up to and including EOS counted, full = EOS ignored, K tokens per row")
-    print(f"FLOP limit: fp32 GEMM at {peak:.0f} GFLOP/s on {args.threads} thread(s); "
-          f"{flops_per_token(model, 0) / 1e6:.1f} MFLOP per token before attention")
-    print(table(["batch", "mode", "tok/row engine", "tok/row HF", "rollflow engine tok/s",
-                 "HF generate tok/s", "engine / HF", "engine % of limit", "HF % of limit"], rows))
+    print(
+        f"\n{args.recipe}: K = {k} max new tokens, {args.repeats} timed repeats after 1 warm-up, {args.threads} torch "
+        f"thread(s); eos = tokens up to and including EOS counted, full = EOS ignored, K tokens per row"
+    )
+    print(
+        f"FLOP limit: fp32 GEMM at {peak:.0f} GFLOP/s on {args.threads} thread(s); "
+        f"{flops_per_token(model, 0) / 1e6:.1f} MFLOP per token before attention"
+    )
+    print(
+        table(
+            [
+                "batch",
+                "mode",
+                "tok/row engine",
+                "tok/row HF",
+                "rollflow engine tok/s",
+                "HF generate tok/s",
+                "engine / HF",
+                "engine % of limit",
+                "HF % of limit",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=128, help="eval prompts, one sample each")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the engine (and of a build)")
-    p.add_argument("--cache-dir", default=None, help="model cache (default: $ROLLFLOW_CACHE_DIR or ~/.cache/rollflow)")
+    p.add_argument(
+        "--cache-dir", default=None, help="model cache (default: $ROLLFLOW_CACHE_DIR or ~/.cache/rollflow)"
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
@@ -55,28 +57,58 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(checkpoint)
     pool = eval_problems()
     problems = (pool + make_problems(max(0, args.samples - len(pool)), seed=1, split="eval"))[: args.samples]
-    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=args.max_new_tokens,
-                            stop_token_ids=(int(tok.eos_token_id),))
-    requests = [GenerateRequest(tuple(tok.encode(tok.apply_chat_template(
-        [{"role": "user", "content": q["question"]}], tokenize=False, add_generation_prompt=True),
-        add_special_tokens=False)), args.seed * len(problems) + i, params) for i, q in enumerate(problems)]
+    params = SamplingParams(
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=args.max_new_tokens,
+        stop_token_ids=(int(tok.eos_token_id),),
+    )
+    requests = [
+        GenerateRequest(
+            tuple(
+                tok.encode(
+                    tok.apply_chat_template(
+                        [{"role": "user", "content": q["question"]}],
+                        tokenize=False,
+                        add_generation_prompt=True,
+                    ),
+                    add_special_tokens=False,
+                )
+            ),
+            args.seed * len(problems) + i,
+            params,
+        )
+        for i, q in enumerate(problems)
+    ]
     start = time.perf_counter()
     outs = engine.generate(requests)
     gen_seconds = time.perf_counter() - start
 
     lengths = [len(o.response_tokens) for o in outs]
-    rewards = [reward(tok.decode(list(o.response_tokens)), q["label"]) for o, q in zip(outs, problems, strict=True)]
+    rewards = [
+        reward(tok.decode(list(o.response_tokens)), q["label"]) for o, q in zip(outs, problems, strict=True)
+    ]
     cut = sum(o.finish_reason == "length" for o in outs) / len(outs)
     print(f"checkpoint        {checkpoint}")
     print(f"parameters        {info['num_parameters']:,} (vocabulary {engine.model.config.vocab_size})")
-    print(f"build seconds     {build_seconds:.1f} (this call)" if built else
-          f"build seconds     {info['seconds']} (recorded when it was built, {info['num_threads']} thread(s))")
-    print(f"response tokens   min {min(lengths)}  p10 {percentile(lengths, 0.1)}  median "
-          f"{statistics.median(lengths):g}  p90 {percentile(lengths, 0.9)}  max {max(lengths)}  "
-          f"cut at {args.max_new_tokens}: {cut:.3f}  (n={len(lengths)}, T=1.0, mean {statistics.mean(lengths):.1f})")
-    print(f"reward            mean {statistics.mean(rewards):.3f}  exact sum {sum(r == 1.0 for r in rewards) / len(rewards):.3f}")
-    print(f"engine generate   {gen_seconds:.1f}s for {sum(lengths):,} tokens ({sum(lengths) / gen_seconds:,.0f} tok/s, "
-          f"{args.threads} thread(s))")
+    print(
+        f"build seconds     {build_seconds:.1f} (this call)"
+        if built
+        else f"build seconds     {info['seconds']} (recorded when it was built, {info['num_threads']} thread(s))"
+    )
+    print(
+        f"response tokens   min {min(lengths)}  p10 {percentile(lengths, 0.1)}  median "
+        f"{statistics.median(lengths):g}  p90 {percentile(lengths, 0.9)}  max {max(lengths)}  "
+        f"cut at {args.max_new_tokens}: {cut:.3f}  (n={len(lengths)}, T=1.0, mean {statistics.mean(lengths):.1f})"
+    )
+    print(
+        f"reward            mean {statistics.mean(rewards):.3f}  exact sum {sum(r == 1.0 for r in rewards) / len(rewards):.3f}"
+    )
+    print(
+        f"engine generate   {gen_seconds:.1f}s for {sum(lengths):,} tokens ({sum(lengths) / gen_seconds:,.0f} tok/s, "
+        f"{args.threads} thread(s))"
+    )
 
 
 if __name__ == "__main__":

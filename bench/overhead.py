@@ -54,19 +54,30 @@ from config import RunConfig  # noqa: E402
 
 def default_recipe_config(run_dir: Path, rollouts: int, name: str = "bench-overhead") -> RunConfig:
     """The default recipe (every RunConfig default) with `rollouts` rollouts."""
-    return RunConfig.model_validate({"name": name, "run_dir": str(run_dir), "rollout": {"num_rollout": rollouts}})
+    return RunConfig.model_validate(
+        {"name": name, "run_dir": str(run_dir), "rollout": {"num_rollout": rollouts}}
+    )
 
 
-def bench_config(run_dir: Path, rollouts: int, batch_size: int, n_samples: int, max_len: int,
-                 name: str = "bench-overhead") -> RunConfig:
+def bench_config(
+    run_dir: Path, rollouts: int, batch_size: int, n_samples: int, max_len: int, name: str = "bench-overhead"
+) -> RunConfig:
     """A small but real run: eval off, no checkpoints, one optimizer step per rollout."""
-    return RunConfig.model_validate({
-        "name": name, "run_dir": str(run_dir), "num_threads": 1,
-        "rollout": {"num_rollout": rollouts, "rollout_batch_size": batch_size,
-                    "n_samples_per_prompt": n_samples, "rollout_max_response_len": max_len},
-        "eval": {"eval_interval": None},
-        "train": {"global_batch_size": batch_size * n_samples},
-    })
+    return RunConfig.model_validate(
+        {
+            "name": name,
+            "run_dir": str(run_dir),
+            "num_threads": 1,
+            "rollout": {
+                "num_rollout": rollouts,
+                "rollout_batch_size": batch_size,
+                "n_samples_per_prompt": n_samples,
+                "rollout_max_response_len": max_len,
+            },
+            "eval": {"eval_interval": None},
+            "train": {"global_batch_size": batch_size * n_samples},
+        }
+    )
 
 
 async def _child_runs(parent_id) -> list:
@@ -74,9 +85,12 @@ async def _child_runs(parent_id) -> list:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
 
     async with get_client() as client:
-        runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            name=FlowRunFilterName(like_="rollout-"),
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])))
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                name=FlowRunFilterName(like_="rollout-"),
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id]),
+            )
+        )
     return sorted(runs, key=lambda r: int(r.name.rsplit("-", 1)[1]))
 
 
@@ -102,7 +116,9 @@ def flow_rollouts(cfg: RunConfig) -> tuple[list[float], list[float], list[float]
         raise RuntimeError(f"run_flow ended {state.type}: {state.message}")
     runs = asyncio.run(_child_runs(state.state_details.flow_run_id))
     if len(runs) != cfg.rollout.num_rollout:
-        raise RuntimeError(f"expected {cfg.rollout.num_rollout} rollout-* child runs, Prefect has {len(runs)}")
+        raise RuntimeError(
+            f"expected {cfg.rollout.num_rollout} rollout-* child runs, Prefect has {len(runs)}"
+        )
     durations = [(r.end_time - r.start_time).total_seconds() for r in runs]
     cadence = [(b.start_time - a.start_time).total_seconds() for a, b in zip(runs, runs[1:], strict=False)]
     gaps = [(b.start_time - a.end_time).total_seconds() for a, b in zip(runs, runs[1:], strict=False)]
@@ -116,9 +132,12 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16, help="rollout_batch_size (prompts per rollout)")
     p.add_argument("--n-samples", type=int, default=8, help="n_samples_per_prompt")
     p.add_argument("--max-response-len", type=int, default=6, help="rollout_max_response_len")
-    p.add_argument("--default-recipe", action="store_true",
-                   help="the default recipe's config (RunConfig's defaults, eval included) with --rollouts rollouts; "
-                        "--batch-size, --n-samples and --max-response-len are ignored")
+    p.add_argument(
+        "--default-recipe",
+        action="store_true",
+        help="the default recipe's config (RunConfig's defaults, eval included) with --rollouts rollouts; "
+        "--batch-size, --n-samples and --max-response-len are ignored",
+    )
     args = p.parse_args()
     if args.rollouts < 3:
         p.error("--rollouts must be >= 3 (rollout 0 is excluded as warm-up)")
@@ -136,30 +155,52 @@ def main() -> None:
 
     base, base_median = mean(plain[1:]), statistics.median(plain[1:])
     rows = [["plain loop (no Prefect, no Ray)", f"{base:.3f}", "-", f"{base_median:.3f}", "-"]]
-    for label, xs in (("flow: rollout-* flow run", durations[1:]), ("flow: start-to-start cadence", cadence[1:])):
+    for label, xs in (
+        ("flow: rollout-* flow run", durations[1:]),
+        ("flow: start-to-start cadence", cadence[1:]),
+    ):
         med = statistics.median(xs)
-        rows.append([label, f"{mean(xs):.3f}", f"{mean(xs) - base:+.3f}", f"{med:.3f}", f"{med - base_median:+.3f}"])
-    rows.append(["flow: gap between child runs", f"{mean(gaps[1:]):.3f}", "(part of cadence)",
-                 f"{statistics.median(gaps[1:]):.3f}", ""])
+        rows.append(
+            [label, f"{mean(xs):.3f}", f"{mean(xs) - base:+.3f}", f"{med:.3f}", f"{med - base_median:+.3f}"]
+        )
+    rows.append(
+        [
+            "flow: gap between child runs",
+            f"{mean(gaps[1:]):.3f}",
+            "(part of cadence)",
+            f"{statistics.median(gaps[1:]):.3f}",
+            "",
+        ]
+    )
     cfg = config(_TMP / "x")
     r = cfg.rollout
-    shape = (f"{r.rollout_batch_size} prompts x {r.n_samples_per_prompt} samples, max {r.rollout_max_response_len} "
-             f"new tokens, eval {'every ' + str(cfg.eval.eval_interval) if cfg.eval.eval_interval else 'off'}")
-    print(f"\n{args.rollouts} rollouts x {shape}{' (default recipe)' if args.default_recipe else ''}, 1 torch "
-          f"thread; means over rollouts 1..{args.rollouts - 1} (cadence: 1..{args.rollouts - 2}); run_flow wall incl. "
-          f"start-up {wall:.1f} s")
+    shape = (
+        f"{r.rollout_batch_size} prompts x {r.n_samples_per_prompt} samples, max {r.rollout_max_response_len} "
+        f"new tokens, eval {'every ' + str(cfg.eval.eval_interval) if cfg.eval.eval_interval else 'off'}"
+    )
+    print(
+        f"\n{args.rollouts} rollouts x {shape}{' (default recipe)' if args.default_recipe else ''}, 1 torch "
+        f"thread; means over rollouts 1..{args.rollouts - 1} (cadence: 1..{args.rollouts - 2}); run_flow wall incl. "
+        f"start-up {wall:.1f} s"
+    )
     print(table(["per rollout", "mean s", "overhead s (vs plain)", "median s", "overhead (medians)"], rows))
-    print("A cadence far above the median is Prefect's SQLite answering 503 (database is locked) to a request of "
-          "the loop more than three times in a row (the first three retries wait 0.05, 0.25 and 1 s, then Prefect's 16 s: "
-          "flows/runtime.py::retry_busy_server_quickly), or the machine was busy.")
+    print(
+        "A cadence far above the median is Prefect's SQLite answering 503 (database is locked) to a request of "
+        "the loop more than three times in a row (the first three retries wait 0.05, 0.25 and 1 s, then Prefect's 16 s: "
+        "flows/runtime.py::retry_busy_server_quickly), or the machine was busy."
+    )
     s2s_median = statistics.median(cadence[1:]) - base_median
     s2s_mean = mean(cadence[1:]) - base
     ratio = span / sum(plain)
-    print(f"\ndone-when 1: start-to-start minus in-process per rollout: {s2s_median:+.3f} s (medians; means "
-          f"{s2s_mean:+.3f} s); target <= 0.1 s on a quiet machine")
-    print(f"done-when 2: flow rollouts / in-process loop: {span:.1f} s / {sum(plain):.1f} s = {ratio:.2f}x "
-          f"(all {args.rollouts} rollouts; first child start -> last child end); target <= 1.3x for "
-          f"--default-recipe --rollouts 40")
+    print(
+        f"\ndone-when 1: start-to-start minus in-process per rollout: {s2s_median:+.3f} s (medians; means "
+        f"{s2s_mean:+.3f} s); target <= 0.1 s on a quiet machine"
+    )
+    print(
+        f"done-when 2: flow rollouts / in-process loop: {span:.1f} s / {sum(plain):.1f} s = {ratio:.2f}x "
+        f"(all {args.rollouts} rollouts; first child start -> last child end); target <= 1.3x for "
+        f"--default-recipe --rollouts 40"
+    )
 
 
 if __name__ == "__main__":

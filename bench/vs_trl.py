@@ -50,14 +50,26 @@ def bench_config(args: argparse.Namespace, run_dir: Path, use_rollout_logprobs: 
     """The rollflow side: one rollout = one optimizer step over P x G samples; eval off.
     `use_rollout_logprobs`: the engine's log-probs are the old policy's (no trainer log-prob pass), which
     is TRL's work here: with one step per generation TRL uses the detached current log-probs."""
-    return RunConfig.model_validate({
-        "name": "bench-vs-trl", "run_dir": str(run_dir), "num_threads": args.threads, "recipe": args.recipe,
-        "rollout": {"num_rollout": args.steps, "rollout_batch_size": args.prompts,
-                    "n_samples_per_prompt": args.generations, "rollout_max_response_len": args.completion_len},
-        "eval": {"eval_interval": None},
-        "train": {"lr": LR, "global_batch_size": args.prompts * args.generations,
-                  "use_rollout_logprobs": use_rollout_logprobs},
-    })
+    return RunConfig.model_validate(
+        {
+            "name": "bench-vs-trl",
+            "run_dir": str(run_dir),
+            "num_threads": args.threads,
+            "recipe": args.recipe,
+            "rollout": {
+                "num_rollout": args.steps,
+                "rollout_batch_size": args.prompts,
+                "n_samples_per_prompt": args.generations,
+                "rollout_max_response_len": args.completion_len,
+            },
+            "eval": {"eval_interval": None},
+            "train": {
+                "lr": LR,
+                "global_batch_size": args.prompts * args.generations,
+                "use_rollout_logprobs": use_rollout_logprobs,
+            },
+        }
+    )
 
 
 def trl_steps(args: argparse.Namespace, out_dir: Path) -> list[float]:
@@ -76,9 +88,13 @@ def trl_steps(args: argparse.Namespace, out_dir: Path) -> list[float]:
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     r = cfg.rollout
-    problems = [p for step in range(args.steps)
-                for p in prompts_for_rollout(src.train.prompts, r.rollout_batch_size, step, r.rollout_seed,
-                                             cfg.data.rollout_shuffle)]
+    problems = [
+        p
+        for step in range(args.steps)
+        for p in prompts_for_rollout(
+            src.train.prompts, r.rollout_batch_size, step, r.rollout_seed, cfg.data.rollout_shuffle
+        )
+    ]
     dataset = Dataset.from_list([{"prompt": p.text, "label": p.label} for p in problems])
 
     def arith_reward(completions: list[str], label: list[str], **_: object) -> list[float]:
@@ -96,13 +112,35 @@ def trl_steps(args: argparse.Namespace, out_dir: Path) -> list[float]:
 
     timer = StepTimer()
     config = GRPOConfig(
-        output_dir=str(out_dir / "trl"), per_device_train_batch_size=args.prompts * args.generations,
-        num_generations=args.generations, max_completion_length=args.completion_len, use_cpu=True,
-        report_to=[], logging_steps=args.steps, max_steps=args.steps, learning_rate=LR, bf16=False,
-        save_strategy="no", disable_tqdm=True, shuffle_dataset=False, temperature=1.0, top_p=1.0, top_k=0,
-        beta=0.0, lr_scheduler_type="constant", dataloader_num_workers=0, seed=1234)
-    trainer = GRPOTrainer(model=model, reward_funcs=arith_reward, args=config, train_dataset=dataset,
-                          processing_class=tok, callbacks=[timer])
+        output_dir=str(out_dir / "trl"),
+        per_device_train_batch_size=args.prompts * args.generations,
+        num_generations=args.generations,
+        max_completion_length=args.completion_len,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=args.steps,
+        max_steps=args.steps,
+        learning_rate=LR,
+        bf16=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        shuffle_dataset=False,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        lr_scheduler_type="constant",
+        dataloader_num_workers=0,
+        seed=1234,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=arith_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[timer],
+    )
     trainer.train()
     return timer.seconds
 
@@ -111,13 +149,31 @@ def run_trl_subprocess(args: argparse.Namespace, out_dir: Path) -> list[float]:
     """Run `--side trl` in a child process and read its per-step seconds back."""
     python = sys.executable if importlib.util.find_spec("trl") else args.trl_python
     if python is None:
-        raise SystemExit("trl is not installed here: `ROLLFLOW_EXTRAS=dev,bench scripts/setup` installs the bench "
-                         "extra into .venv, or pass --trl-python PATH to an interpreter that has it")
+        raise SystemExit(
+            "trl is not installed here: `ROLLFLOW_EXTRAS=dev,bench scripts/setup` installs the bench "
+            "extra into .venv, or pass --trl-python PATH to an interpreter that has it"
+        )
     out = out_dir / "trl.json"
-    cmd = [python, str(Path(__file__).resolve()), "--side", "trl", "--json-out", str(out), "--recipe", args.recipe,
-           "--prompts", str(args.prompts), "--generations", str(args.generations),
-           "--completion-len", str(args.completion_len), "--steps", str(args.steps),
-           "--threads", str(args.threads)]
+    cmd = [
+        python,
+        str(Path(__file__).resolve()),
+        "--side",
+        "trl",
+        "--json-out",
+        str(out),
+        "--recipe",
+        args.recipe,
+        "--prompts",
+        str(args.prompts),
+        "--generations",
+        str(args.generations),
+        "--completion-len",
+        str(args.completion_len),
+        "--steps",
+        str(args.steps),
+        "--threads",
+        str(args.threads),
+    ]
     print("TRL side:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     return json.loads(out.read_text())["seconds"]
@@ -125,21 +181,30 @@ def run_trl_subprocess(args: argparse.Namespace, out_dir: Path) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--recipe", choices=sorted(RECIPES), default="tiny-arith", help="the model, prompts and reward")
+    p.add_argument(
+        "--recipe", choices=sorted(RECIPES), default="tiny-arith", help="the model, prompts and reward"
+    )
     p.add_argument("--prompts", type=int, default=8, help="P, prompts per step")
     p.add_argument("--generations", type=int, default=8, help="G, samples per prompt (GRPO group size)")
-    p.add_argument("--completion-len", type=int, default=None,
-                   help="L, max new tokens (default: 8 for tiny-arith, 256 for long-arith)")
+    p.add_argument(
+        "--completion-len",
+        type=int,
+        default=None,
+        help="L, max new tokens (default: 8 for tiny-arith, 256 for long-arith)",
+    )
     p.add_argument("--steps", type=int, default=6, help="steps per side (step 0 is the warm-up)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
     p.add_argument("--with-flow", action="store_true", help="also time the real Prefect flow per rollout")
-    p.add_argument("--trl-python", default=None,
-                   help="interpreter for the TRL half when this one cannot import trl")
+    p.add_argument(
+        "--trl-python", default=None, help="interpreter for the TRL half when this one cannot import trl"
+    )
     p.add_argument("--side", choices=["both", "trl"], default="both", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     # tiny-arith's answers take at most 4 tokens; a recipe with longer ones names its maximum (long-arith: 256)
-    args.completion_len = args.completion_len or get_recipe(args.recipe).rollout.get("rollout_max_response_len", 8)
+    args.completion_len = args.completion_len or get_recipe(args.recipe).rollout.get(
+        "rollout_max_response_len", 8
+    )
     if args.steps < 2:
         p.error("--steps must be >= 2 (step 0 is excluded as warm-up)")
     tmp = Path(tempfile.mkdtemp(prefix="rf-bench-vs-trl-"))
@@ -150,24 +215,41 @@ def main() -> None:
 
     plain = plain_rollouts(bench_config(args, tmp / "plain"), args.steps)
     print("rollflow plain s/step:", " ".join(f"{s:.3f}" for s in plain), flush=True)
-    no_recompute = plain_rollouts(bench_config(args, tmp / "plain-rollout-lp", use_rollout_logprobs=True), args.steps)
-    print("rollflow plain --use-rollout-logprobs s/step:", " ".join(f"{s:.3f}" for s in no_recompute), flush=True)
+    no_recompute = plain_rollouts(
+        bench_config(args, tmp / "plain-rollout-lp", use_rollout_logprobs=True), args.steps
+    )
+    print(
+        "rollflow plain --use-rollout-logprobs s/step:",
+        " ".join(f"{s:.3f}" for s in no_recompute),
+        flush=True,
+    )
     trl = run_trl_subprocess(args, tmp)
     print("TRL GRPOTrainer s/step:", " ".join(f"{s:.3f}" for s in trl), flush=True)
     base = mean(trl[1:])
-    rows = [["TRL GRPOTrainer", f"{base:.3f}", "1.00x"],
-            ["rollflow plain loop", f"{mean(plain[1:]):.3f}", f"{base / mean(plain[1:]):.2f}x"],
-            ["rollflow plain loop, --use-rollout-logprobs", f"{mean(no_recompute[1:]):.3f}",
-             f"{base / mean(no_recompute[1:]):.2f}x"]]
+    rows = [
+        ["TRL GRPOTrainer", f"{base:.3f}", "1.00x"],
+        ["rollflow plain loop", f"{mean(plain[1:]):.3f}", f"{base / mean(plain[1:]):.2f}x"],
+        [
+            "rollflow plain loop, --use-rollout-logprobs",
+            f"{mean(no_recompute[1:]):.3f}",
+            f"{base / mean(no_recompute[1:]):.2f}x",
+        ],
+    ]
     if args.with_flow:
         from bench.overhead import flow_rollouts  # sets Prefect/Ray env vars on import
 
         flow, cadence, _, _ = flow_rollouts(bench_config(args, tmp / "flow"))
-        rows.append(["rollflow flow (rollout-* run)", f"{mean(flow[1:]):.3f}", f"{base / mean(flow[1:]):.2f}x"])
-        rows.append(["rollflow flow (cadence)", f"{mean(cadence[1:]):.3f}", f"{base / mean(cadence[1:]):.2f}x"])
+        rows.append(
+            ["rollflow flow (rollout-* run)", f"{mean(flow[1:]):.3f}", f"{base / mean(flow[1:]):.2f}x"]
+        )
+        rows.append(
+            ["rollflow flow (cadence)", f"{mean(cadence[1:]):.3f}", f"{base / mean(cadence[1:]):.2f}x"]
+        )
 
-    print(f"\n{args.recipe}: {args.prompts} prompts x {args.generations} generations, completion <= {args.completion_len} "
-          f"tokens, {args.steps} steps (mean over steps 1..{args.steps - 1}), {args.threads} torch thread(s)")
+    print(
+        f"\n{args.recipe}: {args.prompts} prompts x {args.generations} generations, completion <= {args.completion_len} "
+        f"tokens, {args.steps} steps (mean over steps 1..{args.steps - 1}), {args.threads} torch thread(s)"
+    )
     print(table(["side", "s/step", "TRL s / this s (>1: faster than TRL)"], rows))
 
 

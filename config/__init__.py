@@ -16,6 +16,24 @@ from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
 from config.run import SECTIONS, RunConfig, dump_yaml, load_yaml
 from config.train import CheckpointConfig, TrainConfig
 
-__all__ = ["RECORDING_FORMATS", "SECTIONS", "SLOT_RESOURCE", "CIConfig", "CheckpointConfig", "DataConfig", "DebugConfig",
-           "EvalConfig", "FaultConfig", "LoggingConfig", "PlacementConfig", "RewardConfig", "RolloutConfig", "RunConfig",
-           "Section", "TrainConfig", "WandbMode", "dump_yaml", "load_yaml"]
+__all__ = [
+    "RECORDING_FORMATS",
+    "SECTIONS",
+    "SLOT_RESOURCE",
+    "CIConfig",
+    "CheckpointConfig",
+    "DataConfig",
+    "DebugConfig",
+    "EvalConfig",
+    "FaultConfig",
+    "LoggingConfig",
+    "PlacementConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "Section",
+    "TrainConfig",
+    "WandbMode",
+    "dump_yaml",
+    "load_yaml",
+]

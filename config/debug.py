@@ -12,37 +12,58 @@ from config.base import Section
 class DebugConfig(Section):
     """Cutting the loop: rollout-only / train-only, record and replay (slime/miles flag names)."""
 
-    debug_rollout_only: bool = Field(False, description="Generate and save rollouts only; no trainer is created.")
-    debug_train_only: bool = Field(False, description="Train from recorded rollouts only; no engine is created.")
+    debug_rollout_only: bool = Field(
+        False, description="Generate and save rollouts only; no trainer is created."
+    )
+    debug_train_only: bool = Field(
+        False, description="Train from recorded rollouts only; no engine is created."
+    )
     save_debug_rollout_data: str | None = Field(
-        None, description="Also write every rollout to TPL.format(rollout_id=...) (.parquet or slime .pt).")
+        None, description="Also write every rollout to TPL.format(rollout_id=...) (.parquet or slime .pt)."
+    )
     load_debug_rollout_data: str | None = Field(
-        None, description="Train from recordings at TPL (.parquet or .pt); implies --debug-train-only.")
+        None, description="Train from recordings at TPL (.parquet or .pt); implies --debug-train-only."
+    )
     load_debug_rollout_data_subsample: float | None = Field(
-        None, gt=0.0, le=1.0, description="Keep this fraction of each loaded rollout (head + tail rule).")
+        None, gt=0.0, le=1.0, description="Keep this fraction of each loaded rollout (head + tail rule)."
+    )
     trust_pickle: bool = Field(False, description="Allow .pt recordings that need arbitrary unpickling.")
     dump_details: str | None = Field(
-        None, description="Write rollout_data/{id} and train_data/{id}_{rank} under this directory.")
+        None, description="Write rollout_data/{id} and train_data/{id}_{rank} under this directory."
+    )
     save_debug_train_data: str | None = Field(
-        None, description="Write each rank's training batch to TPL.format(rollout_id=..., rank=...).")
+        None, description="Write each rank's training batch to TPL.format(rollout_id=..., rank=...)."
+    )
     ci_inject_rollout_data_path: str | None = Field(
-        None, description="From the start id on, train on these recordings and compare fresh generations to them.")
+        None,
+        description="From the start id on, train on these recordings and compare fresh generations to them.",
+    )
     ci_inject_rollout_data_start_rollout_id: int = Field(0, ge=0, description="First rollout id injected.")
     ci_inject_rollout_data_min_match_ratio: float = Field(
-        0.9, ge=0.0, le=1.0, description="Mean response-token match ratio that fresh generations must exceed.")
+        0.9, ge=0.0, le=1.0, description="Mean response-token match ratio that fresh generations must exceed."
+    )
     debug_skip_weight_update: bool = Field(
-        False, description="Keep the release/resume schedule of the sync but skip the weight transfer itself.")
+        False, description="Keep the release/resume schedule of the sync but skip the weight transfer itself."
+    )
     debug_disable_optimizer: bool = Field(
-        False, description="Build no optimizer or LR scheduler; forward/backward still run, weights never change.")
+        False,
+        description="Build no optimizer or LR scheduler; forward/backward still run, weights never change.",
+    )
     debug_exit_after_rollout: int | None = Field(
-        None, ge=1, description="End cleanly after this many rollouts of this run (for resume tests).")
+        None, ge=1, description="End cleanly after this many rollouts of this run (for resume tests)."
+    )
     debug_deterministic_collective: bool = Field(
-        False, description="Sum reductions by all-gather + fixed-order fold: bitwise across DP topologies (slow).")
+        False,
+        description="Sum reductions by all-gather + fixed-order fold: bitwise across DP topologies (slow).",
+    )
     debug_separate_logprob_pass: bool = Field(
-        False, description="Compute the old-policy log-probs in a forward of their own, not in the first train step's "
-                           "forward (the default outside --ci-test); training is bitwise the same either way.")
+        False,
+        description="Compute the old-policy log-probs in a forward of their own, not in the first train step's "
+        "forward (the default outside --ci-test); training is bitwise the same either way.",
+    )
     load_forge_rollout_data: str | None = Field(
-        None, description="Replay recordings while engines stay alive and weights keep syncing.")
+        None, description="Replay recordings while engines stay alive and weights keep syncing."
+    )
 
 
 class CIConfig(Section):
@@ -53,20 +74,32 @@ class CIConfig(Section):
     ci_disable_logprobs_checker: bool = Field(False, description="Skip the log-prob / entropy checks.")
     ci_disable_weight_update_checker: bool = Field(False, description="Skip the first-sync weight check.")
     check_weight_update_equal: bool = Field(
-        False, description="Scramble engine weights, sync once, require every tensor bitwise equal (also without --ci-test).")
+        False,
+        description="Scramble engine weights, sync once, require every tensor bitwise equal (also without --ci-test).",
+    )
     check_weight_update_skip_list: str | None = Field(
-        None, description="Comma-separated weight names the weight-update check ignores.")
-    ci_logprobs_checker_abs_tol: float = Field(0.03, gt=0.0, description="Trainer vs engine log-prob tolerance.")
+        None, description="Comma-separated weight names the weight-update check ignores."
+    )
+    ci_logprobs_checker_abs_tol: float = Field(
+        0.03, gt=0.0, description="Trainer vs engine log-prob tolerance."
+    )
     ci_entropy_max: float = Field(0.7, gt=0.0, description="Upper bound of rollout/entropy (miles: 0.7).")
     ci_metric_checker_key: str | None = Field(None, description="Eval metric the accuracy gate reads.")
-    ci_metric_checker_threshold: float | None = Field(None, description="The gate passes when key >= threshold.")
+    ci_metric_checker_threshold: float | None = Field(
+        None, description="The gate passes when key >= threshold."
+    )
     ci_metric_checker_expect_num: int | None = Field(
-        None, ge=1, description="Require exactly N evals, all passing (default: at least one passing).")
-    ci_save_grad_norm: str | None = Field(None, description="Write grad norms to TPL ({role}, {rollout_id}, {step_id}).")
+        None, ge=1, description="Require exactly N evals, all passing (default: at least one passing)."
+    )
+    ci_save_grad_norm: str | None = Field(
+        None, description="Write grad norms to TPL ({role}, {rollout_id}, {step_id})."
+    )
     ci_load_grad_norm: str | None = Field(None, description="Compare grad norms with TPL (rel = abs = 0.03).")
     ci_fault_drop_weight: str | None = Field(
-        None, description="Fault injection: engines silently skip these tensors on every weight update: "
-                          "comma-separated names or globs (model.layers.*.mlp.up_proj.weight).")
+        None,
+        description="Fault injection: engines silently skip these tensors on every weight update: "
+        "comma-separated names or globs (model.layers.*.mlp.up_proj.weight).",
+    )
 
     @property
     def weight_check(self) -> bool:
@@ -87,28 +120,42 @@ def check_template(flag: str, template: str | None, *, need_id: bool, extra: tup
     except (KeyError, IndexError, ValueError) as e:
         raise ValueError(f"{flag} {template!r}: bad template ({e}); fields: {fields}") from None
     if need_id and "rollout_id" not in names:
-        raise ValueError(f"{flag} {template!r} has no {{rollout_id}}: a literal path would be overwritten "
-                         f"by every rollout; use e.g. /tmp/rollout_{{rollout_id}}.parquet")
+        raise ValueError(
+            f"{flag} {template!r} has no {{rollout_id}}: a literal path would be overwritten "
+            f"by every rollout; use e.g. /tmp/rollout_{{rollout_id}}.parquet"
+        )
     if not template.endswith(RECORDING_FORMATS):
-        raise ValueError(f"{flag} {template!r}: the extension picks the format; use one of {RECORDING_FORMATS}")
+        raise ValueError(
+            f"{flag} {template!r}: the extension picks the format; use one of {RECORDING_FORMATS}"
+        )
 
 
 def check_debug(d: DebugConfig) -> None:
     """The anchors' validation order: load implies train-only, then the mutual exclusions."""
     train_only = d.debug_train_only or d.load_debug_rollout_data is not None
     if train_only and d.debug_rollout_only:
-        why = "--load-debug-rollout-data (implies --debug-train-only)" if d.load_debug_rollout_data else "--debug-train-only"
+        why = (
+            "--load-debug-rollout-data (implies --debug-train-only)"
+            if d.load_debug_rollout_data
+            else "--debug-train-only"
+        )
         raise ValueError(f"--debug-rollout-only and {why} are mutually exclusive")
     if d.load_debug_rollout_data_subsample is not None and d.load_debug_rollout_data is None:
         raise ValueError("--load-debug-rollout-data-subsample needs --load-debug-rollout-data")
     if d.ci_inject_rollout_data_path and train_only:
-        raise ValueError("--ci-inject-rollout-data-path compares fresh generations, so it needs engines: "
-                         "drop --debug-train-only / --load-debug-rollout-data")
+        raise ValueError(
+            "--ci-inject-rollout-data-path compares fresh generations, so it needs engines: "
+            "drop --debug-train-only / --load-debug-rollout-data"
+        )
     if d.ci_inject_rollout_data_path and d.debug_rollout_only:
-        raise ValueError("--ci-inject-rollout-data-path feeds training, so it cannot run with --debug-rollout-only")
+        raise ValueError(
+            "--ci-inject-rollout-data-path feeds training, so it cannot run with --debug-rollout-only"
+        )
     if d.load_forge_rollout_data and (train_only or d.debug_rollout_only):
-        raise ValueError("--load-forge-rollout-data keeps engines and trainer running: it cannot be combined "
-                         "with --debug-train-only, --debug-rollout-only or --load-debug-rollout-data")
+        raise ValueError(
+            "--load-forge-rollout-data keeps engines and trainer running: it cannot be combined "
+            "with --debug-train-only, --debug-rollout-only or --load-debug-rollout-data"
+        )
     if d.load_forge_rollout_data and d.ci_inject_rollout_data_path:
         raise ValueError("--load-forge-rollout-data and --ci-inject-rollout-data-path are mutually exclusive")
     check_template("--save-debug-rollout-data", d.save_debug_rollout_data, need_id=True)

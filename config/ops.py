@@ -13,23 +13,47 @@ class FaultConfig(Section):
     """Fault hooks (miles' request model) and what the run does to survive faults."""
 
     ci_fault_hooks: str | None = Field(
-        None, description="JSON list of fault hook requests (request_id, hook_name, action {kind, ...}, target, "
-                          "rollout_id, attempt, weight_version, delay_ms, lifetime_seconds).")
-    ci_fault_hooks_path: str | None = Field(None, description="A file holding the same JSON as --ci-fault-hooks.")
-    task_retries: int = Field(2, ge=0, le=20, description="Prefect retries of a failed stage (not of a checker "
-                                                           "failure, which is deterministic).")
+        None,
+        description="JSON list of fault hook requests (request_id, hook_name, action {kind, ...}, target, "
+        "rollout_id, attempt, weight_version, delay_ms, lifetime_seconds).",
+    )
+    ci_fault_hooks_path: str | None = Field(
+        None, description="A file holding the same JSON as --ci-fault-hooks."
+    )
+    task_retries: int = Field(
+        2,
+        ge=0,
+        le=20,
+        description="Prefect retries of a failed stage (not of a checker failure, which is deterministic).",
+    )
     task_retry_delay: float = Field(1.0, ge=0, le=600, description="Seconds between a stage's attempts.")
     rollout_timeout: float | None = Field(
-        600.0, gt=0, le=86_400, description="Seconds an engine may take for one generate/eval call before it is "
-                                            "killed, restarted and the stage retried; None = no limit.")
+        600.0,
+        gt=0,
+        le=86_400,
+        description="Seconds an engine may take for one generate/eval call before it is "
+        "killed, restarted and the stage retried; None = no limit.",
+    )
     train_timeout: float | None = Field(
-        1800.0, gt=0, le=86_400, description="Seconds the trainers may take for one stage (log-prob, train-step, "
-                                             "save) before they are restarted from their snapshot; None = no limit.")
+        1800.0,
+        gt=0,
+        le=86_400,
+        description="Seconds the trainers may take for one stage (log-prob, train-step, "
+        "save) before they are restarted from their snapshot; None = no limit.",
+    )
     update_weights_timeout: float | None = Field(
-        600.0, gt=0, le=86_400, description="Seconds a weight sync may take before its actors are restarted; "
-                                            "None = no limit.")
-    prefect_timeout: float = Field(60.0, gt=0, le=3600, description="Fail the run, with a message, when the Prefect "
-                                                                    "API has not answered for this many seconds.")
+        600.0,
+        gt=0,
+        le=86_400,
+        description="Seconds a weight sync may take before its actors are restarted; None = no limit.",
+    )
+    prefect_timeout: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Fail the run, with a message, when the Prefect "
+        "API has not answered for this many seconds.",
+    )
 
     @model_validator(mode="after")
     def _hooks_parse(self) -> FaultConfig:
@@ -59,15 +83,25 @@ class LoggingConfig(Section):
     wandb_project: str | None = Field(None, description="W&B project; None = W&B's default.")
     wandb_team: str | None = Field(None, description="W&B entity (team or user); None = your default entity.")
     wandb_group: str | None = Field(
-        None, description="W&B group that gathers related runs; the W&B run itself is named --name.")
+        None, description="W&B group that gathers related runs; the W&B run itself is named --name."
+    )
     wandb_mode: WandbMode | None = Field(
-        None, description="online, offline (written locally, `wandb sync` uploads it later) or disabled; "
-                          "None = the WANDB_MODE environment variable, else online.")
-    wandb_dir: str | None = Field(None, description="Directory W&B writes its files under (DIR/wandb/...); "
-                                                    "None = the working directory.")
-    use_tensorboard: bool = Field(False, description="Write TensorBoard event files (needs the tensorboard extra).")
+        None,
+        description="online, offline (written locally, `wandb sync` uploads it later) or disabled; "
+        "None = the WANDB_MODE environment variable, else online.",
+    )
+    wandb_dir: str | None = Field(
+        None,
+        description="Directory W&B writes its files under (DIR/wandb/...); None = the working directory.",
+    )
+    use_tensorboard: bool = Field(
+        False, description="Write TensorBoard event files (needs the tensorboard extra)."
+    )
     tb_project_name: str | None = Field(
-        None, description="TensorBoard logs go to tensorboard_log/<project>/<experiment> (or $TENSORBOARD_DIR); "
-                          "--use-tensorboard needs this or TENSORBOARD_DIR, as in slime.")
+        None,
+        description="TensorBoard logs go to tensorboard_log/<project>/<experiment> (or $TENSORBOARD_DIR); "
+        "--use-tensorboard needs this or TENSORBOARD_DIR, as in slime.",
+    )
     tb_experiment_name: str | None = Field(
-        None, description="TensorBoard experiment; None = the start time (YYYYmmdd_HHMMSS), as in slime.")
+        None, description="TensorBoard experiment; None = the start time (YYYYmmdd_HHMMSS), as in slime."
+    )

@@ -23,27 +23,36 @@ class PlacementConfig(Section):
 
     actor_num_nodes: int = Field(1, ge=1, le=4096, description="Nodes the trainer ranks span (slime's flag).")
     actor_num_gpus_per_node: int | None = Field(
-        None, ge=1, le=4096,
+        None,
+        ge=1,
+        le=4096,
         description="Trainer ranks per node: GPUs on a GPU cluster, processes on CPU; None = the trainer world size "
-                    "(--tensor-model-parallel-size x --data-parallel-size) / --actor-num-nodes. --actor-num-nodes x "
-                    "this must equal that world size.")
+        "(--tensor-model-parallel-size x --data-parallel-size) / --actor-num-nodes. --actor-num-nodes x "
+        "this must equal that world size.",
+    )
     colocate: bool = Field(
-        False, description="Engines share the trainers' slots (fractional requests, slime's --colocate) instead of "
-                           "slots of their own; the engines release their memory while the trainers work, as always.")
+        False,
+        description="Engines share the trainers' slots (fractional requests, slime's --colocate) instead of "
+        "slots of their own; the engines release their memory while the trainers work, as always.",
+    )
     slot_resource: str = Field(
-        SLOT_RESOURCE, min_length=1,
+        SLOT_RESOURCE,
+        min_length=1,
         description="What one slot (slime's GPU: a trainer rank, or an engine's share) asks Ray for: GPU, CPU, or a "
-                    "custom resource the nodes declare. The default, rollflow_slot, is a CPU process slot: a local "
-                    "Ray that rollflow starts declares the run's; each node of a cluster declares its own with "
-                    "`ray start --resources '{\"rollflow_slot\": N}'`. GPU runs pass GPU.")
+        "custom resource the nodes declare. The default, rollflow_slot, is a CPU process slot: a local "
+        "Ray that rollflow starts declares the run's; each node of a cluster declares its own with "
+        "`ray start --resources '{\"rollflow_slot\": N}'`. GPU runs pass GPU.",
+    )
     actor_resources: dict[str, float] = Field(
         default_factory=dict,
         description="JSON object of Ray resources each trainer slot asks for besides the slot, e.g. "
-                    "'{\"trainer_node\": 0.001}' keeps the trainers on the nodes started with that custom resource.")
+        "'{\"trainer_node\": 0.001}' keeps the trainers on the nodes started with that custom resource.",
+    )
     rollout_resources: dict[str, float] = Field(
         default_factory=dict,
         description="JSON object of Ray resources each engine slot asks for besides the slot, e.g. "
-                    "'{\"rollout_node\": 0.001}'.")
+        "'{\"rollout_node\": 0.001}'.",
+    )
 
     @field_validator("actor_resources", "rollout_resources")
     @classmethod
@@ -54,8 +63,16 @@ class PlacementConfig(Section):
         return value
 
 
-def check_placement(p: PlacementConfig, *, world_size: int, tp: int, dp: int, rollout_num_engines: int,
-                    rollout_num_gpus: int | None, rollout_num_gpus_per_engine: int) -> None:
+def check_placement(
+    p: PlacementConfig,
+    *,
+    world_size: int,
+    tp: int,
+    dp: int,
+    rollout_num_engines: int,
+    rollout_num_gpus: int | None,
+    rollout_num_gpus_per_engine: int,
+) -> None:
     """Refuse placements that cannot hold the run, naming the flags: the trainer slots must be the trainer world
     size, the engine slots a whole number of engines agreeing with --rollout-num-engines, and colocated roles must
     fit the same nodes."""
@@ -64,18 +81,26 @@ def check_placement(p: PlacementConfig, *, world_size: int, tp: int, dp: int, ro
         if world_size % p.actor_num_nodes:
             raise ValueError(f"--actor-num-nodes {p.actor_num_nodes} does not divide {ranks}")
     elif p.actor_num_nodes * p.actor_num_gpus_per_node != world_size:
-        raise ValueError(f"--actor-num-nodes {p.actor_num_nodes} x --actor-num-gpus-per-node "
-                         f"{p.actor_num_gpus_per_node} = {p.actor_num_nodes * p.actor_num_gpus_per_node} slots, but "
-                         f"{ranks}: the two must be equal")
+        raise ValueError(
+            f"--actor-num-nodes {p.actor_num_nodes} x --actor-num-gpus-per-node "
+            f"{p.actor_num_gpus_per_node} = {p.actor_num_nodes * p.actor_num_gpus_per_node} slots, but "
+            f"{ranks}: the two must be equal"
+        )
     if rollout_num_gpus is not None:
         if rollout_num_gpus % rollout_num_gpus_per_engine:
-            raise ValueError(f"--rollout-num-gpus {rollout_num_gpus} is not a multiple of "
-                             f"--rollout-num-gpus-per-engine {rollout_num_gpus_per_engine}")
+            raise ValueError(
+                f"--rollout-num-gpus {rollout_num_gpus} is not a multiple of "
+                f"--rollout-num-gpus-per-engine {rollout_num_gpus_per_engine}"
+            )
         engines = rollout_num_gpus // rollout_num_gpus_per_engine
         if engines != rollout_num_engines:
-            raise ValueError(f"--rollout-num-engines {rollout_num_engines} contradicts --rollout-num-gpus "
-                             f"{rollout_num_gpus} / --rollout-num-gpus-per-engine {rollout_num_gpus_per_engine} = "
-                             f"{engines} engine(s): give one of them")
+            raise ValueError(
+                f"--rollout-num-engines {rollout_num_engines} contradicts --rollout-num-gpus "
+                f"{rollout_num_gpus} / --rollout-num-gpus-per-engine {rollout_num_gpus_per_engine} = "
+                f"{engines} engine(s): give one of them"
+            )
     if p.colocate and p.actor_resources and p.rollout_resources and p.actor_resources != p.rollout_resources:
-        raise ValueError("--colocate puts the engines in the trainers' slots, so --actor-resources and "
-                         "--rollout-resources would have to hold on the same nodes: give --actor-resources only")
+        raise ValueError(
+            "--colocate puts the engines in the trainers' slots, so --actor-resources and "
+            "--rollout-resources would have to hold on the same nodes: give --actor-resources only"
+        )

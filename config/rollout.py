@@ -16,30 +16,52 @@ RolloutBackend = Literal[tuple(ENGINES)]  # type: ignore[valid-type]
 class RolloutConfig(Section):
     """What to generate each rollout and how to sample it."""
 
-    num_rollout: int = Field(100, ge=1, le=10_000_000, description="Number of rollouts (RL iterations) in the run.")
+    num_rollout: int = Field(
+        100, ge=1, le=10_000_000, description="Number of rollouts (RL iterations) in the run."
+    )
     rollout_batch_size: int = Field(128, ge=1, le=1_000_000, description="Prompts per rollout.")
-    n_samples_per_prompt: int = Field(4, ge=1, le=65_536, description="Responses sampled per prompt (the GRPO group size).")
+    n_samples_per_prompt: int = Field(
+        4, ge=1, le=65_536, description="Responses sampled per prompt (the GRPO group size)."
+    )
     rollout_max_response_len: int = Field(6, ge=1, le=10_000_000, description="Max new tokens per response.")
     rollout_temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
     rollout_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     rollout_top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables it.")
-    rollout_seed: int = Field(42, description="Seed of the prompt order and of every per-sample sampling seed.")
+    rollout_seed: int = Field(
+        42, description="Seed of the prompt order and of every per-sample sampling seed."
+    )
     rollout_stop: list[str] | None = Field(
-        None, description="Stop strings: one that is a single token of the tokenizer becomes a stop token id, a "
-                          "longer one ends the response where the decoded text first contains it.")
+        None,
+        description="Stop strings: one that is a single token of the tokenizer becomes a stop token id, a "
+        "longer one ends the response where the decoded text first contains it.",
+    )
     rollout_stop_token_ids: list[int] | None = Field(
-        None, description="Stop token ids, added to the defaults (the tokenizer's EOS and the chat template's "
-                          "end-of-turn token).")
+        None,
+        description="Stop token ids, added to the defaults (the tokenizer's EOS and the chat template's "
+        "end-of-turn token).",
+    )
     rollout_backend: RolloutBackend = Field("torch", description="Inference engine backend.")  # type: ignore[valid-type]
     rollout_num_engines: int = Field(
-        1, ge=1, le=4096, description="Engine actors; prompt groups are spread over them. Unset, --rollout-num-gpus "
-                                      "/ --rollout-num-gpus-per-engine gives it.")
+        1,
+        ge=1,
+        le=4096,
+        description="Engine actors; prompt groups are spread over them. Unset, --rollout-num-gpus "
+        "/ --rollout-num-gpus-per-engine gives it.",
+    )
     rollout_num_gpus: int | None = Field(
-        None, ge=1, le=65_536, description="Slots of all engines (slime's flag: GPUs, or processes on CPU); None = "
-                                           "--rollout-num-engines x --rollout-num-gpus-per-engine.")
+        None,
+        ge=1,
+        le=65_536,
+        description="Slots of all engines (slime's flag: GPUs, or processes on CPU); None = "
+        "--rollout-num-engines x --rollout-num-gpus-per-engine.",
+    )
     rollout_num_gpus_per_engine: int = Field(
-        1, ge=1, le=1024, description="Slots of one engine (slime's flag: its tensor-parallel GPUs); the engine actor "
-                                      "sits in the first, the rest are reserved for its own processes.")
+        1,
+        ge=1,
+        le=1024,
+        description="Slots of one engine (slime's flag: its tensor-parallel GPUs); the engine actor "
+        "sits in the first, the rest are reserved for its own processes.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -49,7 +71,12 @@ class RolloutConfig(Section):
         if not isinstance(data, dict) or "rollout_num_engines" in data:
             return data
         slots, per_engine = data.get("rollout_num_gpus"), data.get("rollout_num_gpus_per_engine", 1)
-        if isinstance(slots, int) and isinstance(per_engine, int) and per_engine > 0 and slots % per_engine == 0:
+        if (
+            isinstance(slots, int)
+            and isinstance(per_engine, int)
+            and per_engine > 0
+            and slots % per_engine == 0
+        ):
             return {**data, "rollout_num_engines": slots // per_engine}
         return data  # not whole numbers, or not a whole number of engines: the field checks say so
 
@@ -63,40 +90,67 @@ class EvalConfig(Section):
     """Held-out evaluation."""
 
     eval_interval: int | None = Field(
-        10, ge=1, description="Evaluate every N rollouts (and at rollout 0 and after the last); None disables eval."
+        10,
+        ge=1,
+        description="Evaluate every N rollouts (and at rollout 0 and after the last); None disables eval.",
     )
     n_samples_per_eval_prompt: int = Field(
-        4, ge=1, description="Samples per eval prompt (slime's default is 1; 4 keeps tiny-arith's eval noise near "
-                             "one point).")
-    eval_temperature: float | None = Field(None, gt=0.0, description="Eval sampling temperature; None = rollout's.")
+        4,
+        ge=1,
+        description="Samples per eval prompt (slime's default is 1; 4 keeps tiny-arith's eval noise near "
+        "one point).",
+    )
+    eval_temperature: float | None = Field(
+        None, gt=0.0, description="Eval sampling temperature; None = rollout's."
+    )
     eval_top_p: float | None = Field(None, gt=0.0, le=1.0, description="Eval nucleus mass; None = rollout's.")
     eval_top_k: int | None = Field(None, ge=-1, description="Eval top-k; None = rollout's.")
-    eval_max_response_len: int | None = Field(None, ge=1, description="Eval max new tokens; None = rollout's.")
+    eval_max_response_len: int | None = Field(
+        None, ge=1, description="Eval max new tokens; None = rollout's."
+    )
 
 
 class DataConfig(Section):
     """Prompt data (slime's flags and meanings). Unset, the recipe supplies data, keys and eval set."""
 
     prompt_data: str | None = Field(
-        None, description="Training prompts: a .jsonl or .parquet file, one row per prompt; None = the recipe's.")
-    input_key: str = Field("input", description="Row key of the prompt: a string, or chat messages "
-                                                "[{role, content}] (those need --apply-chat-template).")
+        None,
+        description="Training prompts: a .jsonl or .parquet file, one row per prompt; None = the recipe's.",
+    )
+    input_key: str = Field(
+        "input",
+        description="Row key of the prompt: a string, or chat messages "
+        "[{role, content}] (those need --apply-chat-template).",
+    )
     label_key: str | None = Field(None, description="Row key of the label handed to the reward.")
-    metadata_key: str = Field("metadata", description="Row key of a JSON object carried into each sample's "
-                                                      "metadata and handed to the reward.")
-    tool_key: str = Field("tools", description="Row key of tool schemas passed to the chat template (if present).")
-    apply_chat_template: bool = Field(False, description="Render the prompt with the tokenizer's chat template "
-                                                         "(a string input becomes one user message).")
+    metadata_key: str = Field(
+        "metadata",
+        description="Row key of a JSON object carried into each sample's metadata and handed to the reward.",
+    )
+    tool_key: str = Field(
+        "tools", description="Row key of tool schemas passed to the chat template (if present)."
+    )
+    apply_chat_template: bool = Field(
+        False,
+        description="Render the prompt with the tokenizer's chat template "
+        "(a string input becomes one user message).",
+    )
     apply_chat_template_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="JSON object of extra keyword arguments for the chat template.")
+        default_factory=dict, description="JSON object of extra keyword arguments for the chat template."
+    )
     rollout_shuffle: bool = Field(
-        False, description="Visit prompts in a per-epoch permutation seeded by --rollout-seed + epoch (else file "
-                           "order); the tiny-arith preset turns it on.")
+        False,
+        description="Visit prompts in a per-epoch permutation seeded by --rollout-seed + epoch (else file "
+        "order); the tiny-arith preset turns it on.",
+    )
     rollout_max_prompt_len: int | None = Field(
-        None, ge=1, description="Drop prompts longer than this many tokens at load (the count is logged).")
+        None, ge=1, description="Drop prompts longer than this many tokens at load (the count is logged)."
+    )
     eval_prompt_data: list[str] | None = Field(
-        None, description="NAME PATH [NAME PATH ...]: eval datasets, each logged as eval/NAME; None = the recipe's "
-                          "(when it supplies the training data too).")
+        None,
+        description="NAME PATH [NAME PATH ...]: eval datasets, each logged as eval/NAME; None = the recipe's "
+        "(when it supplies the training data too).",
+    )
     eval_input_key: str | None = Field(None, description="Eval row key of the prompt; None = --input-key.")
     eval_label_key: str | None = Field(None, description="Eval row key of the label; None = --label-key.")
 
@@ -127,10 +181,16 @@ class RewardConfig(Section):
     """How a response is scored (slime's flags): a built-in --rm-type or your --custom-rm-path."""
 
     rm_type: str | None = Field(
-        None, description="Built-in reward (exact_match, math, deepscaler, f1, tiny-arith, long-arith; a boxed_ prefix scores the last "
-                          "\\boxed{...}); None = the recipe's when it supplies the data.")
+        None,
+        description="Built-in reward (exact_match, math, deepscaler, f1, tiny-arith, long-arith; a boxed_ prefix scores the last "
+        "\\boxed{...}); None = the recipe's when it supplies the data.",
+    )
     custom_rm_path: str | None = Field(
-        None, description="Dotted path module.fn of your reward (sync or async), importable from the working "
-                          "directory or PYTHONPATH; wins over --rm-type.")
-    reward_key: str | None = Field(None, description="When the reward returns a dict: the key of the scalar reward.")
+        None,
+        description="Dotted path module.fn of your reward (sync or async), importable from the working "
+        "directory or PYTHONPATH; wins over --rm-type.",
+    )
+    reward_key: str | None = Field(
+        None, description="When the reward returns a dict: the key of the scalar reward."
+    )
     eval_reward_key: str | None = Field(None, description="--reward-key for eval; None = --reward-key.")

@@ -20,17 +20,25 @@ from config.train import CheckpointConfig, TrainConfig, check_parallelism
 class RunConfig(Section):
     """One RL run: every concern plus where it lives."""
 
-    name: str = Field("tiny-arith", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (Prefect flow run name).")
+    name: str = Field(
+        "tiny-arith", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (Prefect flow run name)."
+    )
     run_dir: str | None = Field(None, description="Run directory; None = runs/<name>.")
     recipe: Literal["tiny-arith", "long-arith"] = Field(
-        "tiny-arith", description="Preset that fills in what the flags leave unset: base model (--hf-checkpoint), "
-                                  "prompt data and keys, eval data, reward. long-arith: step-by-step "
-                                  "additions answered in 64-256 tokens by a 3.2M-parameter model (the perf workload).")
-    hf_checkpoint: str | None = Field(None, description="HF model dir (model + tokenizer); None = the recipe's.")
+        "tiny-arith",
+        description="Preset that fills in what the flags leave unset: base model (--hf-checkpoint), "
+        "prompt data and keys, eval data, reward. long-arith: step-by-step "
+        "additions answered in 64-256 tokens by a 3.2M-parameter model (the perf workload).",
+    )
+    hf_checkpoint: str | None = Field(
+        None, description="HF model dir (model + tokenizer); None = the recipe's."
+    )
     num_threads: int = Field(
         1, ge=1, description="torch threads in every actor (bitwise replay needs the same count everywhere)."
     )
-    ray_address: str | None = Field(None, description="Join this Ray cluster instead of starting a local one.")
+    ray_address: str | None = Field(
+        None, description="Join this Ray cluster instead of starting a local one."
+    )
     rollout: RolloutConfig = RolloutConfig()
     data: DataConfig = DataConfig()
     reward: RewardConfig = RewardConfig()
@@ -43,8 +51,10 @@ class RunConfig(Section):
     logging: LoggingConfig = LoggingConfig()
     placement: PlacementConfig = PlacementConfig()
     ref_load: str | None = Field(
-        None, description="Reference model (an HF dir or a --save dir); also the starting weights when --load holds "
-                          "no checkpoint (slime's meaning); None = --hf-checkpoint.")
+        None,
+        description="Reference model (an HF dir or a --save dir); also the starting weights when --load holds "
+        "no checkpoint (slime's meaning); None = --hf-checkpoint.",
+    )
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RunConfig:
@@ -57,7 +67,9 @@ class RunConfig(Section):
                 f"--global-batch-size {gbs} must divide --rollout-batch-size x --n-samples-per-prompt = {total}"
             )
         if gbs % t.data_parallel_size:
-            raise ValueError(f"--global-batch-size {gbs} must be divisible by --data-parallel-size {t.data_parallel_size}")
+            raise ValueError(
+                f"--global-batch-size {gbs} must be divisible by --data-parallel-size {t.data_parallel_size}"
+            )
         per_rank = gbs // t.data_parallel_size
         if t.micro_batch_size is not None and per_rank % t.micro_batch_size:
             raise ValueError(
@@ -65,9 +77,15 @@ class RunConfig(Section):
                 f"(--global-batch-size / --data-parallel-size)"
             )
         check_parallelism(t)
-        check_placement(self.placement, world_size=self.trainer_world_size, tp=t.tensor_model_parallel_size,
-                        dp=t.data_parallel_size, rollout_num_engines=r.rollout_num_engines,
-                        rollout_num_gpus=r.rollout_num_gpus, rollout_num_gpus_per_engine=r.rollout_num_gpus_per_engine)
+        check_placement(
+            self.placement,
+            world_size=self.trainer_world_size,
+            tp=t.tensor_model_parallel_size,
+            dp=t.data_parallel_size,
+            rollout_num_engines=r.rollout_num_engines,
+            rollout_num_gpus=r.rollout_num_gpus,
+            rollout_num_gpus_per_engine=r.rollout_num_gpus_per_engine,
+        )
         if t.kl_loss_coef and not t.use_kl_loss:
             raise ValueError("--kl-loss-coef is set but --use-kl-loss is not")
         if c.save_interval is not None and c.save is None:
@@ -81,12 +99,17 @@ class RunConfig(Section):
             raise ValueError("--ci-metric-checker-key and --ci-metric-checker-threshold go together")
         if ci.ci_metric_checker_expect_num is not None and ci.ci_metric_checker_key is None:
             raise ValueError("--ci-metric-checker-expect-num needs --ci-metric-checker-key")
-        for flag, tpl in (("--ci-save-grad-norm", ci.ci_save_grad_norm), ("--ci-load-grad-norm", ci.ci_load_grad_norm)):
+        for flag, tpl in (
+            ("--ci-save-grad-norm", ci.ci_save_grad_norm),
+            ("--ci-load-grad-norm", ci.ci_load_grad_norm),
+        ):
             if tpl is not None:
                 try:
                     tpl.format(role="actor", rollout_id=0, step_id=0)
                 except (KeyError, IndexError, ValueError) as e:
-                    raise ValueError(f"{flag} {tpl!r}: bad template ({e}); fields: role, rollout_id, step_id") from None
+                    raise ValueError(
+                        f"{flag} {tpl!r}: bad template ({e}); fields: role, rollout_id, step_id"
+                    ) from None
         return self
 
     # -- derived values (one place) ---------------------------------------------------------------
@@ -145,8 +168,10 @@ class RunConfig(Section):
 
     def section_hash(self, *names: str) -> str:
         """sha256 of some sections only (the config slice a task's cache key depends on)."""
-        data = {n: getattr(self, n).model_dump() if isinstance(getattr(self, n), BaseModel) else getattr(self, n)
-                for n in names}
+        data = {
+            n: getattr(self, n).model_dump() if isinstance(getattr(self, n), BaseModel) else getattr(self, n)
+            for n in names
+        }
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -185,8 +210,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"--config {path}: expected a mapping at the top level, got {type(data).__name__}")
     for section, value in data.items():
         if section in SECTIONS and not isinstance(value, dict):
-            raise ValueError(f"--config {path}: section {section!r} must be a mapping of its fields, got "
-                             f"{type(value).__name__} {value!r}")
+            raise ValueError(
+                f"--config {path}: section {section!r} must be a mapping of its fields, got "
+                f"{type(value).__name__} {value!r}"
+            )
     return data
 
 

@@ -17,24 +17,37 @@ class TrainConfig(Section):
     """The trainer: batch schedule, optimiser and the RL loss."""
 
     train_backend: TrainBackend = Field("torch", description="Trainer backend.")  # type: ignore[valid-type]
-    data_parallel_size: int = Field(1, ge=1, le=65_536, description="Data-parallel trainer ranks (gloo on CPU); the trainer "
-                                                         "actors are tensor x data parallel, one rank each.")
+    data_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=65_536,
+        description="Data-parallel trainer ranks (gloo on CPU); the trainer "
+        "actors are tensor x data parallel, one rank each.",
+    )
     tensor_model_parallel_size: int = Field(
-        1, ge=1, description="Tensor-parallel ranks per model replica (megatron backend only).")
+        1, ge=1, description="Tensor-parallel ranks per model replica (megatron backend only)."
+    )
     pipeline_model_parallel_size: int = Field(
-        1, ge=1, description="Pipeline-parallel stages; only 1 is supported so far (refused otherwise).")
+        1, ge=1, description="Pipeline-parallel stages; only 1 is supported so far (refused otherwise)."
+    )
     context_parallel_size: int = Field(
-        1, ge=1, description="Context-parallel ranks; only 1 is supported so far (refused otherwise).")
-    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism; not supported yet (refused).")
+        1, ge=1, description="Context-parallel ranks; only 1 is supported so far (refused otherwise)."
+    )
+    sequence_parallel: bool = Field(
+        False, description="Megatron sequence parallelism; not supported yet (refused)."
+    )
     global_batch_size: int | None = Field(
         128, ge=1, description="Samples per optimizer step; None = the whole rollout (one step per rollout)."
     )
     micro_batch_size: int | None = Field(
-        None, ge=1, description="Samples per forward/backward on one rank; None = the rank's share of the step."
+        None,
+        ge=1,
+        description="Samples per forward/backward on one rank; None = the rank's share of the step.",
     )
     lr: float = Field(2e-4, gt=0.0, description="Peak learning rate (AdamW).")
     lr_decay_style: Literal["constant", "linear", "cosine"] = Field(
-        "cosine", description="LR schedule (decays to --min-lr over the run's optimizer steps).")
+        "cosine", description="LR schedule (decays to --min-lr over the run's optimizer steps)."
+    )
     lr_warmup_iters: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
     min_lr: float = Field(0.0, ge=0.0, description="Floor of the decayed LR.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
@@ -50,12 +63,16 @@ class TrainConfig(Section):
     eps_clip_high: float | None = Field(None, gt=0.0, description="PPO upper clip range; None = eps_clip.")
     eps_clip_c: float | None = Field(None, gt=1.0, description="Dual-clip constant (> 1); None disables it.")
     entropy_coef: float = Field(0.0, ge=0.0, description="Weight of the entropy bonus.")
-    use_kl_loss: bool = Field(False, description="Add a KL(actor || reference) loss; loads a reference model.")
+    use_kl_loss: bool = Field(
+        False, description="Add a KL(actor || reference) loss; loads a reference model."
+    )
     kl_loss_coef: float = Field(0.0, ge=0.0, description="Weight of the KL loss.")
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = Field("low_var_kl", description="KL estimator.")
     use_rollout_logprobs: bool = Field(
-        False, description="Old-policy log-probs = the engine's rollout_log_probs: the trainer skips its own "
-                           "log-prob forward (the reference forward still runs when needed).")
+        False,
+        description="Old-policy log-probs = the engine's rollout_log_probs: the trainer skips its own "
+        "log-prob forward (the reference forward still runs when needed).",
+    )
     seed: int = Field(1234, description="Trainer seed (torch RNG of every rank).")
 
 
@@ -63,31 +80,46 @@ class CheckpointConfig(Section):
     """Saving and resuming."""
 
     save: str | None = Field(None, description="Directory for iter_XXXXXXX checkpoints.")
-    save_interval: int | None = Field(None, ge=1, description="Save after every K rollouts (and the last one).")
+    save_interval: int | None = Field(
+        None, ge=1, description="Save after every K rollouts (and the last one)."
+    )
     load: str | None = Field(None, description="Resume from the latest checkpoint in this directory.")
-    ci_save_model_hash: bool = Field(False, description="Write per-layer SHA-256 hashes next to every checkpoint.")
+    ci_save_model_hash: bool = Field(
+        False, description="Write per-layer SHA-256 hashes next to every checkpoint."
+    )
     ci_check_model_hash: bool = Field(
-        False, description="After --load, check the loaded weights against the checkpoint's per-layer hashes.")
+        False, description="After --load, check the loaded weights against the checkpoint's per-layer hashes."
+    )
 
 
 def check_parallelism(t: TrainConfig) -> None:
     """Parallelism the chosen backend cannot do is refused here, not silently ignored."""
     can = "tensor and data parallel" if t.train_backend == "megatron" else "data parallel"
-    for flag, value in (("--pipeline-model-parallel-size", t.pipeline_model_parallel_size),
-                        ("--context-parallel-size", t.context_parallel_size)):
+    for flag, value in (
+        ("--pipeline-model-parallel-size", t.pipeline_model_parallel_size),
+        ("--context-parallel-size", t.context_parallel_size),
+    ):
         if value > 1:
-            raise ValueError(f"{flag} {value}: not supported yet (the {t.train_backend} backend runs {can} only); "
-                             "leave it at 1")
+            raise ValueError(
+                f"{flag} {value}: not supported yet (the {t.train_backend} backend runs {can} only); "
+                "leave it at 1"
+            )
     if t.sequence_parallel:
-        raise ValueError(f"--sequence-parallel: not supported yet (the {t.train_backend} backend runs {can} only)")
+        raise ValueError(
+            f"--sequence-parallel: not supported yet (the {t.train_backend} backend runs {can} only)"
+        )
     if t.train_backend != "megatron" and t.tensor_model_parallel_size > 1:
-        raise ValueError(f"--tensor-model-parallel-size {t.tensor_model_parallel_size} needs --train-backend "
-                         f"megatron (the {t.train_backend} backend is data parallel only)")
+        raise ValueError(
+            f"--tensor-model-parallel-size {t.tensor_model_parallel_size} needs --train-backend "
+            f"megatron (the {t.train_backend} backend is data parallel only)"
+        )
     if t.train_backend == "megatron":
         from importlib import metadata
 
         try:  # the installed distribution, not an import: megatron is only ever imported by its backend
             metadata.version("megatron-core")
         except metadata.PackageNotFoundError:
-            raise ValueError("--train-backend megatron needs megatron-core: install the extra, "
-                             "pip install 'rollflow[megatron]'") from None
+            raise ValueError(
+                "--train-backend megatron needs megatron-core: install the extra, "
+                "pip install 'rollflow[megatron]'"
+            ) from None

@@ -24,15 +24,24 @@ def deployments(cfg: RunConfig, *, cron: str | None = None, interval: int | None
     """The two deployments `rollflow serve` serves: `rollflow-run/<name>`, whose served `cfg` is the fields
     `cfg` was given (the rest are RunConfig's defaults), and `replay/rollflow` (run dir, rollout id, stage)."""
     run = run_flow.to_deployment(
-        name=cfg.name, parameters={"cfg": cfg.model_dump(mode="json", exclude_unset=True)}, cron=cron,
-        interval=interval, description=f"rollflow run '{cfg.name}' (recipe {cfg.recipe})", tags=["rollflow"])
+        name=cfg.name,
+        parameters={"cfg": cfg.model_dump(mode="json", exclude_unset=True)},
+        cron=cron,
+        interval=interval,
+        description=f"rollflow run '{cfg.name}' (recipe {cfg.recipe})",
+        tags=["rollflow"],
+    )
     replay = replay_flow.to_deployment(
-        name=REPLAY_DEPLOYMENT, tags=["rollflow"],
+        name=REPLAY_DEPLOYMENT,
+        tags=["rollflow"],
         description="Re-run one stage of a past rollout from its recorded inputs and report the first difference "
-                    "(rollflow replay).")
+        "(rollflow replay).",
+    )
     return [run, replay]
 
 
-def serve_run(cfg: RunConfig, *, cron: str | None = None, interval: int | None = None, limit: int = 1) -> None:
+def serve_run(
+    cfg: RunConfig, *, cron: str | None = None, interval: int | None = None, limit: int = 1
+) -> None:
     """Block serving `deployments(cfg, ...)`, at most `limit` flow runs at a time."""
     serve(*deployments(cfg, cron=cron, interval=interval), limit=limit)  # type: ignore[arg-type]

@@ -22,24 +22,37 @@ class EngineActor:
     `faults`/`run_dir`/`epoch` arm the engine's fault hooks (faults/); `ctx` arguments carry the stage's
     context (rollout_id, attempt) that a hook request can filter on."""
 
-    def __init__(self, backend: str, checkpoint: str, num_threads: int, engine_index: int,
-                 fault_drop_weight: str | None = None, faults: list[FaultHookRequest] | None = None,
-                 run_dir: str | None = None, epoch: float | None = None) -> None:
+    def __init__(
+        self,
+        backend: str,
+        checkpoint: str,
+        num_threads: int,
+        engine_index: int,
+        fault_drop_weight: str | None = None,
+        faults: list[FaultHookRequest] | None = None,
+        run_dir: str | None = None,
+        epoch: float | None = None,
+    ) -> None:
         torch.set_num_threads(num_threads)
         self.index = engine_index
-        self.fault_drop_weight = fault_drop_weight  # --ci-fault-drop-weight: a planted sync bug (names or globs)
+        # --ci-fault-drop-weight: a planted sync bug (names or globs)
+        self.fault_drop_weight = fault_drop_weight
         self.engine: Engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
         self.faults = FaultInjector(faults or [], "engine", engine_index, run_dir, epoch)
         self.generate_calls = 0
         self._receiving: set[str] | None = None  # names of a streamed sync's buckets so far
         freeze_heap()  # the model, torch and Ray live as long as the actor
 
-    def generate(self, requests: list[GenerateRequest], ctx: dict[str, Any] | None = None) -> list[GenerateOutput]:
+    def generate(
+        self, requests: list[GenerateRequest], ctx: dict[str, Any] | None = None
+    ) -> list[GenerateOutput]:
         self.faults.reach("engine_generate_start", weight_version=self.engine.weight_version(), **(ctx or {}))
         self.generate_calls += 1
         return self.engine.generate(requests)
 
-    def update_weights(self, weights: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None) -> None:
+    def update_weights(
+        self, weights: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None
+    ) -> None:
         """Receive the trainer's weights (`[ref]` of TrainerActor.export_weights: wrapped in a list so that Ray
         does not fetch them before this method runs) and load them as `version`."""
         self.faults.reach("engine_update_weights_before_receive", weight_version=version, **(ctx or {}))
@@ -55,7 +68,9 @@ class EngineActor:
     def snapshot_and_scramble(self) -> int:
         return self.engine.snapshot_and_scramble(seed=self.index)
 
-    def load_weight_bucket(self, bucket: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None) -> None:
+    def load_weight_bucket(
+        self, bucket: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None
+    ) -> None:
         """One bucket of a streamed sync to `version` (`[ref]` of TrainerActor.stream_weights)."""
         if self._receiving is None:  # the first bucket of this sync
             self.faults.reach("engine_update_weights_before_receive", weight_version=version, **(ctx or {}))
@@ -70,8 +85,10 @@ class EngineActor:
         self.faults.reach("engine_update_weights_after_receive", weight_version=version, **(ctx or {}))
         missing = sorted(set(self.engine.weight_names()) - received)
         if missing:
-            raise KeyError(f"engine {self.index}: the sync to version {version} delivered {len(received)} of the "
-                           f"engine's weights; missing {missing[:5]} (the trainer sent {len(names)})")
+            raise KeyError(
+                f"engine {self.index}: the sync to version {version} delivered {len(received)} of the "
+                f"engine's weights; missing {missing[:5]} (the trainer sent {len(names)})"
+            )
         self.engine.set_weight_version(version)
 
     def get_weights(self, names: list[str] | None = None) -> WireWeights:

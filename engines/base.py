@@ -45,8 +45,7 @@ class Engine(Protocol):
     """What every inference backend provides. One instance lives in one Ray actor; it is built from an HF
     checkpoint dir (model + tokenizer) with the torch thread count of the run."""
 
-    def __init__(self, checkpoint: str, *, num_threads: int = 1) -> None:
-        ...
+    def __init__(self, checkpoint: str, *, num_threads: int = 1) -> None: ...
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """Complete every request (batched); outputs are in request order."""

@@ -20,7 +20,9 @@ def dropped_weights(spec: str | None, names: Iterable[str]) -> list[str]:
     for pattern in patterns:
         hits = [n for n in names if fnmatchcase(n, pattern)]
         if not hits:
-            raise ValueError(f"--ci-fault-drop-weight {pattern!r} matches no weight of the engine's model "
-                             f"(e.g. {names[:3]})")
+            raise ValueError(
+                f"--ci-fault-drop-weight {pattern!r} matches no weight of the engine's model "
+                f"(e.g. {names[:3]})"
+            )
         matched.update(hits)
     return sorted(matched)

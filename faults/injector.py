@@ -33,8 +33,14 @@ class FaultInjector:
     `faults.jsonl` and the claims (None: nothing is logged and claims are per process only); `epoch` is when the
     run started (time.time()), from which `lifetime_seconds` counts."""
 
-    def __init__(self, requests: list[FaultHookRequest], owner: str, index: int | None = None,
-                 run_dir: str | None = None, epoch: float | None = None) -> None:
+    def __init__(
+        self,
+        requests: list[FaultHookRequest],
+        owner: str,
+        index: int | None = None,
+        run_dir: str | None = None,
+        epoch: float | None = None,
+    ) -> None:
         self.owner, self.index = owner, index
         self.name = owner if index is None else f"{owner}-{index}"
         self.pending = [r for r in requests if r.targets(owner, index)]
@@ -100,17 +106,29 @@ class FaultInjector:
         claims = self.run_dir / "faults"
         claims.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(claims / f"{request.request_id}.claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(
+                claims / f"{request.request_id}.claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644
+            )
         except FileExistsError:
             return False
         with os.fdopen(fd, "w") as f:
             f.write(f"{what} by {self.name} pid {os.getpid()}\n")
         return True
 
-    def _log(self, request: FaultHookRequest, status: str, ctx: dict[str, Any], error: str | None = None) -> None:
-        record = {"time": round(time.time(), 6), "request_id": request.request_id, "hook": request.hook_name,
-                  "action": request.action.kind, "status": status, "process": self.name, "pid": os.getpid(),
-                  "host": socket.gethostname(), "context": {k: v for k, v in ctx.items() if v is not None}}
+    def _log(
+        self, request: FaultHookRequest, status: str, ctx: dict[str, Any], error: str | None = None
+    ) -> None:
+        record = {
+            "time": round(time.time(), 6),
+            "request_id": request.request_id,
+            "hook": request.hook_name,
+            "action": request.action.kind,
+            "status": status,
+            "process": self.name,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "context": {k: v for k, v in ctx.items() if v is not None},
+        }
         if error:
             record["error"] = error
         line = json.dumps(record, sort_keys=True) + "\n"
@@ -129,8 +147,10 @@ class FaultInjector:
     def _fire(self, request: FaultHookRequest, ctx: dict[str, Any]) -> None:
         action = request.action
         self._log(request, "fired", ctx)
-        where = f"fault hook {request.request_id}: {action.kind} at {request.hook_name} in {self.name}" + "".join(
-            f" {k} {v}" for k, v in ctx.items() if v is not None)
+        where = (
+            f"fault hook {request.request_id}: {action.kind} at {request.hook_name} in {self.name}"
+            + "".join(f" {k} {v}" for k, v in ctx.items() if v is not None)
+        )
         print(where, flush=True)
         if action.kind == "observe":
             return
@@ -154,4 +174,6 @@ class FaultInjector:
             return
         if action.kind == "deadlock_thread":
             threading.Event().wait()
-        raise AssertionError(f"unhandled fault action {action.kind}")  # pragma: no cover - the union is closed
+        raise AssertionError(
+            f"unhandled fault action {action.kind}"
+        )  # pragma: no cover - the union is closed

@@ -98,10 +98,29 @@ class Sleep(_Strict):
     seconds: float = Field(gt=0, le=3600)
 
 
-Action = Annotated[Observe | Raise | ExitProcess | KillProcess | SegfaultProcess | StopProcess | FreezeProcess
-                   | DeadlockThread | Sleep, Field(discriminator="kind")]
-ACTION_KINDS = ("observe", "raise", "exit_process", "kill_process", "segfault_process", "stop_process",
-                "freeze_process", "deadlock_thread", "sleep")
+Action = Annotated[
+    Observe
+    | Raise
+    | ExitProcess
+    | KillProcess
+    | SegfaultProcess
+    | StopProcess
+    | FreezeProcess
+    | DeadlockThread
+    | Sleep,
+    Field(discriminator="kind"),
+]
+ACTION_KINDS = (
+    "observe",
+    "raise",
+    "exit_process",
+    "kill_process",
+    "segfault_process",
+    "stop_process",
+    "freeze_process",
+    "deadlock_thread",
+    "sleep",
+)
 
 
 class Target(_Strict):
@@ -150,11 +169,14 @@ class FaultHookRequest(_Strict):
         if self.target is not None:
             wanted = "engine" if self.target.engine is not None else "trainer"
             if wanted != owner:
-                raise ValueError(f"{self.request_id}: hook {self.hook_name} is reached by the {owner}, so a "
-                                 f"{wanted} target can never match")
+                raise ValueError(
+                    f"{self.request_id}: hook {self.hook_name} is reached by the {owner}, so a "
+                    f"{wanted} target can never match"
+                )
         if self.action.kind == "deadlock_thread" and self.delay_ms > 0:
-            raise ValueError(f"{self.request_id}: deadlock_thread deadlocks the reaching thread, so it needs "
-                             "delay_ms 0")
+            raise ValueError(
+                f"{self.request_id}: deadlock_thread deadlocks the reaching thread, so it needs delay_ms 0"
+            )
         return self
 
     @property
@@ -222,6 +244,8 @@ def _check_conflicts(requests: list[FaultHookRequest], flag: str) -> None:
         seen[r.request_id] = r
         shape = (r.hook_name, r.action, r.target, r.rollout_id, r.attempt, r.weight_version)
         if shape in shapes:
-            raise ValueError(f"{flag}: requests {shapes[shape]!r} and {r.request_id!r} conflict: same hook, action, "
-                             "target and filters")
+            raise ValueError(
+                f"{flag}: requests {shapes[shape]!r} and {r.request_id!r} conflict: same hook, action, "
+                "target and filters"
+            )
         shapes[shape] = r.request_id

@@ -58,7 +58,9 @@ def _add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pr
         default = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
         help_text = f"{info.description} (default: {default})"
         if conv is bool:
-            group.add_argument(flag(name), dest=dest, action="store_true", default=argparse.SUPPRESS, help=help_text)
+            group.add_argument(
+                flag(name), dest=dest, action="store_true", default=argparse.SUPPRESS, help=help_text
+            )
             continue
 
         def convert(text: str, conv=conv, optional=optional, is_list=is_list):
@@ -66,16 +68,33 @@ def _add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pr
                 return None
             return conv(text)
 
-        group.add_argument(flag(name), dest=dest, type=convert, choices=choices, default=argparse.SUPPRESS,
-                           nargs="+" if is_list else None,
-                           metavar=(name.split("_")[-1].upper() if not choices else None), help=help_text)
+        group.add_argument(
+            flag(name),
+            dest=dest,
+            type=convert,
+            choices=choices,
+            default=argparse.SUPPRESS,
+            nargs="+" if is_list else None,
+            metavar=(name.split("_")[-1].upper() if not choices else None),
+            help=help_text,
+        )
 
 
 def build_config(args: argparse.Namespace) -> RunConfig:
     """YAML file (if any) overlaid with the flags given; raises ValueError naming the flag."""
     data: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
     for dest, value in vars(args).items():
-        if dest in ("command", "config", "refresh", "cron", "interval", "dry_run", "resume", "overwrite", "verbose"):
+        if dest in (
+            "command",
+            "config",
+            "refresh",
+            "cron",
+            "interval",
+            "dry_run",
+            "resume",
+            "overwrite",
+            "verbose",
+        ):
             continue
         section, _, name = dest.rpartition(".")
         target = data.setdefault(section, {}) if section else data
@@ -97,72 +116,131 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
-        "run", help="run the RL loop (one Prefect flow run per rollout id)",
+        "run",
+        help="run the RL loop (one Prefect flow run per rollout id)",
         epilog="Defaults are the tiny-arith default run's (chosen with bench/learning.py), not slime's: "
-               "--num-rollout, --rollout-batch-size, --n-samples-per-prompt, --rollout-max-response-len, "
-               "--global-batch-size, --lr, --lr-decay-style, --eval-interval and --n-samples-per-eval-prompt. "
-               "Set them for your own model and data as you would for slime.")
+        "--num-rollout, --rollout-batch-size, --n-samples-per-prompt, --rollout-max-response-len, "
+        "--global-batch-size, --lr, --lr-decay-style, --eval-interval and --n-samples-per-eval-prompt. "
+        "Set them for your own model and data as you would for slime.",
+    )
     run.add_argument("--config", help="YAML file with the config (nested by section); flags override it")
     run.add_argument("--refresh", default="", help="comma-separated stages to re-run even when cached")
-    run.add_argument("--dry-run", action="store_true",
-                     help="validate flags, resolve and read the data, print the resolved config; start nothing")
-    run.add_argument("--resume", metavar="RUN_DIR",
-                     help="continue the run in RUN_DIR (killed, crashed or stopped) with its config.yaml, from its "
-                          "last completed rollout; the finished run equals an uninterrupted one")
-    run.add_argument("--overwrite", action="store_true",
-                     help="replace the records of another run in the run dir (otherwise such a run dir is refused)")
-    run.add_argument("--verbose", action="store_true",
-                     help="the full console: Prefect's log lines (task states, the `rollout N: {...}` records) and "
-                          "the actors' output, as logs/run.log and logs/actors.log in the run dir hold them; "
-                          "default: a progress bar (on a terminal), one line per rollout and a summary table")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate flags, resolve and read the data, print the resolved config; start nothing",
+    )
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR (killed, crashed or stopped) with its config.yaml, from its "
+        "last completed rollout; the finished run equals an uninterrupted one",
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the records of another run in the run dir (otherwise such a run dir is refused)",
+    )
+    run.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the full console: Prefect's log lines (task states, the `rollout N: {...}` records) and "
+        "the actors' output, as logs/run.log and logs/actors.log in the run dir hold them; "
+        "default: a progress bar (on a terminal), one line per rollout and a summary table",
+    )
     _add_model_flags(run, RunConfig, "")
     for name, model in SECTIONS.items():
         _add_model_flags(run, model, name)
     replay = sub.add_parser("replay", help="re-run one stage of a past rollout and compare with the original")
     replay.add_argument("run_dir", help="the run directory (holds config.yaml)")
     replay.add_argument("--rollout-id", type=int, required=True)
-    replay.add_argument("--task", required=True, choices=["generate", "log-prob", "train-step", "sync", "check"])
-    replay.add_argument("--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="change the config for the replay (e.g. train.entropy_coef=0.01); repeatable")
-    diff = sub.add_parser("diff", help="the first divergence between two runs (samples, metrics, layer hashes)")
+    replay.add_argument(
+        "--task", required=True, choices=["generate", "log-prob", "train-step", "sync", "check"]
+    )
+    replay.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="change the config for the replay (e.g. train.entropy_coef=0.01); repeatable",
+    )
+    diff = sub.add_parser(
+        "diff", help="the first divergence between two runs (samples, metrics, layer hashes)"
+    )
     diff.add_argument("run_a")
     diff.add_argument("run_b")
-    doctor = sub.add_parser("doctor", help="name what is wrong with a run: ranked findings with evidence and the "
-                                           "knife that confirms each (exit 1 on an error)")
+    doctor = sub.add_parser(
+        "doctor",
+        help="name what is wrong with a run: ranked findings with evidence and the "
+        "knife that confirms each (exit 1 on an error)",
+    )
     doctor.add_argument("run_dir", help="the run directory (holds config.yaml and metrics.jsonl)")
     doctor.add_argument("--strict", action="store_true", help="exit 1 on warnings too, not only on errors")
-    lint = sub.add_parser("lint-ckpt", help="check a safetensors checkpoint against its index and config.json "
-                                            "(shards, tensors, dtypes, shapes, tied embeddings, quantisation)")
+    lint = sub.add_parser(
+        "lint-ckpt",
+        help="check a safetensors checkpoint against its index and config.json "
+        "(shards, tensors, dtypes, shapes, tied embeddings, quantisation)",
+    )
     lint.add_argument("path", help="an HF model dir, a --save dir (every iter_* in it) or an iter_* dir")
-    inspect = sub.add_parser("inspect", help="print metrics and samples of a recording (.parquet or slime .pt)")
+    inspect = sub.add_parser(
+        "inspect", help="print metrics and samples of a recording (.parquet or slime .pt)"
+    )
     inspect.add_argument("path")
-    inspect.add_argument("--fields", default="sample_index,prompt,response,label,reward,status",
-                         help="comma-separated sample fields to print")
+    inspect.add_argument(
+        "--fields",
+        default="sample_index,prompt,response,label,reward,status",
+        help="comma-separated sample fields to print",
+    )
     inspect.add_argument("--limit", type=int, default=8, help="samples to print")
-    inspect.add_argument("--trust-pickle", action="store_true", help="allow .pt files that need arbitrary unpickling")
+    inspect.add_argument(
+        "--trust-pickle", action="store_true", help="allow .pt files that need arbitrary unpickling"
+    )
     convert = sub.add_parser("convert", help="convert a recording between .parquet and slime .pt")
     convert.add_argument("src")
     convert.add_argument("dst")
-    convert.add_argument("--trust-pickle", action="store_true", help="allow .pt files that need arbitrary unpickling")
-    serve = sub.add_parser("serve", help="serve the run flow and the replay flow as deployments (UI runs, schedules)")
+    convert.add_argument(
+        "--trust-pickle", action="store_true", help="allow .pt files that need arbitrary unpickling"
+    )
+    serve = sub.add_parser(
+        "serve", help="serve the run flow and the replay flow as deployments (UI runs, schedules)"
+    )
     serve.add_argument("--config", help="YAML file with the deployment's default config")
     serve.add_argument("--cron", help="cron schedule (needs a real Prefect server)")
     serve.add_argument("--interval", type=int, help="run every N seconds (needs a real Prefect server)")
-    tpl = sub.add_parser("check-template", help="check that the chat template renders prompts and turns consistently")
-    tpl.add_argument("--hf-checkpoint", required=True, help="HF model dir with the tokenizer and its chat template")
-    tpl.add_argument("--prompt-data", help="render the first rows of this .jsonl/.parquet file (default: one example)")
+    tpl = sub.add_parser(
+        "check-template", help="check that the chat template renders prompts and turns consistently"
+    )
+    tpl.add_argument(
+        "--hf-checkpoint", required=True, help="HF model dir with the tokenizer and its chat template"
+    )
+    tpl.add_argument(
+        "--prompt-data", help="render the first rows of this .jsonl/.parquet file (default: one example)"
+    )
     tpl.add_argument("--input-key", default="input")
     tpl.add_argument("--label-key", default=None, help="the label is rendered as the assistant's reply")
     tpl.add_argument("--apply-chat-template-kwargs", type=_json_object, default={})
     tpl.add_argument("--rollout-stop", nargs="+", default=None)
     tpl.add_argument("--rollout-stop-token-ids", nargs="+", type=int, default=None)
     tpl.add_argument("--examples", type=int, default=3, help="rows to render")
-    plot = sub.add_parser("plot", help="draw the curves of one or more runs, overlaid, into one .png/.svg/.html")
-    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (each holds metrics.jsonl)")
-    plot.add_argument("-o", "--output", default="curves.png",
-                      help="output file; its extension picks the format: .png, .svg or .html (default: curves.png)")
-    plot.add_argument("--size", type=_pixels, default=(1200, 800), metavar="WIDTHxHEIGHT",
-                      help="figure size in pixels (default: 1200x800)")
+    plot = sub.add_parser(
+        "plot", help="draw the curves of one or more runs, overlaid, into one .png/.svg/.html"
+    )
+    plot.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (each holds metrics.jsonl)"
+    )
+    plot.add_argument(
+        "-o",
+        "--output",
+        default="curves.png",
+        help="output file; its extension picks the format: .png, .svg or .html (default: curves.png)",
+    )
+    plot.add_argument(
+        "--size",
+        type=_pixels,
+        default=(1200, 800),
+        metavar="WIDTHxHEIGHT",
+        help="figure size in pixels (default: 1200x800)",
+    )
     server = sub.add_parser("server", help="start a Prefect server with the UI at http://127.0.0.1:4200")
     server.add_argument("--port", type=int, default=4200)
     return parser
@@ -271,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("doctor", "lint-ckpt"):
         from flows.doctor.commands import doctor_command, lint_ckpt_command
 
-        return doctor_command(args.run_dir, args.strict) if args.command == "doctor" else lint_ckpt_command(args.path)
+        return (
+            doctor_command(args.run_dir, args.strict)
+            if args.command == "doctor"
+            else lint_ckpt_command(args.path)
+        )
     if args.command in ("inspect", "convert"):
         from flows.inspect import convert_command, inspect_command
 
@@ -294,8 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cfg = RunConfig.model_validate(load_yaml(args.config) if args.config else {})
         except ValidationError as e:
-            print(f"rollflow: error: --config {args.config}: {'; '.join(_describe(err) for err in e.errors())}",
-                  file=sys.stderr)
+            print(
+                f"rollflow: error: --config {args.config}: {'; '.join(_describe(err) for err in e.errors())}",
+                file=sys.stderr,
+            )
             return 2
         except ValueError as e:
             print(f"rollflow: error: {e}", file=sys.stderr)
@@ -343,7 +427,9 @@ def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: fl
     with open_console(sys.stdout, verbose=args.verbose, began=began) as console:
         console.write(header(cfg, args.verbose))
         try:
-            result = asyncio.run(run_flow(cfg, refresh=refresh, resume=bool(args.resume), overwrite=args.overwrite))
+            result = asyncio.run(
+                run_flow(cfg, refresh=refresh, resume=bool(args.resume), overwrite=args.overwrite)
+            )
         except Exception as e:  # the flow run is already marked Failed in Prefect; say why and exit non-zero
             sys.stdout.flush()
             print(failure_line(e), file=sys.stderr, flush=True)
@@ -357,12 +443,17 @@ def _resumed_config(args: argparse.Namespace) -> RunConfig:
     """`run --resume RUN_DIR`: the run's own resolved config; other run flags would change the run."""
     from pathlib import Path
 
-    given = [flag(d.rpartition(".")[2]) for d in vars(args)
-             if d not in ("command", "config", "refresh", "dry_run", "resume", "overwrite", "verbose")]
+    given = [
+        flag(d.rpartition(".")[2])
+        for d in vars(args)
+        if d not in ("command", "config", "refresh", "dry_run", "resume", "overwrite", "verbose")
+    ]
     if args.config:
         given.append("--config")
     if given:
-        raise ValueError(f"--resume continues the run with its own config.yaml; drop {', '.join(sorted(given))}")
+        raise ValueError(
+            f"--resume continues the run with its own config.yaml; drop {', '.join(sorted(given))}"
+        )
     if args.overwrite:
         raise ValueError("--resume continues a run and --overwrite replaces it: give one of them")
     path = Path(args.resume) / "config.yaml"
@@ -380,7 +471,9 @@ def _dry_run(cfg: RunConfig) -> int:
 
     tokenizer = None
     if cfg.hf_checkpoint is None and not Path(apply_recipe(cfg, build=False).hf_checkpoint or "").is_dir():
-        tokenizer = get_recipe(cfg.recipe).tokenizer()  # the recipe's model is not built yet; its tokenizer is
+        tokenizer = get_recipe(
+            cfg.recipe
+        ).tokenizer()  # the recipe's model is not built yet; its tokenizer is
     resolved, source = resolve(cfg, build=False, tokenizer=tokenizer)
     print(describe(resolved, source))
     return 0

@@ -64,8 +64,14 @@ def sparkline(values: Sequence[float]) -> str:
         return ""
     low, high = min(finite), max(finite)
     span = high - low
-    return "".join(" " if not math.isfinite(v) else _SPARKS[3] if span == 0
-                   else _SPARKS[min(len(_SPARKS) - 1, int((v - low) / span * len(_SPARKS)))] for v in values)
+    return "".join(
+        " "
+        if not math.isfinite(v)
+        else _SPARKS[3]
+        if span == 0
+        else _SPARKS[min(len(_SPARKS) - 1, int((v - low) / span * len(_SPARKS)))]
+        for v in values
+    )
 
 
 def evals_text(evals: list[tuple[int, dict[str, float]]]) -> str:
@@ -75,8 +81,10 @@ def evals_text(evals: list[tuple[int, dict[str, float]]]) -> str:
         if len(values) == 1:
             parts.append(f"eval@{version} {number(next(iter(values.values())))}")
         else:
-            parts.append(f"eval@{version} " + " ".join(f"{k.removeprefix('eval/')} {number(v)}"
-                                                      for k, v in values.items()))
+            parts.append(
+                f"eval@{version} "
+                + " ".join(f"{k.removeprefix('eval/')} {number(v)}" for k, v in values.items())
+            )
     return "  ".join(parts)
 
 
@@ -85,9 +93,11 @@ def rollout_line(stats: RolloutStats, total: int, eta: float | None) -> str:
     """The one console line of a rollout: reward, KL, entropy, grad norm, response length, its wall time, the
     run's ETA, and the evals it ran."""
     width = len(str(total))
-    line = (f"rollout {stats.rollout_id + 1:>{width}}/{total}  reward {number(stats.reward)}  "
-            f"kl {number(stats.kl, 'sci')}  entropy {number(stats.entropy)}  grad {number(stats.grad_norm, 'sig')}  "
-            f"len {number(stats.length, 'sig')}  {duration(stats.seconds)}")
+    line = (
+        f"rollout {stats.rollout_id + 1:>{width}}/{total}  reward {number(stats.reward)}  "
+        f"kl {number(stats.kl, 'sci')}  entropy {number(stats.entropy)}  grad {number(stats.grad_norm, 'sig')}  "
+        f"len {number(stats.length, 'sig')}  {duration(stats.seconds)}"
+    )
     if eta is not None:
         line += f"  ETA {duration(eta)}"
     return line + (f"  {evals_text(stats.evals)}" if stats.evals else "")
@@ -97,8 +107,11 @@ def prints_line(report: RunReport, rollout_id: int) -> bool:
     """Whether rollout `rollout_id` gets a console line: every rollout of a run of up to `MAX_ROLLOUT_LINES`,
     else every k-th, and always the last one and every one that ran an eval."""
     every = max(1, math.ceil((report.end - report.start) / MAX_ROLLOUT_LINES))
-    return ((rollout_id - report.start) % every == 0 or rollout_id + 1 == report.end
-            or report.evaluated_in(rollout_id))
+    return (
+        (rollout_id - report.start) % every == 0
+        or rollout_id + 1 == report.end
+        or report.evaluated_in(rollout_id)
+    )
 
 
 def header(cfg: RunConfig, verbose: bool) -> str:
@@ -106,9 +119,11 @@ def header(cfg: RunConfig, verbose: bool) -> str:
     r = cfg.rollout
     every = f", eval every {cfg.eval.eval_interval}" if cfg.eval.eval_interval else ""
     hint = "" if verbose else " (--verbose: every log line)"
-    return (f"rollflow run {cfg.name}: {r.num_rollout} rollouts x {r.rollout_batch_size} prompts x "
-            f"{r.n_samples_per_prompt} samples{every} -> {cfg.resolved_run_dir}; starting Prefect, Ray and the "
-            f"actors{hint}")
+    return (
+        f"rollflow run {cfg.name}: {r.num_rollout} rollouts x {r.rollout_batch_size} prompts x "
+        f"{r.n_samples_per_prompt} samples{every} -> {cfg.resolved_run_dir}; starting Prefect, Ray and the "
+        f"actors{hint}"
+    )
 
 
 def pick(n: int, keep: set[int], k: int) -> list[int]:
@@ -136,8 +151,10 @@ def eval_table(report: RunReport) -> list[str]:
     widths = [max(len(n), 6) for n in names]
     lines = ["weights  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True))]
     for version, values in rows:
-        lines.append(f"{version:>7}  " + "  ".join(f"{number(values.get(n)):>{w}}"
-                                                   for n, w in zip(names, widths, strict=True)))
+        lines.append(
+            f"{version:>7}  "
+            + "  ".join(f"{number(values.get(n)):>{w}}" for n, w in zip(names, widths, strict=True))
+        )
     if len(rows) < len(evals):
         lines.append(f"({len(rows)} of {len(evals)} evals; all of them in metrics.jsonl)")
     return lines
@@ -148,8 +165,10 @@ def _checks_lines(report: RunReport) -> list[str]:
     for c in report.checks():
         total = c.passed + len(c.failed_at)
         name = c.name.removeprefix("check/")
-        parts.append(f"{name} {c.passed}/{total}" + (f" (FAILED at rollout {', '.join(map(str, c.failed_at))})"
-                                                     if c.failed_at else ""))
+        parts.append(
+            f"{name} {c.passed}/{total}"
+            + (f" (FAILED at rollout {', '.join(map(str, c.failed_at))})" if c.failed_at else "")
+        )
     return parts
 
 
@@ -166,15 +185,29 @@ def _doctor_lines(report: RunReport) -> list[str]:
 def summary(report: RunReport, wall: float) -> list[str]:
     """The summary table printed when a run ends: outcome, eval table and curve, best eval, wall time, checks
     (when any ran), the doctor's findings (with --ci-test), the root cause of a failure, and the run dir."""
-    status = {"completed": "completed", "stopped": "stopped (--debug-exit-after-rollout)",
-              "failed": "FAILED", "running": "ended"}[report.status]
+    status = {
+        "completed": "completed",
+        "stopped": "stopped (--debug-exit-after-rollout)",
+        "failed": "FAILED",
+        "running": "ended",
+    }[report.status]
     rollout_time = sum(report.seconds.values())
     each = f", {duration(rollout_time / len(report.seconds))} each" if report.seconds else ""
     rows: list[tuple[str, list[str]]] = [
-        ("rollouts", [f"{report.done}/{report.total}" + (f" (this process: {report.start}-{report.done - 1})"
-                                                       if report.start else "")]),
-        ("wall time", [f"{duration(wall)} (rollouts {duration(rollout_time)}{each}; start-up and shut-down "
-                       f"{duration(max(wall - rollout_time, 0.0))})"]),
+        (
+            "rollouts",
+            [
+                f"{report.done}/{report.total}"
+                + (f" (this process: {report.start}-{report.done - 1})" if report.start else "")
+            ],
+        ),
+        (
+            "wall time",
+            [
+                f"{duration(wall)} (rollouts {duration(rollout_time)}{each}; start-up and shut-down "
+                f"{duration(max(wall - rollout_time, 0.0))})"
+            ],
+        ),
     ]
     table = eval_table(report)
     if table:
@@ -183,8 +216,15 @@ def summary(report: RunReport, wall: float) -> list[str]:
             best = report.best_eval(name)
             values = [v.get(name, math.nan) for _, v in report.evals()]
             if best is not None:
-                rows.append(("best eval", [f"{name} {number(best[1])} at rollout {best[0]} (first "
-                                           f"{number(values[0])}, last {number(values[-1])})"]))
+                rows.append(
+                    (
+                        "best eval",
+                        [
+                            f"{name} {number(best[1])} at rollout {best[0]} (first "
+                            f"{number(values[0])}, last {number(values[-1])})"
+                        ],
+                    )
+                )
             rows.append(("curve", [f"{name} {sparkline(values)}"]))
     if report.checks():
         rows.append(("checks", _checks_lines(report)))
@@ -268,12 +308,19 @@ class ProgressConsole(Console):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.progress = Progress(
-            TextColumn("rollout"), MofNCompleteColumn(), BarColumn(bar_width=30), TimeElapsedColumn(),
+            TextColumn("rollout"),
+            MofNCompleteColumn(),
+            BarColumn(bar_width=30),
+            TimeElapsedColumn(),
             TextColumn("{task.fields[status]}"),
-            console=RichConsole(file=self.stream), redirect_stdout=False, redirect_stderr=False,
-            refresh_per_second=2)
-        self.task = self.progress.add_task("run", total=report.total, completed=report.start,
-                                           status="starting Ray and the actors")
+            console=RichConsole(file=self.stream),
+            redirect_stdout=False,
+            redirect_stderr=False,
+            refresh_per_second=2,
+        )
+        self.task = self.progress.add_task(
+            "run", total=report.total, completed=report.start, status="starting Ray and the actors"
+        )
         self.progress.start()
 
     def rollout_done(self, report: RunReport, rollout_id: int) -> None:
@@ -318,8 +365,11 @@ def open_console(stream: IO[str], verbose: bool, began: float | None = None) -> 
 
     from tasks import actors
 
-    kind = VerboseConsole if verbose else (
-        ProgressConsole if stream.isatty() and os.environ.get("TERM") != "dumb" else Console)
+    kind = (
+        VerboseConsole
+        if verbose
+        else (ProgressConsole if stream.isatty() and os.environ.get("TERM") != "dumb" else Console)
+    )
     console = kind(stream, time.monotonic, began)
     handlers = [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
     quiet = _QuietFilter()

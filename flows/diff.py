@@ -20,7 +20,9 @@ from config import load_yaml
 
 _TIMING_KINDS = {"perf"}  # wall-clock figures differ run to run by nature
 
-RecordKey = tuple[str, int]  # (kind, step for step records / position among the rollout's records of that kind)
+RecordKey = tuple[
+    str, int
+]  # (kind, step for step records / position among the rollout's records of that kind)
 
 
 def _rollout_ids(run: Path) -> list[int]:
@@ -92,25 +94,34 @@ def _common_difference(a: Path, b: Path, rollouts: list[int], metrics_a: dict, m
                 return f"rollout {rid} metrics: {_describe_key(key)}: {diff.removeprefix('record 0: ')}"
         ckpt_a, ckpt_b = _checkpoint(a, rid), _checkpoint(b, rid)
         if ckpt_a and ckpt_b:
-            diff = first_layer_difference(layer_hashes(load_file(str(ckpt_a))), layer_hashes(load_file(str(ckpt_b))))
+            diff = first_layer_difference(
+                layer_hashes(load_file(str(ckpt_a))), layer_hashes(load_file(str(ckpt_b)))
+            )
             if diff:
                 return f"checkpoint iter_{rid:07d}: {diff}"
     return None
 
 
-def _first_lacking(names: tuple[str, str], ids: tuple[list[int], list[int]],
-                   metrics: tuple[dict, dict]) -> str | None:
+def _first_lacking(
+    names: tuple[str, str], ids: tuple[list[int], list[int]], metrics: tuple[dict, dict]
+) -> str | None:
     """What one run has and the other lacks, the earliest rollout first: a rollout recording (then every
     rollout one run lacks is listed), else a record of a rollout both logged."""
     only = [sorted(set(ids[0]) - set(ids[1])), sorted(set(ids[1]) - set(ids[0]))]
     for rid in sorted(set(ids[0]) | set(ids[1]) | set(metrics[0]) | set(metrics[1])):
         if rid in only[0] or rid in only[1]:
             common = sorted(set(ids[0]) & set(ids[1]))
-            notes = [f"{names[1 - i]} lacks rollout(s) {_ranges(only[i])} that {names[i]} has" for i in (0, 1)
-                     if only[i]]
+            notes = [
+                f"{names[1 - i]} lacks rollout(s) {_ranges(only[i])} that {names[i]} has"
+                for i in (0, 1)
+                if only[i]
+            ]
             same = f"rollouts {_ranges(common)} are identical in both" if common else "no rollout in common"
-            return (f"{same}; " + "; ".join(notes) +
-                    " (stopped early: a checker, a crash or --debug-exit-after-rollout?)")
+            return (
+                f"{same}; "
+                + "; ".join(notes)
+                + " (stopped early: a checker, a crash or --debug-exit-after-rollout?)"
+            )
         recs_a, recs_b = metrics[0].get(rid, {}), metrics[1].get(rid, {})
         for key in _in_log_order(set(recs_a) ^ set(recs_b)):
             has, lacks = (names[0], names[1]) if key in recs_a else (names[1], names[0])
@@ -126,17 +137,20 @@ def first_divergence(run_a: str | Path, run_b: str | Path) -> str | None:
     ids_a, ids_b = _rollout_ids(a), _rollout_ids(b)
     metrics_a, metrics_b = _metrics_by_rollout(a), _metrics_by_rollout(b)
     common = sorted(set(ids_a) & set(ids_b))
-    return (_common_difference(a, b, common, metrics_a, metrics_b)
-            or _first_lacking((str(run_a), str(run_b)), (ids_a, ids_b), (metrics_a, metrics_b)))
+    return _common_difference(a, b, common, metrics_a, metrics_b) or _first_lacking(
+        (str(run_a), str(run_b)), (ids_a, ids_b), (metrics_a, metrics_b)
+    )
 
 
 def lacking_rollouts(run_a: str | Path, run_b: str | Path) -> str | None:
     """A note on the rollouts only one of the runs recorded (None when both recorded the same ids), printed
     after a difference found in the rollouts both have."""
     ids_a, ids_b = _rollout_ids(Path(run_a)), _rollout_ids(Path(run_b))
-    notes = [f"{other} lacks rollout(s) {_ranges(sorted(set(mine) - set(theirs)))}"
-             for mine, theirs, other in ((ids_a, ids_b, str(run_b)), (ids_b, ids_a, str(run_a)))
-             if set(mine) - set(theirs)]
+    notes = [
+        f"{other} lacks rollout(s) {_ranges(sorted(set(mine) - set(theirs)))}"
+        for mine, theirs, other in ((ids_a, ids_b, str(run_b)), (ids_b, ids_a, str(run_a)))
+        if set(mine) - set(theirs)
+    ]
     return "; ".join(notes) or None
 
 
@@ -151,7 +165,11 @@ def diff_command(run_a: str, run_b: str) -> int:
             return 2
     try:
         diff = first_divergence(run_a, run_b)
-    except (ArtifactError, ValueError, OSError) as e:  # a corrupt artifact or config.yaml: each names its file
+    except (
+        ArtifactError,
+        ValueError,
+        OSError,
+    ) as e:  # a corrupt artifact or config.yaml: each names its file
         print(f"rollflow: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     if diff is None:

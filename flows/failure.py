@@ -15,8 +15,10 @@ import re
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # the messages Prefect puts in front of an exception's `Type: message` in a failed / crashed state
-_PREFECT_PREFIX = re.compile(r"^(?:Crash detected! )?(?:Flow run encountered an exception:?|Task run encountered an "
-                             r"exception:?|Execution was interrupted by an unexpected exception:)\s*")
+_PREFECT_PREFIX = re.compile(
+    r"^(?:Crash detected! )?(?:Flow run encountered an exception:?|Task run encountered an "
+    r"exception:?|Execution was interrupted by an unexpected exception:)\s*"
+)
 _RAY_WRAPPED = re.compile(r"^RayTaskError\(\w+\):")
 # `module.path.ClassName: message`, the last line of a Python traceback (class names are CamelCase)
 _EXCEPTION_LINE = re.compile(r"^(?:[a-z_]\w*\.)*([A-Z]\w*)(?::\s*(.*))?$")

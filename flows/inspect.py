@@ -28,10 +28,12 @@ def inspect_command(args: argparse.Namespace) -> int:
     for rid in sorted({s.rollout_id for s in samples}):
         rows = [s for s in samples if s.rollout_id == rid]
         lengths = [s.response_length for s in rows]
-        print(f"rollout {rid}: {{'samples': {len(rows)}, 'groups': {len({s.group_index for s in rows})}, "
-              f"'rollout/raw_reward': {statistics.fmean(s.reward for s in rows):.4f}, "
-              f"'rollout/response_lengths': {statistics.fmean(lengths):.3f}, "
-              f"'rollout/truncated_ratio': {sum(s.status == 'truncated' for s in rows) / len(rows):.4f}}}")
+        print(
+            f"rollout {rid}: {{'samples': {len(rows)}, 'groups': {len({s.group_index for s in rows})}, "
+            f"'rollout/raw_reward': {statistics.fmean(s.reward for s in rows):.4f}, "
+            f"'rollout/response_lengths': {statistics.fmean(lengths):.3f}, "
+            f"'rollout/truncated_ratio': {sum(s.status == 'truncated' for s in rows) / len(rows):.4f}}}"
+        )
     for s in samples[: args.limit]:
         print("  " + "  ".join(f"{f}={getattr(s, f)!r}" for f in fields))
     return 0

@@ -25,7 +25,7 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
             text = f.read()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid ... starttime is field 22
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid ... starttime is field 22
     return int(fields[1]), int(fields[19]), fields[0]
 
 

@@ -54,7 +54,9 @@ def check_replay(run_dir: str, rollout_id: int, task: str, overrides: dict[str, 
         original = load_run_config(run_dir, overrides)
     except ValidationError as e:
         err = e.errors()[0]
-        raise ValueError(f"{Path(run_dir) / 'config.yaml'}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+        raise ValueError(
+            f"{Path(run_dir) / 'config.yaml'}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
+        ) from None
     paths = RunPaths(original.resolved_run_dir)
     for path in [paths.rollout(rollout_id)] + ([paths.logprobs(rollout_id)] if task == "train-step" else []):
         if not path.is_file():
@@ -74,12 +76,15 @@ def checkpoint_before(cfg: RunConfig, rollout_id: int) -> Path | None:
 
 def _iter_dir(cfg: RunConfig, iteration: int) -> Path:
     if not cfg.checkpoint.save:
-        raise FileNotFoundError("the run saved no checkpoints; re-run it with --save DIR --save-interval 1 "
-                                "to make every rollout replayable")
+        raise FileNotFoundError(
+            "the run saved no checkpoints; re-run it with --save DIR --save-interval 1 "
+            "to make every rollout replayable"
+        )
     path = Path(cfg.checkpoint.save) / f"iter_{iteration:07d}"
     if not (path / "meta.json").is_file():
-        raise FileNotFoundError(f"checkpoint {path} is missing; re-run with --save-interval 1 to make every "
-                                f"rollout replayable")
+        raise FileNotFoundError(
+            f"checkpoint {path} is missing; re-run with --save-interval 1 to make every rollout replayable"
+        )
     return path
 
 
@@ -88,8 +93,9 @@ def _ref(path: Path, kind: str) -> ArtifactRef:
 
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: nothing to replay from")
-    return ArtifactRef(path=str(path), sha256=sha256_file(path), rows=read_table(path).num_rows,
-                       schema_version=1, kind=kind)
+    return ArtifactRef(
+        path=str(path), sha256=sha256_file(path), rows=read_table(path).num_rows, schema_version=1, kind=kind
+    )
 
 
 def _checkpoint_hashes(path: Path) -> dict[str, str]:
@@ -99,7 +105,9 @@ def _checkpoint_hashes(path: Path) -> dict[str, str]:
 
 
 @flow(name="replay", flow_run_name="replay-{task}-{rollout_id}", log_prints=True)
-async def replay_flow(run_dir: str, rollout_id: int, task: ReplayTask, overrides: dict[str, Any] | None = None) -> dict:
+async def replay_flow(
+    run_dir: str, rollout_id: int, task: ReplayTask, overrides: dict[str, Any] | None = None
+) -> dict:
     """Re-run `task` of rollout `rollout_id` of the run in `run_dir`; returns {"identical", "difference"}."""
     if task not in REPLAYABLE:
         raise ValueError(f"--task {task!r}: replayable stages are {REPLAYABLE}")
@@ -107,8 +115,13 @@ async def replay_flow(run_dir: str, rollout_id: int, task: ReplayTask, overrides
     paths = RunPaths(original.resolved_run_dir)
     out_dir = Path(run_dir) / "replays" / f"{task}_{rollout_id:06d}_{uuid.uuid4().hex[:8]}"
     # no experiment trackers: a replay's records belong to the replay dir, not to the run's W&B / TensorBoard
-    cfg = original.model_copy(update={"name": f"{original.name}-replay-{uuid.uuid4().hex[:6]}", "run_dir": str(out_dir),
-                                      "logging": LoggingConfig()})
+    cfg = original.model_copy(
+        update={
+            "name": f"{original.name}-replay-{uuid.uuid4().hex[:6]}",
+            "run_dir": str(out_dir),
+            "logging": LoggingConfig(),
+        }
+    )
     (out_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     before = checkpoint_before(original, rollout_id)
     base = str(cfg.hf_checkpoint)
@@ -122,8 +135,15 @@ async def replay_flow(run_dir: str, rollout_id: int, task: ReplayTask, overrides
     return {"identical": difference is None, "difference": difference, "replay_dir": str(out_dir)}
 
 
-async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_id: int, task: str,
-                  before: Path | None, base: str) -> str | None:
+async def _replay(
+    cfg: RunConfig,
+    original: RunConfig,
+    paths: RunPaths,
+    rollout_id: int,
+    task: str,
+    before: Path | None,
+    base: str,
+) -> str | None:
     rollout = _ref(paths.rollout(rollout_id), "rollout")
     if task == "generate":
         engines = await actors.start_engines(cfg, str(before or base))
@@ -142,9 +162,15 @@ async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_
         replayed = await log_prob.with_options(refresh_cache=True)(cfg, rollout_id, rollout, weights)
         return first_table_difference(read_table(paths.logprobs(rollout_id)), read_table(replayed.table))
     logprobs = _ref(paths.logprobs(rollout_id), "logprobs")
-    recorded = [r["metrics"] for r in read_metrics(paths.metrics) if r["kind"] == "step" and r["rollout_id"] == rollout_id]
+    recorded = [
+        r["metrics"]
+        for r in read_metrics(paths.metrics)
+        if r["kind"] == "step" and r["rollout_id"] == rollout_id
+    ]
     if task == "train-step":
-        steps = await train_step.with_options(refresh_cache=True)(cfg, rollout_id, rollout, logprobs, uuid.uuid4().hex)
+        steps = await train_step.with_options(refresh_cache=True)(
+            cfg, rollout_id, rollout, logprobs, uuid.uuid4().hex
+        )
         diff = first_metric_difference(recorded, steps)
         if diff is None and original.checkpoint.save:
             after = Path(original.checkpoint.save) / f"iter_{rollout_id:07d}"
@@ -163,8 +189,12 @@ async def _replay(cfg: RunConfig, original: RunConfig, paths: RunPaths, rollout_
     if weights.sha256 != expected:
         return f"engine weights after sync: sha {weights.sha256[:12]} vs checkpoint iter_{rollout_id:07d} {expected[:12]}"
     if task == "check":  # the recorded run's log-prob statistics, as its check stage had them
-        stats = {k: v for r in read_metrics(paths.metrics) if r["kind"] == "rollout" and r["rollout_id"] == rollout_id
-                 for k, v in r["metrics"].items()}
+        stats = {
+            k: v
+            for r in read_metrics(paths.metrics)
+            if r["kind"] == "rollout" and r["rollout_id"] == rollout_id
+            for k, v in r["metrics"].items()
+        }
         await check(cfg, rollout_id, recorded, weights, stats)
     return None
 

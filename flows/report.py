@@ -24,7 +24,12 @@ Status = Literal["running", "completed", "stopped", "failed"]
 
 # check metrics whose value 1 means the check passed (check/violations counts failures instead;
 # check/weight_version is a record, not a check)
-PASS_IS_ONE = ("check/finite_metrics", "check/engines_in_sync", "check/weight_update_equal", "check/metric_gate")
+PASS_IS_ONE = (
+    "check/finite_metrics",
+    "check/engines_in_sync",
+    "check/weight_update_equal",
+    "check/metric_gate",
+)
 ETA_WINDOW = 20  # rollouts the ETA averages over: at least two eval intervals of the default run
 
 
@@ -139,9 +144,16 @@ class RunReport:
             elif r["kind"] in ("rollout", "perf"):
                 metrics.update(r["metrics"])
         seconds = self.seconds.get(rollout_id, metrics.get("perf/step_time"))
-        return RolloutStats(rollout_id, metrics.get("rollout/raw_reward"), _mean(steps, "train/ppo_kl"),
-                            metrics.get("rollout/entropy"), _mean(steps, "train/grad_norm"),
-                            metrics.get("rollout/response_lengths"), seconds, sorted(evals.items()))
+        return RolloutStats(
+            rollout_id,
+            metrics.get("rollout/raw_reward"),
+            _mean(steps, "train/ppo_kl"),
+            metrics.get("rollout/entropy"),
+            _mean(steps, "train/grad_norm"),
+            metrics.get("rollout/response_lengths"),
+            seconds,
+            sorted(evals.items()),
+        )
 
     def evals(self) -> list[tuple[int, dict[str, float]]]:
         """Every eval of the run as (weights version, {eval/NAME: accuracy}), by version (a re-logged eval: the
@@ -190,8 +202,11 @@ class RunReport:
 
 def accuracies(metrics: dict[str, Any]) -> dict[str, float]:
     """The accuracy entries of an eval record (`eval/NAME`; not `eval/step` or `-truncated_ratio`)."""
-    return {k: float(v) for k, v in metrics.items()
-            if k.startswith("eval/") and k != "eval/step" and not k.endswith("-truncated_ratio")}
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if k.startswith("eval/") and k != "eval/step" and not k.endswith("-truncated_ratio")
+    }
 
 
 def _mean(steps: dict[int, dict[str, float]], metric: str) -> float | None:

@@ -18,8 +18,15 @@ from rollout.template import check_examples
 from tasks.trackers import require_trackers
 
 # Data flags that only make sense with --prompt-data (the recipe reads its own files with its own keys).
-_DATA_KEYS = ("input_key", "label_key", "metadata_key", "tool_key", "apply_chat_template", "apply_chat_template_kwargs",
-              "rollout_max_prompt_len")
+_DATA_KEYS = (
+    "input_key",
+    "label_key",
+    "metadata_key",
+    "tool_key",
+    "apply_chat_template",
+    "apply_chat_template_kwargs",
+    "rollout_max_prompt_len",
+)
 
 
 def apply_recipe(cfg: RunConfig, *, build: bool = True) -> RunConfig:
@@ -28,13 +35,19 @@ def apply_recipe(cfg: RunConfig, *, build: bool = True) -> RunConfig:
     recipe = get_recipe(cfg.recipe)
     data, reward = cfg.data, cfg.reward
     given = sorted(k for k in _DATA_KEYS if k in data.model_fields_set)
-    if data.prompt_data is None and given:  # refused before the recipe builds its model (a minute, the first time)
+    if (
+        data.prompt_data is None and given
+    ):  # refused before the recipe builds its model (a minute, the first time)
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise ValueError(f"{flags} given without --prompt-data: the {recipe.name} preset reads its own prompts "
-                         f"with its own keys; give --prompt-data to use yours")
+        raise ValueError(
+            f"{flags} given without --prompt-data: the {recipe.name} preset reads its own prompts "
+            f"with its own keys; give --prompt-data to use yours"
+        )
     if data.prompt_data is not None and reward.rm_type is None and reward.custom_rm_path is None:
-        raise ValueError("--prompt-data is given but no reward: add --rm-type (exact_match, math, deepscaler, f1, "
-                         "tiny-arith, long-arith, or boxed_<type>) or --custom-rm-path module.fn")
+        raise ValueError(
+            "--prompt-data is given but no reward: add --rm-type (exact_match, math, deepscaler, f1, "
+            "tiny-arith, long-arith, or boxed_<type>) or --custom-rm-path module.fn"
+        )
     update: dict[str, Any] = {}
     if cfg.hf_checkpoint is None:
         update["hf_checkpoint"] = str(recipe.ensure_checkpoint() if build else recipe.checkpoint_path())
@@ -52,8 +65,12 @@ def apply_recipe(cfg: RunConfig, *, build: bool = True) -> RunConfig:
             update["rollout"] = cfg.rollout.model_copy(update=rollout_preset)
     if data_update:
         update["data"] = data.model_copy(update=data_update)
-    return RunConfig.model_validate({**cfg.model_dump(), **{k: v.model_dump() if hasattr(v, "model_dump") else v
-                                                             for k, v in update.items()}})
+    return RunConfig.model_validate(
+        {
+            **cfg.model_dump(),
+            **{k: v.model_dump() if hasattr(v, "model_dump") else v for k, v in update.items()},
+        }
+    )
 
 
 def check_paths(cfg: RunConfig) -> None:
@@ -98,8 +115,14 @@ def _check_recordings(cfg: RunConfig) -> None:
     if d.load_debug_rollout_data:
         plans.append(("--load-debug-rollout-data", d.load_debug_rollout_data, range(r.num_rollout), False))
     if d.ci_inject_rollout_data_path:
-        plans.append(("--ci-inject-rollout-data-path", d.ci_inject_rollout_data_path,
-                      range(d.ci_inject_rollout_data_start_rollout_id, r.num_rollout), False))
+        plans.append(
+            (
+                "--ci-inject-rollout-data-path",
+                d.ci_inject_rollout_data_path,
+                range(d.ci_inject_rollout_data_start_rollout_id, r.num_rollout),
+                False,
+            )
+        )
     if d.load_forge_rollout_data:
         plans.append(("--load-forge-rollout-data", d.load_forge_rollout_data, range(r.num_rollout), True))
     for flag, template, ids, fallback in plans:
@@ -122,11 +145,16 @@ def _check_writable(cfg: RunConfig) -> None:
     """Every output location can be created and written (artifacts.atomic.check_writable)."""
     from artifacts.atomic import check_writable
 
-    outputs = [("--run-dir", str(cfg.resolved_run_dir)), ("--save", cfg.checkpoint.save),
-               ("--dump-details", cfg.debug.dump_details)]
-    for flag, template in (("--save-debug-rollout-data", cfg.debug.save_debug_rollout_data),
-                           ("--save-debug-train-data", cfg.debug.save_debug_train_data),
-                           ("--ci-save-grad-norm", cfg.ci.ci_save_grad_norm)):
+    outputs = [
+        ("--run-dir", str(cfg.resolved_run_dir)),
+        ("--save", cfg.checkpoint.save),
+        ("--dump-details", cfg.debug.dump_details),
+    ]
+    for flag, template in (
+        ("--save-debug-rollout-data", cfg.debug.save_debug_rollout_data),
+        ("--save-debug-train-data", cfg.debug.save_debug_train_data),
+        ("--ci-save-grad-norm", cfg.ci.ci_save_grad_norm),
+    ):
         if template:
             outputs.append((flag, str(Path(template).parent)))
     for flag, where in outputs:
@@ -159,12 +187,17 @@ def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tup
 def check_template_of(source: RolloutSource, examples: int = 3) -> None:
     """The chat-template check on the first prompts of the training data; raises on the first mismatch."""
     assert source.train is not None
-    pairs = [(list(p.messages), _response_for(p.label, source)) for p in source.train.prompts[:examples]
-             if p.messages is not None]
+    pairs = [
+        (list(p.messages), _response_for(p.label, source))
+        for p in source.train.prompts[:examples]
+        if p.messages is not None
+    ]
     for result in check_examples(source.tokenizer, pairs, source.stops):
         if result.problems:
-            raise ValueError(f"chat template check failed (rollflow check-template shows the details): "
-                             f"{result.problems[0]}")
+            raise ValueError(
+                f"chat template check failed (rollflow check-template shows the details): "
+                f"{result.problems[0]}"
+            )
 
 
 def _response_for(label: Any, source: RolloutSource) -> str:
@@ -183,11 +216,15 @@ def describe(cfg: RunConfig, source: RolloutSource) -> str:
     sets = ([("train", source.train)] if source.train else []) + [(f"eval/{n}", s) for n, s in source.evals]
     for name, s in sets:
         first = s.prompts[0]
-        lines.append(f"{name}: {s.path}: {s.rows} rows, {len(s.prompts)} prompts"
-                     + (f" ({s.dropped_long} dropped: longer than --rollout-max-prompt-len)" if s.dropped_long else "")
-                     + f"; first prompt ({len(first.tokens)} tokens): {first.text!r}, label {first.label!r}")
-    lines.append(f"reward: {source.scorer.name}; stop token ids {list(source.stops.ids)}"
-                 + (f", stop strings {list(source.stops.strings)}" if source.stops.strings else ""))
+        lines.append(
+            f"{name}: {s.path}: {s.rows} rows, {len(s.prompts)} prompts"
+            + (f" ({s.dropped_long} dropped: longer than --rollout-max-prompt-len)" if s.dropped_long else "")
+            + f"; first prompt ({len(first.tokens)} tokens): {first.text!r}, label {first.label!r}"
+        )
+    lines.append(
+        f"reward: {source.scorer.name}; stop token ids {list(source.stops.ids)}"
+        + (f", stop strings {list(source.stops.strings)}" if source.stops.strings else "")
+    )
     if not Path(cfg.hf_checkpoint or "").is_dir():
         lines.append(f"hf_checkpoint {cfg.hf_checkpoint} does not exist yet: the first run builds it")
     return "\n".join(lines)

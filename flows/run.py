@@ -38,8 +38,17 @@ from tasks.stages import (
 )
 from tasks.transfer import trainer_weights
 
-STAGES = {"generate": generate, "save-rollout": save_rollout, "log-prob": log_prob, "train-step": train_step,
-          "sync": sync, "check": check, "eval": evaluate, "load-rollout": load_rollout, "inject": inject}
+STAGES = {
+    "generate": generate,
+    "save-rollout": save_rollout,
+    "log-prob": log_prob,
+    "train-step": train_step,
+    "sync": sync,
+    "check": check,
+    "eval": evaluate,
+    "load-rollout": load_rollout,
+    "inject": inject,
+}
 
 
 ALL_STAGES = sorted(STAGES)
@@ -79,6 +88,7 @@ class _Stages:
             except Exception as e:
                 note_stage(e, self.rollout_id, name)
                 raise
+
         return run
 
 
@@ -93,8 +103,9 @@ def _configured(cfg: RunConfig, name: str, task: Task[P, R], refresh: bool) -> T
     f = cfg.faults
     key = (task, repr(f.task_retries), repr(f.task_retry_delay), refresh)
     if key not in _CONFIGURED:
-        _CONFIGURED[key] = with_retries(cfg, task, retries=0 if name in ("check", "inject") else None).with_options(
-            refresh_cache=True if refresh else NotSet)
+        _CONFIGURED[key] = with_retries(
+            cfg, task, retries=0 if name in ("check", "inject") else None
+        ).with_options(refresh_cache=True if refresh else NotSet)
     return cast(Task[P, R], _CONFIGURED[key])
 
 
@@ -102,8 +113,11 @@ def with_retries(cfg: RunConfig, task: Task[P, R], retries: int | None = None) -
     """`task` with the run's retry policy: --task-retries attempts (or `retries`) --task-retry-delay apart, a
     checker failure never retried."""
     f = cfg.faults
-    return task.with_options(retries=f.task_retries if retries is None else retries,
-                             retry_delay_seconds=f.task_retry_delay, retry_condition_fn=retry_unless_check_failed)
+    return task.with_options(
+        retries=f.task_retries if retries is None else retries,
+        retry_delay_seconds=f.task_retry_delay,
+        retry_condition_fn=retry_unless_check_failed,
+    )
 
 
 @dataclass(frozen=True)
@@ -131,8 +145,9 @@ def _run_name() -> str:
 # before the run starts) is skipped: the parent passes a validated RunConfig; the body validates what comes as
 # plain data (a run started through the API), as Prefect would have.
 @flow(name="rollout", flow_run_name="rollout-{rollout_id}", log_prints=True, validate_parameters=False)
-async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, session: str,
-                       refresh: list[str] | None = None) -> RolloutResult:
+async def rollout_flow(
+    cfg: RunConfig, rollout_id: int, weights: WeightsRef, session: str, refresh: list[str] | None = None
+) -> RolloutResult:
     """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval).
 
     --debug-rollout-only stops after save-rollout; --load-debug-rollout-data (train-only) loads a
@@ -142,7 +157,11 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
     if not isinstance(cfg, RunConfig) or not isinstance(weights, WeightsRef):
         cfg, weights = RunConfig.model_validate(cfg), WeightsRef.model_validate(weights)
         rollout_id = int(rollout_id)
-    s, d, q = _Stages(cfg, refresh or [], rollout_id), cfg.debug, opaque_config(cfg)  # q: cfg as the tasks' argument
+    s, d, q = (
+        _Stages(cfg, refresh or [], rollout_id),
+        cfg.debug,
+        opaque_config(cfg),
+    )  # q: cfg as the tasks' argument
     has_engines = not cfg.train_only
     if rollout_id == 0 and _evaluates(cfg):
         await s.eval(q, 0, weights)
@@ -150,7 +169,9 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
     if recording:
         rollout = await s.load_rollout(q, rollout_id, recording, forge=bool(d.load_forge_rollout_data))
     else:
-        injecting = bool(d.ci_inject_rollout_data_path) and rollout_id >= d.ci_inject_rollout_data_start_rollout_id
+        injecting = (
+            bool(d.ci_inject_rollout_data_path) and rollout_id >= d.ci_inject_rollout_data_start_rollout_id
+        )
         rollout = await s.generate(q, rollout_id, weights, fresh=injecting)
         if injecting:
             rollout = await s.inject(q, rollout_id, rollout)
@@ -170,8 +191,9 @@ async def rollout_flow(cfg: RunConfig, rollout_id: int, weights: WeightsRef, ses
 
 
 @flow(name="rollflow-run", flow_run_name=_run_name, log_prints=True)
-async def run_flow(cfg: RunConfig, refresh: list[str] | None = None, resume: bool = False,
-                   overwrite: bool = False) -> dict:
+async def run_flow(
+    cfg: RunConfig, refresh: list[str] | None = None, resume: bool = False, overwrite: bool = False
+) -> dict:
     """The whole run: own the run dir, start Ray actors, then one `rollout-<id>` child flow run per rollout id.
     `resume` continues the run in `cfg`'s run dir where it was cut; `overwrite` replaces another run's records.
 
@@ -184,7 +206,9 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None, resume: boo
     cfg = owned.cfg
     await runtime.crash_stale_flow_run(owned.previous_flow_run)
     runtime.record_flow_run(owned, str(flow_run.get_id()))
-    faults = FaultInjector(cfg.faults.requests(), "orchestrator", None, str(cfg.resolved_run_dir), owned.info.started_at)
+    faults = FaultInjector(
+        cfg.faults.requests(), "orchestrator", None, str(cfg.resolved_run_dir), owned.info.started_at
+    )
     if not owned.resumed:
         faults.log_pending()
     report = RunReport.load(cfg, owned.info.run_id, owned.start, _end(cfg, owned.start))
@@ -206,17 +230,30 @@ async def run_flow(cfg: RunConfig, refresh: list[str] | None = None, resume: boo
             close_run(cfg)  # trackers finished and plots/curves.png drawn, also when the run failed
             owned.release()
             await _wrap_up(report, page)
-    return {"run_dir": str(cfg.resolved_run_dir), "weight_version": weights.version,
-            "evals": {r["rollout_id"]: {k: v for k, v in r["metrics"].items() if k != "eval/step"}
-                      for r in report.records if r["kind"] == "eval"}}
+    return {
+        "run_dir": str(cfg.resolved_run_dir),
+        "weight_version": weights.version,
+        "evals": {
+            r["rollout_id"]: {k: v for k, v in r["metrics"].items() if k != "eval/step"}
+            for r in report.records
+            if r["kind"] == "eval"
+        },
+    }
 
 
 class _RunLoop:
     """The run's actors and its rollouts: start the actors (restoring the trainers on a resume), sync the first
     weights, run one `rollout-<id>` child flow run per rollout, and stop the actors however it ends."""
 
-    def __init__(self, cfg: RunConfig, owned: runtime.OwnedRun, report: RunReport, page: run_page.RunPage | None,
-                 faults: FaultInjector, refresh: list[str]) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        owned: runtime.OwnedRun,
+        report: RunReport,
+        page: run_page.RunPage | None,
+        faults: FaultInjector,
+        refresh: list[str],
+    ) -> None:
         self.cfg, self.owned, self.report, self.page, self.faults = cfg, owned, report, page, faults
         self.refresh = refresh
 
@@ -239,7 +276,9 @@ class _RunLoop:
             if self.report.end < cfg.rollout.num_rollout:
                 notify.notice(f"--debug-exit-after-rollout: stopping after rollout {self.report.end - 1}")
             await self.publisher.drain()
-            if last is not None:  # task runs are recorded in order: the last rollout's last ones are the run's
+            if (
+                last is not None
+            ):  # task runs are recorded in order: the last rollout's last ones are the run's
                 await runtime.settle(last[1], flow_run_id=last[0])
             ok = True
             return weights
@@ -252,15 +291,20 @@ class _RunLoop:
         """Engines and trainers started (trainers restored on a resume); the weights the engines hold."""
         cfg, owned = self.cfg, self.owned
         engines = [] if cfg.train_only else await actors.start_engines(cfg)
-        trainers = [] if cfg.rollout_only else await actors.start_trainers(cfg, actors.start_weights(
-            cfg, owned.trainer_state))
+        trainers = (
+            []
+            if cfg.rollout_only
+            else await actors.start_trainers(cfg, actors.start_weights(cfg, owned.trainer_state))
+        )
         start = owned.start
         if owned.trainer_state is not None and trainers:
             await asyncio.gather(*[t.load.remote(str(owned.trainer_state)) for t in trainers])
             notify.notice(f"trainers restored from {owned.trainer_state}; starting at rollout {start}")
         elif cfg.checkpoint.load and trainers:
-            notify.notice(f"--load {cfg.checkpoint.load} holds no checkpoint yet: starting from "
-                          f"{actors.start_weights(cfg, None)}")
+            notify.notice(
+                f"--load {cfg.checkpoint.load} holds no checkpoint yet: starting from "
+                f"{actors.start_weights(cfg, None)}"
+            )
         if engines and trainers:  # the weight-update checker runs at the run's first sync, not at a resume
             check_first_sync = cfg.ci.weight_check and not owned.resumed
             return await with_retries(cfg, sync)(opaque_config(cfg), start - 1, verify_equal=check_first_sync)
@@ -269,8 +313,9 @@ class _RunLoop:
         # train-only: nothing to sync; identify the trainer's starting weights
         return WeightsRef(version=start, sha256=(await trainer_weights(cfg)).sha256)
 
-    async def _rollout(self, rollout_id: int, weights: WeightsRef, session: str
-                       ) -> tuple[WeightsRef, tuple[uuid.UUID | None, int]]:
+    async def _rollout(
+        self, rollout_id: int, weights: WeightsRef, session: str
+    ) -> tuple[WeightsRef, tuple[uuid.UUID | None, int]]:
         """One child flow run, then the parent's share: a checkpoint when due, the rollout's wall time, the
         observers; its Prefect artifacts (metrics table, run page) go to the publisher, posted in the background.
         Returns the weights after it, and its flow run id with the number of task runs it started."""
@@ -281,7 +326,9 @@ class _RunLoop:
         state = await rollout_flow(cfg, rollout_id, weights, session, stages, return_state=True)
         result: RolloutResult = await state.result()  # type: ignore[misc]
         child = state.state_details.flow_run_id
-        if not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == report.end)):
+        if not cfg.rollout_only and (
+            _save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == report.end)
+        ):
             await with_retries(cfg, save_checkpoint)(opaque_config(cfg), rollout_id)
         seconds = time.perf_counter() - began
         runtime.log_step_time(cfg, rollout_id, seconds)
@@ -289,8 +336,12 @@ class _RunLoop:
         self.publisher.rollout_done(rollout_id, child)
         for observer in observers():
             observer.rollout_done(report, rollout_id)
-        self.faults.reach("orchestrator_rollout_end", rollout_id=rollout_id, attempt=0,
-                          weight_version=result.weights.version)
+        self.faults.reach(
+            "orchestrator_rollout_end",
+            rollout_id=rollout_id,
+            attempt=0,
+            weight_version=result.weights.version,
+        )
         return result.weights, (child, result.task_runs)
 
 
@@ -325,7 +376,9 @@ def _dispose_gate(cfg: RunConfig, report: RunReport) -> None:
     """The accuracy gate, disposed at the end of the run as in miles: logged as a check record, raised on failure."""
     gate = metric_gate(cfg, [r for r in report.records if r["kind"] == "eval"])
     if cfg.ci.ci_metric_checker_key:
-        log_metrics(cfg, "check", cfg.rollout.num_rollout, {"check/metric_gate": 0.0 if gate else 1.0}, sync=True)
+        log_metrics(
+            cfg, "check", cfg.rollout.num_rollout, {"check/metric_gate": 0.0 if gate else 1.0}, sync=True
+        )
     raise_if_any(gate)
 
 
@@ -338,7 +391,9 @@ async def _wrap_up(report: RunReport, page: run_page.RunPage | None) -> None:
         try:
             await page.close()
         except Exception as e:
-            notify.notice(f"could not update the run's Prefect artifacts: {type(e).__name__}: {e}", logging.WARNING)
+            notify.notice(
+                f"could not update the run's Prefect artifacts: {type(e).__name__}: {e}", logging.WARNING
+            )
     for observer in observers():
         observer.finished(report)
 
@@ -364,7 +419,7 @@ def _eval_due(cfg: RunConfig, rollout_id: int) -> bool:
     every = cfg.eval.eval_interval
     if not every:
         return False
-    return ((rollout_id + 1) % every == 0 or rollout_id + 1 == cfg.rollout.num_rollout)
+    return (rollout_id + 1) % every == 0 or rollout_id + 1 == cfg.rollout.num_rollout
 
 
 def _save_due(cfg: RunConfig, rollout_id: int) -> bool:
@@ -373,5 +428,3 @@ def _save_due(cfg: RunConfig, rollout_id: int) -> bool:
         return False
     last = rollout_id + 1 == cfg.rollout.num_rollout
     return last or (c.save_interval is not None and (rollout_id + 1) % c.save_interval == 0)
-
-

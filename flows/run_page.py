@@ -37,8 +37,12 @@ CHART_SIZE = (1200, 800)  # pixels of the embedded PNG (the size `rollflow plot`
 MAX_EVAL_ROWS = 50
 PAGE_EVERY = 2.0  # seconds between two updates of progress and summary while the run goes
 CURVES_EVERY = 60.0  # seconds between two drawings of the curves while the run goes (after an eval)
-_STATUS = {"running": "running", "completed": "completed", "stopped": "stopped (--debug-exit-after-rollout)",
-           "failed": "FAILED"}
+_STATUS = {
+    "running": "running",
+    "completed": "completed",
+    "stopped": "stopped (--debug-exit-after-rollout)",
+    "failed": "FAILED",
+}
 
 
 def enabled() -> bool:
@@ -49,18 +53,32 @@ def enabled() -> bool:
 # -- markdown ---------------------------------------------------------------------------------------
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     cells = [[c.replace("|", "\\|").replace("\n", " ") for c in row] for row in rows]
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in cells)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in cells),
+    ]
 
 
 def _status_rows(report: RunReport) -> list[list[str]]:
     eta = report.eta() if report.status == "running" else None
     stats = report.rollout(report.done - 1) if report.seconds else None
-    rows = [["progress", f"rollout {report.done} of {report.total} ({100 * report.done / report.total:.0f} %), "
-                         f"elapsed {duration(report.elapsed)}" + (f", ETA {duration(eta)}" if eta is not None else "")]]
+    rows = [
+        [
+            "progress",
+            f"rollout {report.done} of {report.total} ({100 * report.done / report.total:.0f} %), "
+            f"elapsed {duration(report.elapsed)}" + (f", ETA {duration(eta)}" if eta is not None else ""),
+        ]
+    ]
     if stats is not None:
-        rows.append([f"rollout {stats.rollout_id}", f"reward {number(stats.reward)} · KL {number(stats.kl, 'sci')} · "
-                     f"entropy {number(stats.entropy)} · grad norm {number(stats.grad_norm, 'sig')} · response length "
-                     f"{number(stats.length, 'sig')} · {duration(stats.seconds)}"])
+        rows.append(
+            [
+                f"rollout {stats.rollout_id}",
+                f"reward {number(stats.reward)} · KL {number(stats.kl, 'sci')} · "
+                f"entropy {number(stats.entropy)} · grad norm {number(stats.grad_norm, 'sig')} · response length "
+                f"{number(stats.length, 'sig')} · {duration(stats.seconds)}",
+            ]
+        )
     rows += [["run dir", f"`{report.cfg.resolved_run_dir}`"], ["run id", f"`{report.run_id}`"]]
     return rows
 
@@ -69,10 +87,20 @@ def _eval_section(report: RunReport) -> list[str]:
     evals, names = report.evals(), report.eval_names()
     if not evals:
         every = report.cfg.eval.eval_interval
-        return ["## Eval", "", f"No eval yet (every {every} rollouts)." if every else "Eval is off (--eval-interval)."]
+        return [
+            "## Eval",
+            "",
+            f"No eval yet (every {every} rollouts)." if every else "Eval is off (--eval-interval).",
+        ]
     rows = [evals[i] for i in pick(len(evals), {0, len(evals) - 1}, MAX_EVAL_ROWS)]
-    out = ["## Eval", "", *_table(["weights (rollout)", *names],
-                                   [[str(v), *(number(values.get(n)) for n in names)] for v, values in rows])]
+    out = [
+        "## Eval",
+        "",
+        *_table(
+            ["weights (rollout)", *names],
+            [[str(v), *(number(values.get(n)) for n in names)] for v, values in rows],
+        ),
+    ]
     if len(rows) < len(evals):
         out += ["", f"{len(rows)} of {len(evals)} evals shown; every one is in metrics.jsonl."]
     out.append("")
@@ -80,8 +108,10 @@ def _eval_section(report: RunReport) -> list[str]:
         best = report.best_eval(name)
         values = [v.get(name, float("nan")) for _, v in evals]
         if best is not None:
-            out.append(f"- **best {name}: {number(best[1])}** at rollout {best[0]} (first {number(values[0])}, last "
-                       f"{number(values[-1])}) `{sparkline(values)}`")
+            out.append(
+                f"- **best {name}: {number(best[1])}** at rollout {best[0]} (first {number(values[0])}, last "
+                f"{number(values[-1])}) `{sparkline(values)}`"
+            )
     return out
 
 
@@ -98,12 +128,20 @@ def _doctor_section(report: RunReport) -> list[str]:
         return ["## Doctor", "", f"The doctor could not read the run: {report.doctor_error}"]
     if report.findings is None:
         return []
-    out = ["## Doctor", "", f"`rollflow doctor {report.cfg.resolved_run_dir}` at the end of the run (--ci-test):", ""]
+    out = [
+        "## Doctor",
+        "",
+        f"`rollflow doctor {report.cfg.resolved_run_dir}` at the end of the run (--ci-test):",
+        "",
+    ]
     if not report.findings:
         return [*out, "No findings."]
     for i, f in enumerate(report.findings, start=1):
-        out += [f"{i}. **{f.severity.upper()}** [{f.rule}] {f.title}", f"   - evidence: {f.evidence}",
-                f"   - confirm: `{f.knife}`"]
+        out += [
+            f"{i}. **{f.severity.upper()}** [{f.rule}] {f.title}",
+            f"   - evidence: {f.evidence}",
+            f"   - confirm: `{f.knife}`",
+        ]
     return out
 
 
@@ -142,16 +180,29 @@ def config_rows(cfg: RunConfig) -> list[list[str]]:
     kl = f"{t.kl_loss_type} x {t.kl_loss_coef}" if t.use_kl_loss else "off"
     evals = ", ".join(cfg.data.eval_prompt_data[::2]) if cfg.data.eval_prompt_data else "-"
     return [
-        ["rollouts", f"{r.num_rollout} x {r.rollout_batch_size} prompts x {r.n_samples_per_prompt} samples, up to "
-                     f"{r.rollout_max_response_len} new tokens, temperature {r.rollout_temperature:g}"],
+        [
+            "rollouts",
+            f"{r.num_rollout} x {r.rollout_batch_size} prompts x {r.n_samples_per_prompt} samples, up to "
+            f"{r.rollout_max_response_len} new tokens, temperature {r.rollout_temperature:g}",
+        ],
         ["model", f"`{cfg.hf_checkpoint}` (recipe {cfg.recipe})"],
         ["algorithm", f"{t.advantage_estimator}, {t.policy_loss} (eps {t.eps_clip:g}), KL loss {kl}"],
-        ["optimizer", f"lr {t.lr:g} {t.lr_decay_style}, global batch {cfg.global_batch_size} "
-                      f"({cfg.steps_per_rollout} steps per rollout), clip grad {t.clip_grad:g}"],
-        ["backends", f"{t.train_backend} trainer (DP {t.data_parallel_size} x TP {t.tensor_model_parallel_size}), "
-                     f"{r.rollout_backend} engine x {r.rollout_num_engines}"],
-        ["eval", f"every {e.eval_interval} rollouts: {evals} x {e.n_samples_per_eval_prompt} samples"
-                 if e.eval_interval else "off"],
+        [
+            "optimizer",
+            f"lr {t.lr:g} {t.lr_decay_style}, global batch {cfg.global_batch_size} "
+            f"({cfg.steps_per_rollout} steps per rollout), clip grad {t.clip_grad:g}",
+        ],
+        [
+            "backends",
+            f"{t.train_backend} trainer (DP {t.data_parallel_size} x TP {t.tensor_model_parallel_size}), "
+            f"{r.rollout_backend} engine x {r.rollout_num_engines}",
+        ],
+        [
+            "eval",
+            f"every {e.eval_interval} rollouts: {evals} x {e.n_samples_per_eval_prompt} samples"
+            if e.eval_interval
+            else "off",
+        ],
         ["--ci-test", "on" if cfg.ci.ci_test else "off"],
         ["config hash", f"`{cfg.config_hash()[:16]}`"],
     ]
@@ -159,12 +210,20 @@ def config_rows(cfg: RunConfig) -> list[list[str]]:
 
 def _files_section(cfg: RunConfig) -> list[str]:
     d = cfg.resolved_run_dir
-    wanted = [("config.yaml", "the resolved config"), ("metrics.jsonl", "every metric record"),
-              ("plots/curves.png", "the curves (drawn at the end)"), ("rollouts", "one Parquet file per rollout"),
-              ("logs/run.log", "Prefect's log lines of the run"), ("logs/actors.log", "what the actors printed"),
-              ("faults.jsonl", "fault hook transitions")]
-    rows = [[f"[{name}]({(d / name).as_uri()})", what] for name, what in wanted
-            if (d / name).exists() or name in ("plots/curves.png", "metrics.jsonl")]
+    wanted = [
+        ("config.yaml", "the resolved config"),
+        ("metrics.jsonl", "every metric record"),
+        ("plots/curves.png", "the curves (drawn at the end)"),
+        ("rollouts", "one Parquet file per rollout"),
+        ("logs/run.log", "Prefect's log lines of the run"),
+        ("logs/actors.log", "what the actors printed"),
+        ("faults.jsonl", "fault hook transitions"),
+    ]
+    rows = [
+        [f"[{name}]({(d / name).as_uri()})", what]
+        for name, what in wanted
+        if (d / name).exists() or name in ("plots/curves.png", "metrics.jsonl")
+    ]
     if cfg.checkpoint.save:
         rows.append([f"[checkpoints]({Path(cfg.checkpoint.save).resolve().as_uri()})", "--save"])
     return ["## Files", "", f"In `{d}`:", "", *_table(["file", "holds"], rows)]
@@ -181,19 +240,27 @@ def summary_markdown(report: RunReport) -> str:
         if section:
             lines += [*section, ""]
     flags = non_default_flags(cfg)
-    lines += ["## Config", "", *_table(["", ""], config_rows(cfg)), "",
-              "Set away from the defaults: " + (f"`{' '.join(flags)}`" if flags else "nothing"), ""]
+    lines += [
+        "## Config",
+        "",
+        *_table(["", ""], config_rows(cfg)),
+        "",
+        "Set away from the defaults: " + (f"`{' '.join(flags)}`" if flags else "nothing"),
+        "",
+    ]
     return "\n".join([*lines, *_files_section(cfg)]) + "\n"
 
 
 def curves_markdown(cfg: RunConfig, png: bytes, after: int) -> str:
     """The curves artifact's markdown: the figure as a PNG data URI."""
     uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-    return (f"# Curves of run/{cfg.name} after {after} rollout{'s' if after != 1 else ''}\n\n"
-            f"![reward, eval accuracy, KL, entropy, grad norm and response length]({uri})\n\n"
-            f"Reward, entropy and response length per rollout, KL and grad norm per optimizer step, eval accuracy per "
-            f"weights version. Also in `{cfg.resolved_run_dir / 'plots' / 'curves.png'}` (drawn at the end); "
-            f"overlay runs with `rollflow plot RUN_DIR ...`.\n")
+    return (
+        f"# Curves of run/{cfg.name} after {after} rollout{'s' if after != 1 else ''}\n\n"
+        f"![reward, eval accuracy, KL, entropy, grad norm and response length]({uri})\n\n"
+        f"Reward, entropy and response length per rollout, KL and grad norm per optimizer step, eval accuracy per "
+        f"weights version. Also in `{cfg.resolved_run_dir / 'plots' / 'curves.png'}` (drawn at the end); "
+        f"overlay runs with `rollflow plot RUN_DIR ...`.\n"
+    )
 
 
 def progress_text(report: RunReport) -> str:
@@ -224,11 +291,19 @@ class RunPage:
 
         began = time.perf_counter()
         name = self.report.cfg.name
-        progress = ProgressArtifact(key=f"{self.slug}-progress", description=progress_text(self.report),
-                                    progress=self._percent(), flow_run_id=self.flow_run_id)
+        progress = ProgressArtifact(
+            key=f"{self.slug}-progress",
+            description=progress_text(self.report),
+            progress=self._percent(),
+            flow_run_id=self.flow_run_id,
+        )
         self.ids["progress"] = (await progress.acreate()).id
-        summary = MarkdownArtifact(key=f"{self.slug}-summary", description=f"summary of run {name}",
-                                   markdown=summary_markdown(self.report), flow_run_id=self.flow_run_id)
+        summary = MarkdownArtifact(
+            key=f"{self.slug}-summary",
+            description=f"summary of run {name}",
+            markdown=summary_markdown(self.report),
+            flow_run_id=self.flow_run_id,
+        )
         self.ids["summary"] = (await summary.acreate()).id
         self._sent = self._drawn = time.monotonic()
         self.seconds += time.perf_counter() - began
@@ -259,9 +334,13 @@ class RunPage:
         from prefect.client.schemas.actions import ArtifactUpdate
 
         async with get_client() as client:
-            await client.update_artifact(self.ids["progress"], ArtifactUpdate(
-                data=self._percent(), description=progress_text(self.report)))
-            await client.update_artifact(self.ids["summary"], ArtifactUpdate(data=summary_markdown(self.report)))
+            await client.update_artifact(
+                self.ids["progress"],
+                ArtifactUpdate(data=self._percent(), description=progress_text(self.report)),
+            )
+            await client.update_artifact(
+                self.ids["summary"], ArtifactUpdate(data=summary_markdown(self.report))
+            )
             self._sent = time.monotonic()
             if curves:
                 await self._curves(client)
@@ -280,6 +359,10 @@ class RunPage:
         if "curves" in self.ids:
             await client.update_artifact(self.ids["curves"], ArtifactUpdate(data=markdown))
             return
-        created = await MarkdownArtifact(key=f"{self.slug}-curves", markdown=markdown, flow_run_id=self.flow_run_id,
-                                         description=f"curves of run {cfg.name}").acreate(client)
+        created = await MarkdownArtifact(
+            key=f"{self.slug}-curves",
+            markdown=markdown,
+            flow_run_id=self.flow_run_id,
+            description=f"curves of run {cfg.name}",
+        ).acreate(client)
         self.ids["curves"] = created.id

@@ -35,8 +35,8 @@ class OwnedRun:
     cfg: RunConfig
     info: rundir.RunInfo
     lock: IO[str]
-    start: int = 0                    # first rollout to run
-    resumed: bool = False             # the same run continues (--resume, or --load of its own checkpoint)
+    start: int = 0  # first rollout to run
+    resumed: bool = False  # the same run continues (--resume, or --load of its own checkpoint)
     trainer_state: Path | None = None  # what the trainers load before `start` (a checkpoint or snapshot)
     previous_flow_run: str | None = None  # the parent flow run of the run's previous process, if any
 
@@ -92,8 +92,10 @@ def own(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> Own
     set_run_id(cfg, owned.info.run_id)
     if owned.resumed:
         dropped = rundir.truncate_records(paths.metrics, owned.start)
-        notice(f"resuming run {owned.info.run_id} in {run_dir} at rollout {owned.start}"
-               + (f" (dropped {dropped} record(s) of the rollout that was cut)" if dropped else ""))
+        notice(
+            f"resuming run {owned.info.run_id} in {run_dir} at rollout {owned.start}"
+            + (f" (dropped {dropped} record(s) of the rollout that was cut)" if dropped else "")
+        )
     return owned
 
 
@@ -105,8 +107,9 @@ def _start_point(cfg: RunConfig, lock: IO[str], *, resume: bool, overwrite: bool
     own_checkpoint = load is not None and previous is not None and _checkpoint_run_id(load) == previous.run_id
     if overwrite:
         rundir.clear(run_dir)
-        return OwnedRun(cfg, rundir.new_info(cfg.name), lock, 0, False, load,
-                        previous.flow_run_id if previous else None)
+        return OwnedRun(
+            cfg, rundir.new_info(cfg.name), lock, 0, False, load, previous.flow_run_id if previous else None
+        )
     if resume:
         if previous is None:
             raise ValueError(f"--resume {run_dir}: no run to resume there (no {rundir.INFO})")
@@ -115,14 +118,19 @@ def _start_point(cfg: RunConfig, lock: IO[str], *, resume: bool, overwrite: bool
         return OwnedRun(cfg, previous, lock, start, True, state, previous.flow_run_id)
     if used and not own_checkpoint:
         owner = f"run {previous.run_id}" if previous else "another run"
-        raise ValueError(f"run dir {run_dir} holds the records of {owner}: continue it with "
-                         f"`rollflow run --resume {run_dir}`, or replace them with --overwrite")
-    if own_checkpoint and previous is not None and load is not None:  # slime's relaunch with --load of this run's checkpoint
+        raise ValueError(
+            f"run dir {run_dir} holds the records of {owner}: continue it with "
+            f"`rollflow run --resume {run_dir}`, or replace them with --overwrite"
+        )
+    if (
+        own_checkpoint and previous is not None and load is not None
+    ):  # slime's relaunch with --load of this run's checkpoint
         start = 1 + _checkpoint_rollout(load)
         return OwnedRun(cfg, previous, lock, start, True, load, previous.flow_run_id)
     start = 1 + _checkpoint_rollout(load) if load is not None else 0
-    return OwnedRun(cfg, rundir.new_info(cfg.name), lock, start, False, load,
-                    previous.flow_run_id if previous else None)
+    return OwnedRun(
+        cfg, rundir.new_info(cfg.name), lock, start, False, load, previous.flow_run_id if previous else None
+    )
 
 
 def _state_before(cfg: RunConfig, start: int) -> Path | None:
@@ -138,8 +146,10 @@ def _state_before(cfg: RunConfig, start: int) -> Path | None:
     for path in candidates:
         if (path / "meta.json").is_file():
             return path
-    raise ValueError(f"cannot resume at rollout {start}: no snapshot or checkpoint of rollout {start - 1} "
-                     f"(looked in {', '.join(str(p) for p in candidates)})")
+    raise ValueError(
+        f"cannot resume at rollout {start}: no snapshot or checkpoint of rollout {start - 1} "
+        f"(looked in {', '.join(str(p) for p in candidates)})"
+    )
 
 
 def _checkpoint_meta(path: Path) -> dict[str, Any]:
@@ -172,7 +182,11 @@ class _QuickBusyRetry:
         self.busy = 0
 
     def mark(self, response: Any) -> Any:
-        if response.status_code == 503 and "Retry-After" not in response.headers and self.busy < len(_BUSY_RETRY_SECONDS):
+        if (
+            response.status_code == 503
+            and "Retry-After" not in response.headers
+            and self.busy < len(_BUSY_RETRY_SECONDS)
+        ):
             response.headers["Retry-After"] = _BUSY_RETRY_SECONDS[self.busy]
             self.busy += 1
         return response
@@ -228,13 +242,19 @@ async def crash_stale_flow_run(flow_run_id: str | None) -> None:
             parent = await client.read_flow_run(uuid.UUID(flow_run_id))
         except Exception:  # the server does not know it (another Prefect home): nothing to mark
             return
-        children = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent.id])))
+        children = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent.id]))
+        )
         for run in [parent, *children]:
             if run.state is not None and not run.state.is_final():
-                await client.set_flow_run_state(run.id, Crashed(
-                    message="the process running it stopped (killed, or its Prefect API went away); marked when "
-                            "the run dir was next used"), force=True)
+                await client.set_flow_run_state(
+                    run.id,
+                    Crashed(
+                        message="the process running it stopped (killed, or its Prefect API went away); marked when "
+                        "the run dir was next used"
+                    ),
+                    force=True,
+                )
                 notice(f"marked stale flow run {run.name} ({run.id}) Crashed")
 
 
@@ -258,9 +278,13 @@ def start_api_watchdog(api_url: str, timeout: float, run_dir: Path) -> threading
                 if answered:
                     last_ok = time.monotonic()
                 elif time.monotonic() - last_ok > timeout:
-                    print(f"rollflow: error: the Prefect API at {api_url} has not answered for {timeout:g} s "
-                          f"(--prefect-timeout); stopping the run. Continue it with "
-                          f"`rollflow run --resume {run_dir}`", file=sys.stderr, flush=True)
+                    print(
+                        f"rollflow: error: the Prefect API at {api_url} has not answered for {timeout:g} s "
+                        f"(--prefect-timeout); stopping the run. Continue it with "
+                        f"`rollflow run --resume {run_dir}`",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     os._exit(75)
 
     threading.Thread(target=watch, name="prefect-api-watchdog", daemon=True).start()
@@ -283,8 +307,13 @@ def api_watchdog(cfg: RunConfig) -> Iterator[None]:
         stop.set()
 
 
-async def settle(task_runs: int, *, flow_run_id: uuid.UUID | None = None, task_run_id: uuid.UUID | None = None,
-                 timeout: float = 5.0) -> bool:
+async def settle(
+    task_runs: int,
+    *,
+    flow_run_id: uuid.UUID | None = None,
+    task_run_id: uuid.UUID | None = None,
+    timeout: float = 5.0,
+) -> bool:
     """Wait until the server has recorded `task_runs` task runs of the given flow run (or the one task
     run `task_run_id`), each in a final state; False if that took longer than `timeout` seconds.
 
@@ -296,8 +325,11 @@ async def settle(task_runs: int, *, flow_run_id: uuid.UUID | None = None, task_r
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterId
 
-    query = ({"task_run_filter": TaskRunFilter(id=TaskRunFilterId(any_=[task_run_id]))} if task_run_id is not None
-             else {"flow_run_filter": FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))})
+    query = (
+        {"task_run_filter": TaskRunFilter(id=TaskRunFilterId(any_=[task_run_id]))}
+        if task_run_id is not None
+        else {"flow_run_filter": FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))}
+    )
     with anyio.move_on_after(timeout):
         async with get_client() as client:
             while True:
@@ -386,19 +418,28 @@ class Publisher:
             self._task = None
 
 
-async def publish_metrics_table(cfg: RunConfig, rollout_id: int, flow_run_id: uuid.UUID | None,
-                                records: list[dict[str, Any]]) -> None:
+async def publish_metrics_table(
+    cfg: RunConfig, rollout_id: int, flow_run_id: uuid.UUID | None, records: list[dict[str, Any]]
+) -> None:
     """One Prefect table artifact per rollout with every metric its flow run logged (of the run's `records`):
     rollout, step, perf and check records, and the evals it ran (eval E runs after rollout E - 1, so its row is
     in that rollout's table; `eval/step` names the weights evaluated). Attached to the rollout's `rollout-<id>`
     flow run. The parent's `Publisher` posts it in the background, once the next rollout's flow run has begun."""
     from prefect.artifacts import TableArtifact
 
-    rows = [{"kind": r["kind"], "step": r.get("step", ""), "metric": k, "value": v}
-            for r in records if rundir.logged_by(r) == rollout_id for k, v in r["metrics"].items()]
+    rows = [
+        {"kind": r["kind"], "step": r.get("step", ""), "metric": k, "value": v}
+        for r in records
+        if rundir.logged_by(r) == rollout_id
+        for k, v in r["metrics"].items()
+    ]
     key = f"{artifact_slug(cfg.name)}-rollout-{rollout_id}-metrics"
-    await TableArtifact(key=key, description=f"metrics of rollout {rollout_id} of run {cfg.name}", table=rows,
-                        flow_run_id=flow_run_id).acreate()
+    await TableArtifact(
+        key=key,
+        description=f"metrics of rollout {rollout_id} of run {cfg.name}",
+        table=rows,
+        flow_run_id=flow_run_id,
+    ).acreate()
 
 
 @contextlib.contextmanager
@@ -412,8 +453,11 @@ def run_log(run_dir: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
     console = next((h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)), None)
-    handler.setFormatter(console.formatter if console is not None and console.formatter is not None
-                         else logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
+    handler.setFormatter(
+        console.formatter
+        if console is not None and console.formatter is not None
+        else logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s")
+    )
     logging.getLogger().addHandler(handler)
     try:
         yield path

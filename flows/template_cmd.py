@@ -15,16 +15,32 @@ def check_template_command(args: argparse.Namespace) -> int:
     try:
         tok = tokenizer_at(args.hf_checkpoint)
     except (OSError, ValueError) as e:
-        print(f"rollflow: error: --hf-checkpoint {args.hf_checkpoint}: cannot load a tokenizer ({e})", file=sys.stderr)
+        print(
+            f"rollflow: error: --hf-checkpoint {args.hf_checkpoint}: cannot load a tokenizer ({e})",
+            file=sys.stderr,
+        )
         return 2
     kwargs = args.apply_chat_template_kwargs
     try:
         stops = resolve_stops(tok, args.hf_checkpoint, args.rollout_stop, args.rollout_stop_token_ids, kwargs)
         if args.prompt_data:
-            keys = Keys(args.input_key, args.label_key, "metadata", "tools", True, json.dumps(kwargs, sort_keys=True), None)
-            prompts = load_prompts(args.prompt_data, tok, keys).prompts[:args.examples]
-            examples = [(list(p.messages or []), p.label if isinstance(p.label, str) and p.label else _probe_text(tok))
-                        for p in prompts]
+            keys = Keys(
+                args.input_key,
+                args.label_key,
+                "metadata",
+                "tools",
+                True,
+                json.dumps(kwargs, sort_keys=True),
+                None,
+            )
+            prompts = load_prompts(args.prompt_data, tok, keys).prompts[: args.examples]
+            examples = [
+                (
+                    list(p.messages or []),
+                    p.label if isinstance(p.label, str) and p.label else _probe_text(tok),
+                )
+                for p in prompts
+            ]
         else:
             probe = _probe_text(tok)
             examples = [([{"role": "user", "content": probe}], probe)]
@@ -32,8 +48,10 @@ def check_template_command(args: argparse.Namespace) -> int:
     except (DataError, ValueError) as e:
         print(f"rollflow: error: {e}", file=sys.stderr)
         return 2
-    print(f"stop token ids: {list(stops.ids)} {[tok.convert_ids_to_tokens(i) for i in stops.ids]}"
-          + (f"; stop strings {list(stops.strings)}" if stops.strings else ""))
+    print(
+        f"stop token ids: {list(stops.ids)} {[tok.convert_ids_to_tokens(i) for i in stops.ids]}"
+        + (f"; stop strings {list(stops.strings)}" if stops.strings else "")
+    )
     for i, c in enumerate(checks):
         print(f"example {i}:\n{format_check(tok, c)}")
     bad = [p for c in checks for p in c.problems]

@@ -84,8 +84,9 @@ def format_prompt(tok: PreTrainedTokenizerBase, question: str) -> str:
     )
 
 
-def char_tokenizer(characters: str, chat_template: str, model_max_length: int,
-                   reserved: Sequence[str] = ()) -> PreTrainedTokenizerFast:
+def char_tokenizer(
+    characters: str, chat_template: str, model_max_length: int, reserved: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
     """A character-level tokenizer: ids ``SPECIAL_TOKENS`` (pad=0, eos=1, user, assistant), then one id per
     character of ``characters``, then ``reserved`` (multi-character names the pre-tokenizer never produces, so
     they are never encoded from text; they only make the vocabulary larger). Deterministic and offline; nothing
@@ -126,7 +127,9 @@ def tokenizer_fingerprint(tok: PreTrainedTokenizerFast) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def checkpoint_fingerprint(recipe_version: int, settings: object, model_config: dict, tok: PreTrainedTokenizerFast) -> str:
+def checkpoint_fingerprint(
+    recipe_version: int, settings: object, model_config: dict, tok: PreTrainedTokenizerFast
+) -> str:
     """Short hash naming a recipe's checkpoint directory: the recipe version, the warm-up settings (a dataclass),
     the model config (as a dict) and the tokenizer."""
     import dataclasses
@@ -166,7 +169,9 @@ def prompt_rows(problems: list[dict[str, str]]) -> list[dict]:
     return [{"prompt": [{"role": "user", "content": p["question"]}], "label": p["label"]} for p in problems]
 
 
-def write_prompt_files(root: pathlib.Path, sources: dict[str, Callable[[], list[dict[str, str]]]]) -> dict[str, pathlib.Path]:
+def write_prompt_files(
+    root: pathlib.Path, sources: dict[str, Callable[[], list[dict[str, str]]]]
+) -> dict[str, pathlib.Path]:
     """``<root>/<split>.parquet`` of ``prompt_rows(sources[split]())`` for each split, each written once,
     atomically; they are read like any `--prompt-data` file (`--input-key prompt --label-key label
     --apply-chat-template`)."""

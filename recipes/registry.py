@@ -14,16 +14,23 @@ class Recipe:
     """A base model + data + reward bundle."""
 
     name: str
-    ensure_checkpoint: Callable[[], Path]       # the HF dir (model + tokenizer), built on first use
-    checkpoint_path: Callable[[], Path]         # where it is or will be, without building it
-    tokenizer: Callable[[], Any]                # the checkpoint's tokenizer, without building the model
+    ensure_checkpoint: Callable[[], Path]  # the HF dir (model + tokenizer), built on first use
+    checkpoint_path: Callable[[], Path]  # where it is or will be, without building it
+    tokenizer: Callable[[], Any]  # the checkpoint's tokenizer, without building the model
     ensure_data: Callable[[], tuple[Path, Path]]  # (train, eval) prompt files, written on first use
     data: dict[str, Any] = field(default_factory=dict)  # DataConfig fields for reading those files
-    rm_type: str = ""                           # the registered reward (rollout.rewards.BUILTIN_REWARDS)
-    rollout: dict[str, Any] = field(default_factory=dict)  # RolloutConfig fields the recipe needs (e.g. lengths)
+    rm_type: str = ""  # the registered reward (rollout.rewards.BUILTIN_REWARDS)
+    rollout: dict[str, Any] = field(
+        default_factory=dict
+    )  # RolloutConfig fields the recipe needs (e.g. lengths)
 
 
-_CHAT_PROMPTS = {"input_key": "prompt", "label_key": "label", "apply_chat_template": True, "rollout_shuffle": True}
+_CHAT_PROMPTS = {
+    "input_key": "prompt",
+    "label_key": "label",
+    "apply_chat_template": True,
+    "rollout_shuffle": True,
+}
 
 
 def _tiny_arith() -> Recipe:
@@ -34,9 +41,15 @@ def _tiny_arith() -> Recipe:
 
         return bootstrap.ensure_checkpoint()
 
-    return Recipe(name="tiny-arith", ensure_checkpoint=ensure_checkpoint, checkpoint_path=settings.checkpoint_path,
-                  tokenizer=tokenizer.build_tokenizer, ensure_data=data.ensure_prompt_files, data=_CHAT_PROMPTS,
-                  rm_type="tiny-arith")
+    return Recipe(
+        name="tiny-arith",
+        ensure_checkpoint=ensure_checkpoint,
+        checkpoint_path=settings.checkpoint_path,
+        tokenizer=tokenizer.build_tokenizer,
+        ensure_data=data.ensure_prompt_files,
+        data=_CHAT_PROMPTS,
+        rm_type="tiny-arith",
+    )
 
 
 def _long_arith() -> Recipe:
@@ -47,9 +60,16 @@ def _long_arith() -> Recipe:
 
         return bootstrap.ensure_checkpoint()
 
-    return Recipe(name="long-arith", ensure_checkpoint=ensure_checkpoint, checkpoint_path=settings.checkpoint_path,
-                  tokenizer=tokenizer.build_tokenizer, ensure_data=data.ensure_prompt_files, data=_CHAT_PROMPTS,
-                  rm_type="long-arith", rollout={"rollout_max_response_len": data.MAX_RESPONSE_TOKENS})
+    return Recipe(
+        name="long-arith",
+        ensure_checkpoint=ensure_checkpoint,
+        checkpoint_path=settings.checkpoint_path,
+        tokenizer=tokenizer.build_tokenizer,
+        ensure_data=data.ensure_prompt_files,
+        data=_CHAT_PROMPTS,
+        rm_type="long-arith",
+        rollout={"rollout_max_response_len": data.MAX_RESPONSE_TOKENS},
+    )
 
 
 RECIPES: dict[str, Callable[[], Recipe]] = {"tiny-arith": _tiny_arith, "long-arith": _long_arith}

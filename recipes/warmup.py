@@ -163,15 +163,24 @@ def build_once(
     return final
 
 
-def save_checkpoint(target: pathlib.Path, model: PreTrainedModel, tok: PreTrainedTokenizerBase,
-                    info: dict[str, object], fingerprint: str) -> None:
+def save_checkpoint(
+    target: pathlib.Path,
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    info: dict[str, object],
+    fingerprint: str,
+) -> None:
     """Write the HF checkpoint, ``bootstrap_info.json`` (with the parameter and thread counts added) and, last,
     the ``DONE`` marker into ``target``."""
     import json
 
     model.save_pretrained(target, safe_serialization=True)
     tok.save_pretrained(target)
-    info = {**info, "num_parameters": sum(p.numel() for p in model.parameters()), "num_threads": torch.get_num_threads()}
+    info = {
+        **info,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "num_threads": torch.get_num_threads(),
+    }
     (target / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     (target / DONE_MARKER).write_text(fingerprint + "\n")
 

@@ -30,11 +30,11 @@ class DataError(ValueError):
 class Prompt:
     """One prompt as the engine sees it."""
 
-    row: int                      # 1-based row of the file (the line number for JSONL)
-    text: str                     # the rendered prompt text
-    tokens: tuple[int, ...]       # what the engine is given
-    label: Any                    # as the row gave it (None without --label-key)
-    metadata: dict[str, Any]      # the row's --metadata-key object
+    row: int  # 1-based row of the file (the line number for JSONL)
+    text: str  # the rendered prompt text
+    tokens: tuple[int, ...]  # what the engine is given
+    label: Any  # as the row gave it (None without --label-key)
+    metadata: dict[str, Any]  # the row's --metadata-key object
     messages: tuple[dict, ...] | None  # the chat messages, when the template rendered them
 
 
@@ -45,8 +45,8 @@ class PromptSet:
     path: str
     sha256: str
     prompts: tuple[Prompt, ...]
-    rows: int                     # rows in the file
-    dropped_long: int             # rows dropped by --rollout-max-prompt-len
+    rows: int  # rows in the file
+    dropped_long: int  # rows dropped by --rollout-max-prompt-len
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Keys:
     metadata_key: str
     tool_key: str
     apply_chat_template: bool
-    chat_template_kwargs: str     # JSON text of --apply-chat-template-kwargs (hashable)
+    chat_template_kwargs: str  # JSON text of --apply-chat-template-kwargs (hashable)
     max_prompt_len: int | None
 
 
@@ -73,7 +73,9 @@ def read_rows(path: str | Path, flag: str) -> list[tuple[int, dict[str, Any]]]:
         import pyarrow.parquet as pq
 
         try:
-            rows = pq.ParquetFile(p).read().to_pylist()  # (read_table would import pyarrow.dataset and pandas)
+            rows = (
+                pq.ParquetFile(p).read().to_pylist()
+            )  # (read_table would import pyarrow.dataset and pandas)
         except Exception as e:  # ArrowInvalid, OSError: a file that is not Parquet
             raise DataError(f"{flag} {path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
         return list(enumerate(rows, start=1))
@@ -101,15 +103,21 @@ def _messages(value: Any, where: str, keys: Keys) -> list[dict[str, Any]] | None
         return [{"role": "user", "content": value}] if keys.apply_chat_template else None
     if isinstance(value, list):
         if not keys.apply_chat_template:
-            raise DataError(f"{where}: --input-key {keys.input_key!r} holds chat messages; add --apply-chat-template "
-                            f"to render them")
+            raise DataError(
+                f"{where}: --input-key {keys.input_key!r} holds chat messages; add --apply-chat-template "
+                f"to render them"
+            )
         for i, m in enumerate(value):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise DataError(f"{where}: --input-key {keys.input_key!r} message {i} is not a {{role, content}} "
-                                f"object: {str(m)[:80]}")
+                raise DataError(
+                    f"{where}: --input-key {keys.input_key!r} message {i} is not a {{role, content}} "
+                    f"object: {str(m)[:80]}"
+                )
         return [dict(m) for m in value]
-    raise DataError(f"{where}: --input-key {keys.input_key!r} must be a string or a list of chat messages, "
-                    f"got {type(value).__name__}")
+    raise DataError(
+        f"{where}: --input-key {keys.input_key!r} must be a string or a list of chat messages, "
+        f"got {type(value).__name__}"
+    )
 
 
 def _metadata(row: dict[str, Any], where: str, keys: Keys) -> dict[str, Any]:
@@ -120,10 +128,13 @@ def _metadata(row: dict[str, Any], where: str, keys: Keys) -> dict[str, Any]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            raise DataError(f"{where}: --metadata-key {keys.metadata_key!r} is a string that is not JSON") from None
+            raise DataError(
+                f"{where}: --metadata-key {keys.metadata_key!r} is a string that is not JSON"
+            ) from None
     if not isinstance(value, dict):
-        raise DataError(f"{where}: --metadata-key {keys.metadata_key!r} must be a JSON object, "
-                        f"got {type(value).__name__}")
+        raise DataError(
+            f"{where}: --metadata-key {keys.metadata_key!r} must be a JSON object, got {type(value).__name__}"
+        )
     return value
 
 
@@ -159,8 +170,9 @@ def _load(path: str, size: int, mtime: int, tokenizer: Any, keys: Keys, flag: st
             if isinstance(tools, str):
                 tools = json.loads(tools)
             try:
-                text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                     add_generation_prompt=True, **kwargs)
+                text = tokenizer.apply_chat_template(
+                    messages, tools=tools or None, tokenize=False, add_generation_prompt=True, **kwargs
+                )
             except Exception as e:  # no template, a template error, unknown kwargs
                 raise DataError(f"{where}: the chat template failed: {type(e).__name__}: {e}") from None
         rendered.append((n, row, messages, text, _metadata(row, where, keys)))
@@ -171,18 +183,30 @@ def _load(path: str, size: int, mtime: int, tokenizer: Any, keys: Keys, flag: st
         if keys.max_prompt_len is not None and len(tokens) > keys.max_prompt_len:
             dropped += 1
             continue
-        prompts.append(Prompt(row=n, text=text, tokens=tuple(tokens),
-                              label=row[keys.label_key] if keys.label_key is not None else None,
-                              metadata=metadata, messages=tuple(messages) if messages is not None else None))
+        prompts.append(
+            Prompt(
+                row=n,
+                text=text,
+                tokens=tuple(tokens),
+                label=row[keys.label_key] if keys.label_key is not None else None,
+                metadata=metadata,
+                messages=tuple(messages) if messages is not None else None,
+            )
+        )
     if not prompts:
-        raise DataError(f"{flag} {path}: no prompts left: all {len(rows)} are longer than --rollout-max-prompt-len "
-                        f"{keys.max_prompt_len} tokens")
-    return PromptSet(path=path, sha256=sha256_file(path), prompts=tuple(prompts), rows=len(rows), dropped_long=dropped)
+        raise DataError(
+            f"{flag} {path}: no prompts left: all {len(rows)} are longer than --rollout-max-prompt-len "
+            f"{keys.max_prompt_len} tokens"
+        )
+    return PromptSet(
+        path=path, sha256=sha256_file(path), prompts=tuple(prompts), rows=len(rows), dropped_long=dropped
+    )
 
 
 # -- which prompts a rollout takes -------------------------------------------------------------------------
-def prompts_for_rollout(prompts: tuple[Prompt, ...] | list[Prompt], batch_size: int, rollout_id: int, seed: int,
-                        shuffle: bool) -> list[Prompt]:
+def prompts_for_rollout(
+    prompts: tuple[Prompt, ...] | list[Prompt], batch_size: int, rollout_id: int, seed: int, shuffle: bool
+) -> list[Prompt]:
     """Rollout `rollout_id`'s prompts: the next `batch_size` of the visiting order, epochs rolling over.
     The order is the file's, or with `shuffle` a per-epoch permutation seeded by `seed + epoch`."""
     out = []

@@ -26,11 +26,15 @@ def load_function(path: str, flag: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # ImportError, but also a SyntaxError or an error raised at import time
-        raise ExtensionError(f"{flag} {path!r}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
+        raise ExtensionError(
+            f"{flag} {path!r}: cannot import {module_name!r}: {type(e).__name__}: {e}"
+        ) from None
     fn = getattr(module, attr, None)
     if fn is None:
-        raise ExtensionError(f"{flag} {path!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
-                             f"has no attribute {attr!r}")
+        raise ExtensionError(
+            f"{flag} {path!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
+            f"has no attribute {attr!r}"
+        )
     if not callable(fn):
         raise ExtensionError(f"{flag} {path!r}: {attr!r} is a {type(fn).__name__}, not a function")
     return fn

@@ -131,7 +131,9 @@ def _first_difference(a: list[int], b: list[int]) -> str:
 
 
 def _causes(ranked: list[str]) -> str:
-    return "likely causes, most likely first: " + "; ".join(f"({i}) {c}" for i, c in enumerate(ranked, start=1))
+    return "likely causes, most likely first: " + "; ".join(
+        f"({i}) {c}" for i, c in enumerate(ranked, start=1)
+    )
 
 
 def _prompts_differ(wrong: list[tuple[Sample, Sample]], total: int) -> str:
@@ -140,51 +142,76 @@ def _prompts_differ(wrong: list[tuple[Sample, Sample]], total: int) -> str:
     text = data or order)."""
     new, old = wrong[0]
     same_text = new.prompt == old.prompt
-    rollout = (f"the recording is of rollout {old.rollout_id}, this is rollout {new.rollout_id}: the "
-               "--ci-inject-rollout-data-path template or --ci-inject-rollout-data-start-rollout-id points at "
-               "another rollout")
-    data = ("the prompt data or its order changed since the recording (--prompt-data, --rollout-shuffle, "
-            "--rollout-seed, --rollout-batch-size)")
-    tokenizer = ("the tokenizer or chat template changed since the recording (--hf-checkpoint, "
-                 "--apply-chat-template, --apply-chat-template-kwargs)")
+    rollout = (
+        f"the recording is of rollout {old.rollout_id}, this is rollout {new.rollout_id}: the "
+        "--ci-inject-rollout-data-path template or --ci-inject-rollout-data-start-rollout-id points at "
+        "another rollout"
+    )
+    data = (
+        "the prompt data or its order changed since the recording (--prompt-data, --rollout-shuffle, "
+        "--rollout-seed, --rollout-batch-size)"
+    )
+    tokenizer = (
+        "the tokenizer or chat template changed since the recording (--hf-checkpoint, "
+        "--apply-chat-template, --apply-chat-template-kwargs)"
+    )
     ranked = [tokenizer, data] if same_text else [data, tokenizer]
     if new.rollout_id != old.rollout_id:
         ranked.insert(0, rollout)
-    text = ("the prompt text is the same, only its token ids differ" if same_text
-            else f"the prompt text differs too: {new.prompt[:60]!r} vs recorded {old.prompt[:60]!r}")
-    return (f"prompt tokens differ (responses were not compared): prompt tokens mismatch at sample_index "
-            f"{new.sample_index} ({len(wrong)} of {total} samples), generated vs recorded at "
-            f"{_first_difference(new.prompt_tokens, old.prompt_tokens)}; {text}; {_causes(ranked)}")
+    text = (
+        "the prompt text is the same, only its token ids differ"
+        if same_text
+        else f"the prompt text differs too: {new.prompt[:60]!r} vs recorded {old.prompt[:60]!r}"
+    )
+    return (
+        f"prompt tokens differ (responses were not compared): prompt tokens mismatch at sample_index "
+        f"{new.sample_index} ({len(wrong)} of {total} samples), generated vs recorded at "
+        f"{_first_difference(new.prompt_tokens, old.prompt_tokens)}; {text}; {_causes(ranked)}"
+    )
 
 
-def _responses_differ(pairs: list[tuple[Sample, Sample]], ratios: list[float], mean: float, min_ratio: float) -> str:
+def _responses_differ(
+    pairs: list[tuple[Sample, Sample]], ratios: list[float], mean: float, min_ratio: float
+) -> str:
     """Response tokens differ while prompts agree: the ratio, the worst sample and its first differing token,
     and the causes ranked by the evidence the samples carry (seeds, weight versions)."""
     worst = min(range(len(ratios)), key=lambda i: ratios[i])
     new, old = pairs[worst]
     seeds = next(((n, o) for n, o in pairs if n.seed != o.seed), None)
-    weights = ("the engines probably hold wrong weights: the weight sync is broken or was skipped "
-               "(--debug-skip-weight-update, --ci-fault-drop-weight; confirm with --check-weight-update-equal)")
+    weights = (
+        "the engines probably hold wrong weights: the weight sync is broken or was skipped "
+        "(--debug-skip-weight-update, --ci-fault-drop-weight; confirm with --check-weight-update-equal)"
+    )
     if new.weight_version < old.weight_version:
-        weights += (f"; they hold weight version {new.weight_version}, the recording was generated with "
-                    f"version {old.weight_version}")
-    sampling = ("sampling differs from the recording's (--rollout-seed, --rollout-temperature, --rollout-top-p, "
-                "--rollout-top-k, --rollout-max-response-len)")
+        weights += (
+            f"; they hold weight version {new.weight_version}, the recording was generated with "
+            f"version {old.weight_version}"
+        )
+    sampling = (
+        "sampling differs from the recording's (--rollout-seed, --rollout-temperature, --rollout-top-p, "
+        "--rollout-top-k, --rollout-max-response-len)"
+    )
     if seeds is not None:
-        sampling += f"; sample_index {seeds[0].sample_index} has seed {seeds[0].seed}, recorded {seeds[1].seed}"
+        sampling += (
+            f"; sample_index {seeds[0].sample_index} has seed {seeds[0].seed}, recorded {seeds[1].seed}"
+        )
     origin = "the recording comes from another run or another point of this one (other weights: --hf-checkpoint, --load)"
     if new.weight_version > old.weight_version:
         origin += f"; it was generated with weight version {old.weight_version}, the engines hold {new.weight_version}"
-    numerics = ("numerics differ from the recording's (engine backend, --num-threads, device): one flipped "
-                "token changes the rest of a response")
+    numerics = (
+        "numerics differ from the recording's (engine backend, --num-threads, device): one flipped "
+        "token changes the rest of a response"
+    )
     if seeds is not None:
         ranked = [sampling, weights, origin, numerics]
     elif new.weight_version > old.weight_version:
         ranked = [origin, weights, sampling, numerics]
     else:
         ranked = [weights, origin, sampling, numerics]
-    return (f"response tokens differ (prompt tokens are identical in all {len(pairs)} samples): generated "
-            f"responses match the injected recording at only {mean:.4f} on average (worst sample_index "
-            f"{new.sample_index}: {ratios[worst]:.4f}, generated vs recorded at "
-            f"{_first_difference(new.response_tokens, old.response_tokens)}), not above the threshold "
-            f"{min_ratio}; {_causes(ranked)}")
+    return (
+        f"response tokens differ (prompt tokens are identical in all {len(pairs)} samples): generated "
+        f"responses match the injected recording at only {mean:.4f} on average (worst sample_index "
+        f"{new.sample_index}: {ratios[worst]:.4f}, generated vs recorded at "
+        f"{_first_difference(new.response_tokens, old.response_tokens)}), not above the threshold "
+        f"{min_ratio}; {_causes(ranked)}"
+    )

@@ -38,22 +38,42 @@ class Entry:
     dataset: str | None = None  # eval: the dataset's name
 
 
-def build_requests(prompts: list[Prompt], rollout_seed: int, rollout_id: int, n_per_prompt: int,
-                   params: SamplingParams, *, eval_mode: bool = False, datasets: list[str] | None = None,
-                   ) -> list[Entry]:
+def build_requests(
+    prompts: list[Prompt],
+    rollout_seed: int,
+    rollout_id: int,
+    n_per_prompt: int,
+    params: SamplingParams,
+    *,
+    eval_mode: bool = False,
+    datasets: list[str] | None = None,
+) -> list[Entry]:
     """`n_per_prompt` entries per prompt (a group), sample indices consecutive across groups."""
     seed_space = rollout_id + EVAL_ID_OFFSET if eval_mode else rollout_id
     entries = []
     for g, prompt in enumerate(prompts):
         for j in range(n_per_prompt):
             idx = g * n_per_prompt + j
-            entries.append(Entry(GenerateRequest(prompt.tokens, sample_seed(rollout_seed, seed_space, idx), params),
-                                 prompt, g, idx, datasets[g] if datasets else None))
+            entries.append(
+                Entry(
+                    GenerateRequest(prompt.tokens, sample_seed(rollout_seed, seed_space, idx), params),
+                    prompt,
+                    g,
+                    idx,
+                    datasets[g] if datasets else None,
+                )
+            )
     return entries
 
 
-async def to_samples(entries: list[Entry], outputs: list[GenerateOutput], tokenizer: Any, stops: Stops,
-                     scorer: Scorer, rollout_id: int) -> list[Sample]:
+async def to_samples(
+    entries: list[Entry],
+    outputs: list[GenerateOutput],
+    tokenizer: Any,
+    stops: Stops,
+    scorer: Scorer,
+    rollout_id: int,
+) -> list[Sample]:
     """Cut at stop strings, decode, score and package every completion as a `Sample` row.
 
     Status: `completed` when a stop id or stop string ended the response, `truncated` at the length limit,
@@ -65,8 +85,12 @@ async def to_samples(entries: list[Entry], outputs: list[GenerateOutput], tokeni
         if n is not None and (n < len(tokens) or reason != "stop"):
             tokens, log_probs, reason = tokens[:n], log_probs[:n], "stop_string"
         cut.append((tokens, log_probs, reason, tokenizer.decode(tokens, skip_special_tokens=True)))
-    scored = await scorer.score([RewardRequest(e.prompt.text, text, e.prompt.label, e.prompt.metadata, e.sample_index)
-                                 for e, (_, _, _, text) in zip(entries, cut, strict=True)])
+    scored = await scorer.score(
+        [
+            RewardRequest(e.prompt.text, text, e.prompt.label, e.prompt.metadata, e.sample_index)
+            for e, (_, _, _, text) in zip(entries, cut, strict=True)
+        ]
+    )
     samples = []
     for e, out, (tokens, log_probs, reason, text), s in zip(entries, outputs, cut, scored, strict=True):
         meta: dict[str, Any] = {**e.prompt.metadata, "finish_reason": reason, "prompt_row": e.prompt.row}
@@ -77,16 +101,32 @@ async def to_samples(entries: list[Entry], outputs: list[GenerateOutput], tokeni
         status = "truncated" if reason == "length" else "completed"
         if s.error is not None:
             status, meta["reward_error"] = "failed", s.error
-        samples.append(Sample(
-            rollout_id=rollout_id, group_index=e.group_index, sample_index=e.sample_index,
-            prompt=e.prompt.text, prompt_tokens=list(e.request.prompt_tokens), response=text,
-            response_tokens=tokens, response_length=len(tokens), label=_label_text(e.prompt.label),
-            reward=s.reward, status=status, loss_mask=[0 if s.error else 1] * len(tokens),
-            rollout_log_probs=log_probs, weight_version=out.weight_version, seed=e.request.seed, metadata=meta))
+        samples.append(
+            Sample(
+                rollout_id=rollout_id,
+                group_index=e.group_index,
+                sample_index=e.sample_index,
+                prompt=e.prompt.text,
+                prompt_tokens=list(e.request.prompt_tokens),
+                response=text,
+                response_tokens=tokens,
+                response_length=len(tokens),
+                label=_label_text(e.prompt.label),
+                reward=s.reward,
+                status=status,
+                loss_mask=[0 if s.error else 1] * len(tokens),
+                rollout_log_probs=log_probs,
+                weight_version=out.weight_version,
+                seed=e.request.seed,
+                metadata=meta,
+            )
+        )
     failed = [x for x in samples if x.status == "failed"]
     if samples and len(failed) == len(samples):
-        raise RuntimeError(f"rollout {rollout_id}: the reward {scorer.name} failed on every sample, e.g. sample "
-                           f"{failed[0].sample_index}: {failed[0].metadata['reward_error']}")
+        raise RuntimeError(
+            f"rollout {rollout_id}: the reward {scorer.name} failed on every sample, e.g. sample "
+            f"{failed[0].sample_index}: {failed[0].metadata['reward_error']}"
+        )
     return samples
 
 
@@ -107,6 +147,15 @@ def split_for_engines(entries: list[Entry], num_engines: int) -> list[list[Entry
 
 def sampling_metadata(params: SamplingParams, rollout_seed: int) -> dict[str, str]:
     """File-level metadata recorded with every rollout Parquet."""
-    return {"sampling": json.dumps({"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-                                    "max_new_tokens": params.max_new_tokens, "rollout_seed": rollout_seed,
-                                    "stop_token_ids": list(params.stop_token_ids)})}
+    return {
+        "sampling": json.dumps(
+            {
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k,
+                "max_new_tokens": params.max_new_tokens,
+                "rollout_seed": rollout_seed,
+                "stop_token_ids": list(params.stop_token_ids),
+            }
+        )
+    }

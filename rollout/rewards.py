@@ -139,8 +139,10 @@ def builtin_reward(rm_type: str) -> Callable[[str, Any], float]:
     """The rule called `rm_type` (a `boxed_` prefix first extracts the last \\boxed{...} of the response)."""
     name = rm_type.removeprefix(BOXED)
     if name not in BUILTIN_REWARDS:
-        raise ValueError(f"--rm-type {rm_type!r}: unknown; built-ins are {sorted(BUILTIN_REWARDS)} "
-                         f"(each also as {BOXED}<name>), or give --custom-rm-path module.fn")
+        raise ValueError(
+            f"--rm-type {rm_type!r}: unknown; built-ins are {sorted(BUILTIN_REWARDS)} "
+            f"(each also as {BOXED}<name>), or give --custom-rm-path module.fn"
+        )
     rule = BUILTIN_REWARDS[name]
     if isinstance(rule, str):
         module, _, attr = rule.partition(":")
@@ -175,19 +177,27 @@ class RewardRequest:
 class Scorer:
     """One reward function with its calling convention resolved; `score` runs it over many samples."""
 
-    def __init__(self, rm_type: str | None, custom_rm_path: str | None, reward_key: str | None,
-                 settings: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        rm_type: str | None,
+        custom_rm_path: str | None,
+        reward_key: str | None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         if custom_rm_path:
             self.name, self.fn = custom_rm_path, load_function(custom_rm_path, "--custom-rm-path")
         elif rm_type:
             self.name, self.fn = rm_type, builtin_reward(rm_type)
         else:
-            raise ValueError("no reward: give --rm-type (built-ins: "
-                             f"{sorted(BUILTIN_REWARDS)}) or --custom-rm-path module.fn")
+            raise ValueError(
+                "no reward: give --rm-type (built-ins: "
+                f"{sorted(BUILTIN_REWARDS)}) or --custom-rm-path module.fn"
+            )
         self.builtin = not custom_rm_path
         self.reward_key = reward_key
-        self.args = SimpleNamespace(rm_type=rm_type, custom_rm_path=custom_rm_path, reward_key=reward_key,
-                                    **(settings or {}))  # slime's `args`, for slime-style functions
+        self.args = SimpleNamespace(
+            rm_type=rm_type, custom_rm_path=custom_rm_path, reward_key=reward_key, **(settings or {})
+        )  # slime's `args`, for slime-style functions
         self._style = "builtin" if self.builtin else _calling_style(self.fn, custom_rm_path or "")
 
     async def score(self, requests: list[RewardRequest]) -> list[Scored]:
@@ -207,8 +217,14 @@ class Scorer:
         if self._style == "builtin":
             return self.fn(r.response, r.label)
         if self._style == "slime":
-            sample = SimpleNamespace(prompt=r.prompt, response=r.response, label=r.label, metadata=r.metadata,
-                                     index=r.sample_index, status="completed")
+            sample = SimpleNamespace(
+                prompt=r.prompt,
+                response=r.response,
+                label=r.label,
+                metadata=r.metadata,
+                index=r.sample_index,
+                status="completed",
+            )
             return self.fn(self.args, sample)
         given = {"prompt": r.prompt, "response": r.response, "label": r.label, "metadata": r.metadata}
         return self.fn(**{k: v for k, v in given.items() if self._style == "kwargs" or k in self._style})
@@ -217,23 +233,29 @@ class Scorer:
         extra: dict[str, Any] = {}
         if isinstance(value, dict):
             if self.reward_key is None:
-                raise ValueError(f"reward {self.name} returned a dict for sample {r.sample_index} "
-                                 f"(keys {sorted(value)}): name the scalar with --reward-key")
+                raise ValueError(
+                    f"reward {self.name} returned a dict for sample {r.sample_index} "
+                    f"(keys {sorted(value)}): name the scalar with --reward-key"
+                )
             if self.reward_key not in value:
-                raise ValueError(f"reward {self.name} returned a dict without --reward-key {self.reward_key!r} for "
-                                 f"sample {r.sample_index} (keys {sorted(value)})")
+                raise ValueError(
+                    f"reward {self.name} returned a dict without --reward-key {self.reward_key!r} for "
+                    f"sample {r.sample_index} (keys {sorted(value)})"
+                )
             extra = {k: v for k, v in value.items() if k != self.reward_key}
             value = value[self.reward_key]
         if isinstance(value, bool):
             value = float(value)
         if not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"reward {self.name} returned {value!r} ({type(value).__name__}) for sample "
-                             f"{r.sample_index} (prompt {r.prompt[:60]!r}): expected a finite number")
+            raise ValueError(
+                f"reward {self.name} returned {value!r} ({type(value).__name__}) for sample "
+                f"{r.sample_index} (prompt {r.prompt[:60]!r}): expected a finite number"
+            )
         return Scored(float(value), extra=_jsonable(extra))
 
 
 def _calling_style(fn: Callable[..., Any], path: str) -> Any:
-    """"kwargs" (accepts **kwargs), a frozenset of the keyword names it takes, or "slime" (args, sample)."""
+    """ "kwargs" (accepts **kwargs), a frozenset of the keyword names it takes, or "slime" (args, sample)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -247,8 +269,10 @@ def _calling_style(fn: Callable[..., Any], path: str) -> Any:
     positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(positional) >= 2:
         return "slime"
-    raise ValueError(f"--custom-rm-path {path}: cannot call {getattr(fn, '__name__', fn)}{inspect.signature(fn)}: "
-                     "take keyword arguments (prompt, response, label, metadata) or slime's (args, sample)")
+    raise ValueError(
+        f"--custom-rm-path {path}: cannot call {getattr(fn, '__name__', fn)}{inspect.signature(fn)}: "
+        "take keyword arguments (prompt, response, label, metadata) or slime's (args, sample)"
+    )
 
 
 def _jsonable(extra: dict[str, Any]) -> dict[str, Any]:

@@ -30,15 +30,28 @@ class RolloutSource:
 
 def train_keys(cfg: RunConfig) -> Keys:
     d = cfg.data
-    return Keys(d.input_key, d.label_key, d.metadata_key, d.tool_key, d.apply_chat_template,
-                json.dumps(d.apply_chat_template_kwargs, sort_keys=True), d.rollout_max_prompt_len)
+    return Keys(
+        d.input_key,
+        d.label_key,
+        d.metadata_key,
+        d.tool_key,
+        d.apply_chat_template,
+        json.dumps(d.apply_chat_template_kwargs, sort_keys=True),
+        d.rollout_max_prompt_len,
+    )
 
 
 def eval_keys(cfg: RunConfig) -> Keys:
     d = cfg.data
-    return Keys(d.eval_input_key or d.input_key, d.eval_label_key if d.eval_label_key is not None else d.label_key,
-                d.metadata_key, d.tool_key, d.apply_chat_template, json.dumps(d.apply_chat_template_kwargs, sort_keys=True),
-                None)
+    return Keys(
+        d.eval_input_key or d.input_key,
+        d.eval_label_key if d.eval_label_key is not None else d.label_key,
+        d.metadata_key,
+        d.tool_key,
+        d.apply_chat_template,
+        json.dumps(d.apply_chat_template_kwargs, sort_keys=True),
+        None,
+    )
 
 
 _SOURCES: dict[str, RolloutSource] = {}
@@ -62,12 +75,22 @@ def _source(cfg: RunConfig, tokenizer: Any) -> RolloutSource:
         raise ValueError("the config is not resolved: --hf-checkpoint is unset (flows.resolve fills it in)")
     tok = tokenizer if tokenizer is not None else tokenizer_at(cfg.hf_checkpoint)
     d, r = cfg.data, cfg.reward
-    stops = resolve_stops(tok, cfg.hf_checkpoint, cfg.rollout.rollout_stop, cfg.rollout.rollout_stop_token_ids,
-                          d.apply_chat_template_kwargs)
+    stops = resolve_stops(
+        tok,
+        cfg.hf_checkpoint,
+        cfg.rollout.rollout_stop,
+        cfg.rollout.rollout_stop_token_ids,
+        d.apply_chat_template_kwargs,
+    )
     train = load_prompts(d.prompt_data, tok, train_keys(cfg)) if d.prompt_data else None
-    evals = tuple((name, load_prompts(path, tok, eval_keys(cfg), flag=f"--eval-prompt-data {name}"))
-                  for name, path in d.eval_datasets)
-    settings = {"n_samples_per_prompt": cfg.rollout.n_samples_per_prompt, "rollout_seed": cfg.rollout.rollout_seed}
+    evals = tuple(
+        (name, load_prompts(path, tok, eval_keys(cfg), flag=f"--eval-prompt-data {name}"))
+        for name, path in d.eval_datasets
+    )
+    settings = {
+        "n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
+        "rollout_seed": cfg.rollout.rollout_seed,
+    }
     scorer = Scorer(r.rm_type, r.custom_rm_path, r.reward_key, settings)
     eval_scorer = Scorer(r.rm_type, r.custom_rm_path, r.eval_reward_key or r.reward_key, settings)
     return RolloutSource(tok, stops, train, evals, scorer, eval_scorer)
@@ -75,8 +98,13 @@ def _source(cfg: RunConfig, tokenizer: Any) -> RolloutSource:
 
 def train_params(cfg: RunConfig, stops: Stops) -> SamplingParams:
     r = cfg.rollout
-    return SamplingParams(temperature=r.rollout_temperature, top_p=r.rollout_top_p, top_k=r.rollout_top_k,
-                          max_new_tokens=r.rollout_max_response_len, stop_token_ids=stops.ids)
+    return SamplingParams(
+        temperature=r.rollout_temperature,
+        top_p=r.rollout_top_p,
+        top_k=r.rollout_top_k,
+        max_new_tokens=r.rollout_max_response_len,
+        stop_token_ids=stops.ids,
+    )
 
 
 def eval_params(cfg: RunConfig, stops: Stops) -> SamplingParams:
@@ -85,4 +113,6 @@ def eval_params(cfg: RunConfig, stops: Stops) -> SamplingParams:
         temperature=e.eval_temperature or r.rollout_temperature,
         top_p=e.eval_top_p if e.eval_top_p is not None else r.rollout_top_p,
         top_k=e.eval_top_k if e.eval_top_k is not None else r.rollout_top_k,
-        max_new_tokens=e.eval_max_response_len or r.rollout_max_response_len, stop_token_ids=stops.ids)
+        max_new_tokens=e.eval_max_response_len or r.rollout_max_response_len,
+        stop_token_ids=stops.ids,
+    )

@@ -52,15 +52,17 @@ def end_of_turn(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = No
         return None
     probe = _probe_text(tokenizer)
     try:
-        full = tokenizer.apply_chat_template([{"role": "user", "content": probe},
-                                              {"role": "assistant", "content": probe}], tokenize=False,
-                                             **(chat_template_kwargs or {}))
+        full = tokenizer.apply_chat_template(
+            [{"role": "user", "content": probe}, {"role": "assistant", "content": probe}],
+            tokenize=False,
+            **(chat_template_kwargs or {}),
+        )
     except Exception:  # a template that cannot render an assistant turn: no end-of-turn to find
         return None
     at = full.rfind(probe)
     if at < 0:
         return None
-    after = tokenizer.encode(full[at + len(probe):], add_special_tokens=False)
+    after = tokenizer.encode(full[at + len(probe) :], add_special_tokens=False)
     return after[0] if after and after[0] in _special_ids(tokenizer) else None
 
 
@@ -70,16 +72,29 @@ def _probe_text(tokenizer: Any) -> str:
         ids = tokenizer.encode(text, add_special_tokens=False)
         if ids and tokenizer.unk_token_id not in ids and tokenizer.decode(ids) == text:
             return text
-    vocab = [t for t, i in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]) if i not in _special_ids(tokenizer)]
+    vocab = [
+        t
+        for t, i in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+        if i not in _special_ids(tokenizer)
+    ]
     return vocab[0] if vocab else "x"
 
 
-def resolve_stops(tokenizer: Any, checkpoint: str | None, stop_strings: list[str] | None,
-                  stop_token_ids: list[int] | None, chat_template_kwargs: dict[str, Any] | None = None) -> Stops:
+def resolve_stops(
+    tokenizer: Any,
+    checkpoint: str | None,
+    stop_strings: list[str] | None,
+    stop_token_ids: list[int] | None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> Stops:
     """The run's stop ids and text stops (see the module docstring); ids keep a stable order."""
     ids: list[int] = []
-    for i in [tokenizer.eos_token_id, *_generation_eos(checkpoint), end_of_turn(tokenizer, chat_template_kwargs),
-              *(stop_token_ids or [])]:
+    for i in [
+        tokenizer.eos_token_id,
+        *_generation_eos(checkpoint),
+        end_of_turn(tokenizer, chat_template_kwargs),
+        *(stop_token_ids or []),
+    ]:
         if i is not None and int(i) not in ids:
             ids.append(int(i))
     strings = []
@@ -127,7 +142,7 @@ class TemplateCheck:
     full_text: str
     prompt_ids: list[int]
     full_ids: list[int]
-    mask: list[int]           # over full_ids: 1 on the assistant's tokens (content + end-of-turn)
+    mask: list[int]  # over full_ids: 1 on the assistant's tokens (content + end-of-turn)
     problems: list[str]
 
 
@@ -135,69 +150,97 @@ def _tok(tokenizer: Any, i: int) -> str:
     return repr(tokenizer.convert_ids_to_tokens(int(i)))
 
 
-def check_example(tokenizer: Any, messages: list[dict[str, Any]], response: str, stops: Stops,
-                  chat_template_kwargs: dict[str, Any] | None = None) -> TemplateCheck:
+def check_example(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    response: str,
+    stops: Stops,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> TemplateCheck:
     """Render `messages` as the engine's prompt and `messages + [assistant: response]` as the trainer's
     conversation, and compare them token by token."""
     kw = chat_template_kwargs or {}
     problems: list[str] = []
     prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
     bare = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False, **kw)
-    full_text = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": response}],
-                                              tokenize=False, **kw)
+    full_text = tokenizer.apply_chat_template(
+        messages + [{"role": "assistant", "content": response}], tokenize=False, **kw
+    )
     prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
     full_ids = tokenizer.encode(full_text, add_special_tokens=False)
     response_ids = tokenizer.encode(response, add_special_tokens=False)
     if bare == prompt_text:
-        problems.append("add_generation_prompt=True renders the same text as False: the engine's prompt does not "
-                        "open an assistant turn, so the model continues the user's")
+        problems.append(
+            "add_generation_prompt=True renders the same text as False: the engine's prompt does not "
+            "open an assistant turn, so the model continues the user's"
+        )
     diff = next((i for i, (a, b) in enumerate(zip(prompt_ids, full_ids, strict=False)) if a != b), None)
     if diff is None and len(full_ids) < len(prompt_ids):
         diff = len(full_ids)
     if diff is not None:
         engine = _tok(tokenizer, prompt_ids[diff])
         trainer = _tok(tokenizer, full_ids[diff]) if diff < len(full_ids) else "(end of text)"
-        problems.append(f"token {diff}: the engine sees {engine} (id {prompt_ids[diff]}) but the trainer scores "
-                        f"{trainer}{'' if diff >= len(full_ids) else f' (id {full_ids[diff]})'}: the generation "
-                        f"prompt is not a prefix of the rendered conversation")
+        problems.append(
+            f"token {diff}: the engine sees {engine} (id {prompt_ids[diff]}) but the trainer scores "
+            f"{trainer}{'' if diff >= len(full_ids) else f' (id {full_ids[diff]})'}: the generation "
+            f"prompt is not a prefix of the rendered conversation"
+        )
         return TemplateCheck(prompt_text, full_text, prompt_ids, full_ids, [0] * len(full_ids), problems)
     start, end = len(prompt_ids), len(prompt_ids) + len(response_ids)
     got = full_ids[start:end]
     if got != response_ids:
-        k = next((i for i, (a, b) in enumerate(zip(got, response_ids, strict=False)) if a != b),
-                 min(len(got), len(response_ids)))
-        problems.append(f"token {start + k}: the response tokens the engine produces ({_tok(tokenizer, response_ids[k]) if k < len(response_ids) else 'end'}) "
-                        f"differ from the conversation's ({_tok(tokenizer, got[k]) if k < len(got) else 'end'}): "
-                        "the template changes the assistant's content")
+        k = next(
+            (i for i, (a, b) in enumerate(zip(got, response_ids, strict=False)) if a != b),
+            min(len(got), len(response_ids)),
+        )
+        problems.append(
+            f"token {start + k}: the response tokens the engine produces ({_tok(tokenizer, response_ids[k]) if k < len(response_ids) else 'end'}) "
+            f"differ from the conversation's ({_tok(tokenizer, got[k]) if k < len(got) else 'end'}): "
+            "the template changes the assistant's content"
+        )
     eot = full_ids[end] if end < len(full_ids) else None
     mask = [0] * len(full_ids)
     for i in range(start, min(end + (eot is not None), len(full_ids))):
         mask[i] = 1
     if eot is None:
-        problems.append("the rendered conversation ends right after the assistant's content: no end-of-turn token")
+        problems.append(
+            "the rendered conversation ends right after the assistant's content: no end-of-turn token"
+        )
     elif eot not in stops.ids:
-        problems.append(f"token {end}: the assistant turn ends with {_tok(tokenizer, eot)} (id {eot}), which is not a "
-                        f"stop id {list(stops.ids)}: generation would run past the end of the turn; add "
-                        f"--rollout-stop-token-ids {eot}")
+        problems.append(
+            f"token {end}: the assistant turn ends with {_tok(tokenizer, eot)} (id {eot}), which is not a "
+            f"stop id {list(stops.ids)}: generation would run past the end of the turn; add "
+            f"--rollout-stop-token-ids {eot}"
+        )
     return TemplateCheck(prompt_text, full_text, prompt_ids, full_ids, mask, problems)
 
 
-def check_examples(tokenizer: Any, examples: list[tuple[list[dict[str, Any]], str]], stops: Stops,
-                   chat_template_kwargs: dict[str, Any] | None = None) -> list[TemplateCheck]:
+def check_examples(
+    tokenizer: Any,
+    examples: list[tuple[list[dict[str, Any]], str]],
+    stops: Stops,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[TemplateCheck]:
     """`check_example` over (messages, response) pairs; a tokenizer without a template is one problem."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat template (tokenizer_config.json 'chat_template'); drop "
-                         "--apply-chat-template or use a checkpoint that has one")
+        raise ValueError(
+            "the tokenizer has no chat template (tokenizer_config.json 'chat_template'); drop "
+            "--apply-chat-template or use a checkpoint that has one"
+        )
     return [check_example(tokenizer, m, r, stops, chat_template_kwargs) for m, r in examples]
 
 
 def format_check(tokenizer: Any, check: TemplateCheck) -> str:
     """A readable report of one example: both renders, the ids, the loss mask, the verdict."""
-    masked = [tokenizer.convert_ids_to_tokens(int(i)) for i, m in zip(check.full_ids, check.mask, strict=True) if m]
-    lines = [f"  engine prompt : {check.prompt_text!r}",
-             f"  conversation  : {check.full_text!r}",
-             f"  prompt ids    : {check.prompt_ids}",
-             f"  full ids      : {check.full_ids}",
-             f"  loss mask on  : {masked}"]
+    masked = [
+        tokenizer.convert_ids_to_tokens(int(i)) for i, m in zip(check.full_ids, check.mask, strict=True) if m
+    ]
+    lines = [
+        f"  engine prompt : {check.prompt_text!r}",
+        f"  conversation  : {check.full_text!r}",
+        f"  prompt ids    : {check.prompt_ids}",
+        f"  full ids      : {check.full_ids}",
+        f"  loss mask on  : {masked}",
+    ]
     lines += [f"  MISMATCH: {p}" for p in check.problems] or ["  ok"]
     return "\n".join(lines)

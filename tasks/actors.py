@@ -71,8 +71,10 @@ def ensure_ray(cfg: RunConfig) -> None:
     if ray.is_initialized():
         return
     if "RAY_AUTH_MODE" not in os.environ:
-        raise RuntimeError("Ray's environment is not set: call flows.cli.configure_ray_env() before ray is imported "
-                           "(Ray reads its authentication settings at import time)")
+        raise RuntimeError(
+            "Ray's environment is not set: call flows.cli.configure_ray_env() before ray is imported "
+            "(Ray reads its authentication settings at import time)"
+        )
     # Ray nices its workers to 15 by default; here the workers (engines, trainers) are the run's real
     # work and should not wait behind the orchestrating process and the Prefect server.
     os.environ.setdefault("RAY_worker_niceness", "0")
@@ -80,8 +82,14 @@ def ensure_ray(cfg: RunConfig) -> None:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, log_to_driver=True, logging_level=level)
     else:
-        ray.init(num_cpus=max(2, os.cpu_count() or 2), resources=placement.local_resources(cfg),
-                 include_dashboard=False, log_to_driver=True, _node_ip_address="127.0.0.1", logging_level=level)
+        ray.init(
+            num_cpus=max(2, os.cpu_count() or 2),
+            resources=placement.local_resources(cfg),
+            include_dashboard=False,
+            log_to_driver=True,
+            _node_ip_address="127.0.0.1",
+            logging_level=level,
+        )
 
 
 def echo_actor_logs(on: bool) -> None:
@@ -102,8 +110,11 @@ def actor_logs_to(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     name = f"rollflow-actor-log-{path}"
     with open(path, "a", encoding="utf-8") as out:
+
         def write(data: dict[str, Any]) -> None:
-            if data.get("pid") == "autoscaler":  # the autoscaler's periodic status dumps (Ray's console drops them too)
+            if (
+                data.get("pid") == "autoscaler"
+            ):  # the autoscaler's periodic status dumps (Ray's console drops them too)
                 return
             who = data.get("actor_name") or data.get("task_name") or data.get("pid")
             pid = f" pid={data.get('pid')}" if who != data.get("pid") else ""  # e.g. "(raylet) ..."
@@ -111,7 +122,9 @@ def actor_logs_to(path: Path) -> Iterator[None]:
             out.flush()
 
         # Ray's dispatcher is the one place every forwarded line passes (Ray's own client server taps it too)
-        printer = None if _echo_actor_logs else next((h for n, h in dispatcher.handlers if n == _RAY_PRINTER), None)
+        printer = (
+            None if _echo_actor_logs else next((h for n, h in dispatcher.handlers if n == _RAY_PRINTER), None)
+        )
         if printer is not None:
             dispatcher.remove_handler(_RAY_PRINTER)
         dispatcher.add_handler(name, write)
@@ -143,10 +156,17 @@ def _engine(cfg: RunConfig, i: int, where: placement.Placement, checkpoint: str 
     from engines.actor import EngineActor
 
     return EngineActor.options(  # type: ignore[attr-defined]
-        name=f"engine-{i}", namespace=namespace(cfg), **where.engine_options(i)).remote(
-        cfg.rollout.rollout_backend, checkpoint or str(cfg.hf_checkpoint), cfg.num_threads, i,
+        name=f"engine-{i}", namespace=namespace(cfg), **where.engine_options(i)
+    ).remote(
+        cfg.rollout.rollout_backend,
+        checkpoint or str(cfg.hf_checkpoint),
+        cfg.num_threads,
+        i,
         cfg.ci.ci_fault_drop_weight,
-        cfg.faults.requests(), str(cfg.resolved_run_dir), _epoch(cfg))
+        cfg.faults.requests(),
+        str(cfg.resolved_run_dir),
+        _epoch(cfg),
+    )
 
 
 async def start_engines(cfg: RunConfig, checkpoint: str | None = None) -> list[Any]:
@@ -182,17 +202,28 @@ async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
 
     def make(r: int) -> Any:
         return TrainerActor.options(  # type: ignore[attr-defined]
-            name=f"trainer-{r}", namespace=namespace(cfg), **where.trainer_options(r)).remote(
-            cfg.train.train_backend, settings, checkpoint, r, world, cfg.faults.requests(), _epoch(cfg),
-            _RUNS.get(cfg.name, ("", 0.0))[0])
+            name=f"trainer-{r}", namespace=namespace(cfg), **where.trainer_options(r)
+        ).remote(
+            cfg.train.train_backend,
+            settings,
+            checkpoint,
+            r,
+            world,
+            cfg.faults.requests(),
+            _epoch(cfg),
+            _RUNS.get(cfg.name, ("", 0.0))[0],
+        )
 
     actors = [await _with_free_name(lambda r=r: make(r)) for r in range(world)]
     _keep(cfg, {f"trainer-{r}": a for r, a in enumerate(actors)})
     nodes = await asyncio.gather(*[a.node.remote() for a in actors])
     host = rendezvous_host(nodes)
     port = await actors[0].free_port.remote(host)  # free on rank 0's node, where the rendezvous listens
-    placement.tell(cfg, f"trainers: {world} rank(s) on {len({n for n, _ in nodes})} node(s), rendezvous "
-          + ("in a file store under the run dir" if host in LOOPBACK else f"at tcp://{host}:{port}"))
+    placement.tell(
+        cfg,
+        f"trainers: {world} rank(s) on {len({n for n, _ in nodes})} node(s), rendezvous "
+        + ("in a file store under the run dir" if host in LOOPBACK else f"at tcp://{host}:{port}"),
+    )
     await asyncio.gather(*[a.setup.remote(host, port) for a in actors])
     return actors
 
@@ -219,8 +250,9 @@ def kill_trainers(cfg: RunConfig) -> None:
 
 def stop_actors(cfg: RunConfig) -> None:
     """Kill every actor of the run that is still alive, then give its placement group back."""
-    for name in [f"engine-{i}" for i in range(cfg.rollout.rollout_num_engines)] + \
-                [f"trainer-{r}" for r in range(cfg.trainer_world_size)]:  # all names: modes may differ
+    for name in [f"engine-{i}" for i in range(cfg.rollout.rollout_num_engines)] + [
+        f"trainer-{r}" for r in range(cfg.trainer_world_size)
+    ]:  # all names: modes may differ
         _kill(cfg, name)
     held = _PLACEMENTS.pop(namespace(cfg), None)
     if held is not None:

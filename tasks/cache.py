@@ -54,8 +54,9 @@ class RefCachePolicy(CachePolicy):
 
     sections: tuple[str, ...] = ()
 
-    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any],
-                    **kwargs: Any) -> str | None:
+    def compute_key(
+        self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
+    ) -> str | None:
         inputs = dict(inputs)
         cfg = inputs.pop("cfg", None)
         if cfg is not None:
@@ -63,8 +64,12 @@ class RefCachePolicy(CachePolicy):
 
             # scoped to one run (its resumes and retries included): a new run logs every record itself,
             # where a stage from another run's cache would return without logging
-            inputs["cfg"] = {"slice": cfg.section_hash(*self.sections), "run_dir": str(cfg.resolved_run_dir),
-                             "hf_checkpoint": cfg.hf_checkpoint, "num_threads": cfg.num_threads,
-                             "run_id": run_id_of(cfg)}
+            inputs["cfg"] = {
+                "slice": cfg.section_hash(*self.sections),
+                "run_dir": str(cfg.resolved_run_dir),
+                "hf_checkpoint": cfg.hf_checkpoint,
+                "num_threads": cfg.num_threads,
+                "run_id": run_id_of(cfg),
+            }
         payload = {"task": task_ctx.task.name, "code": code_version(), "inputs": _canonical(inputs)}
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

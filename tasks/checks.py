@@ -36,13 +36,18 @@ class Violation:
     step: int | None = None
 
     def __str__(self) -> str:
-        where = "".join([f" at rollout {self.rollout_id}" if self.rollout_id is not None else "",
-                         f" step {self.step}" if self.step is not None else ""])
+        where = "".join(
+            [
+                f" at rollout {self.rollout_id}" if self.rollout_id is not None else "",
+                f" step {self.step}" if self.step is not None else "",
+            ]
+        )
         return f"[{self.checker} checker] {self.metric} = {self.value} violates {self.tolerance}{where}"
 
 
-def kl_checker(steps: list[dict], rollout_id: int, first_step_of_run: int | None,
-               recomputed_old: bool = True) -> list[Violation]:
+def kl_checker(
+    steps: list[dict], rollout_id: int, first_step_of_run: int | None, recomputed_old: bool = True
+) -> list[Violation]:
     """First step of the rollout: |ppo_kl| < 1e-9 and |pg_clipfrac| < 1e-10; first step of the run:
     |kl_loss| < 1e-9 (old == new == reference weights there). With `recomputed_old=False`
     (--use-rollout-logprobs: the old log-probs are the engine's) ratio == 1 does not hold at the first
@@ -54,26 +59,54 @@ def kl_checker(steps: list[dict], rollout_id: int, first_step_of_run: int | None
     if recomputed_old and abs(first.get("train/ppo_kl", 0.0)) >= 1e-9:
         out.append(Violation("KL", "train/ppo_kl", first["train/ppo_kl"], "|x| < 1e-9", rollout_id, step))
     if recomputed_old and abs(first.get("train/pg_clipfrac", 0.0)) >= 1e-10:
-        out.append(Violation("KL", "train/pg_clipfrac", first["train/pg_clipfrac"], "|x| < 1e-10", rollout_id, step))
+        out.append(
+            Violation("KL", "train/pg_clipfrac", first["train/pg_clipfrac"], "|x| < 1e-10", rollout_id, step)
+        )
     if step == first_step_of_run and "train/kl_loss" in first and abs(first["train/kl_loss"]) >= 1e-9:
-        out.append(Violation("KL", "train/kl_loss", first["train/kl_loss"], "|x| < 1e-9 at the first step", rollout_id,
-                             step))
+        out.append(
+            Violation(
+                "KL",
+                "train/kl_loss",
+                first["train/kl_loss"],
+                "|x| < 1e-9 at the first step",
+                rollout_id,
+                step,
+            )
+        )
     return out
 
 
-def logprob_checker(stats: dict[str, float], rollout_id: int, first_rollout: bool, abs_tol: float,
-                    entropy_max: float) -> list[Violation]:
+def logprob_checker(
+    stats: dict[str, float], rollout_id: int, first_rollout: bool, abs_tol: float, entropy_max: float
+) -> list[Violation]:
     """Rollout 0: trainer log-probs == reference log-probs within 1e-8; every rollout: trainer vs engine
     log-probs within `abs_tol`, and 0 < entropy < `entropy_max`."""
     out = []
-    lp, ref, eng, ent = (stats.get(k) for k in ("rollout/log_probs", "rollout/ref_log_probs",
-                                                "rollout/rollout_log_probs", "rollout/entropy"))
+    lp, ref, eng, ent = (
+        stats.get(k)
+        for k in (
+            "rollout/log_probs",
+            "rollout/ref_log_probs",
+            "rollout/rollout_log_probs",
+            "rollout/entropy",
+        )
+    )
     if first_rollout and lp is not None and ref is not None and abs(lp - ref) >= 1e-8:
-        out.append(Violation("log-probs", "rollout/log_probs - rollout/ref_log_probs", lp - ref, "|x| < 1e-8",
-                             rollout_id))
+        out.append(
+            Violation(
+                "log-probs", "rollout/log_probs - rollout/ref_log_probs", lp - ref, "|x| < 1e-8", rollout_id
+            )
+        )
     if lp is not None and eng is not None and abs(lp - eng) >= abs_tol:
-        out.append(Violation("log-probs", "rollout/log_probs - rollout/rollout_log_probs", lp - eng,
-                             f"|x| < {abs_tol}", rollout_id))
+        out.append(
+            Violation(
+                "log-probs",
+                "rollout/log_probs - rollout/rollout_log_probs",
+                lp - eng,
+                f"|x| < {abs_tol}",
+                rollout_id,
+            )
+        )
     if ent is not None and not 0.0 < ent < entropy_max:
         out.append(Violation("log-probs", "rollout/entropy", ent, f"0 < x < {entropy_max}", rollout_id))
     return out
@@ -93,12 +126,24 @@ def grad_norm_checker(cfg: RunConfig, steps: list[dict], rollout_id: int) -> lis
         elif ci.ci_load_grad_norm:  # saving wins over loading, as in miles
             path = Path(ci.ci_load_grad_norm.format(**fields))
             if not path.is_file():
-                out.append(Violation("grad-norm", "train/grad_norm", value, f"a recording at {path}", rollout_id, step_id))
+                out.append(
+                    Violation(
+                        "grad-norm", "train/grad_norm", value, f"a recording at {path}", rollout_id, step_id
+                    )
+                )
                 continue
             expected = float(json.loads(path.read_text())["grad_norm"])
             if not math.isclose(value, expected, rel_tol=0.03, abs_tol=0.03):
-                out.append(Violation("grad-norm", "train/grad_norm", value,
-                                     f"isclose to recorded {expected} (rel = abs = 0.03)", rollout_id, step_id))
+                out.append(
+                    Violation(
+                        "grad-norm",
+                        "train/grad_norm",
+                        value,
+                        f"isclose to recorded {expected} (rel = abs = 0.03)",
+                        rollout_id,
+                        step_id,
+                    )
+                )
     return out
 
 
@@ -114,8 +159,14 @@ def metric_gate(cfg: RunConfig, evals: list[dict[str, Any]]) -> list[Violation]:
     passing = [v is not None and v >= threshold for _, v in values]
     if ci.ci_metric_checker_expect_num is not None:
         if len(values) != ci.ci_metric_checker_expect_num or not all(passing):
-            return [Violation("metric", key, str(values), f"exactly {ci.ci_metric_checker_expect_num} evals, "
-                                                           f"all >= {threshold}")]
+            return [
+                Violation(
+                    "metric",
+                    key,
+                    str(values),
+                    f"exactly {ci.ci_metric_checker_expect_num} evals, all >= {threshold}",
+                )
+            ]
         return []
     if not any(passing):
         return [Violation("metric", key, str(values), f">= {threshold} in at least one eval")]
@@ -131,8 +182,10 @@ def tensors_by_layer(names: list[str]) -> str:
 def weight_update_failure(engine_index: int, names: list[str]) -> str:
     """The weight-update checker's line for one engine whose tensors `names` differ after the first sync."""
     layers = group_by_layer(names)
-    return (f"[weight-update checker] engine {engine_index}: {len(names)} tensor(s) differ from the trainer's after "
-            f"the first sync (tolerance: bitwise equal), in {len(layers)} layer group(s): {tensors_by_layer(names)}")
+    return (
+        f"[weight-update checker] engine {engine_index}: {len(names)} tensor(s) differ from the trainer's after "
+        f"the first sync (tolerance: bitwise equal), in {len(layers)} layer group(s): {tensors_by_layer(names)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -146,25 +199,40 @@ class EngineWeights:
     tensor_hashes: dict[str, str] | None = None
 
 
-def out_of_sync_message(rollout_id: int, version: int, sha256: str, wrong: list[EngineWeights],
-                        trainer_hashes: dict[str, str] | None) -> str:
+def out_of_sync_message(
+    rollout_id: int,
+    version: int,
+    sha256: str,
+    wrong: list[EngineWeights],
+    trainer_hashes: dict[str, str] | None,
+) -> str:
     """Why engines fail the engines-in-sync check after rollout `rollout_id`'s sync to (`version`, `sha256`):
     per engine, the version it holds, both weights hashes, and the tensors whose content differs from the
     trainer's (the first one, then all of them by layer), so the message names the broken part."""
     parts = []
     for e in wrong:
-        what = [f"engine {e.index}: holds weight version {e.version}" +
-                (f" (expected {version}: the sync did not reach it)" if e.version != version else " as expected")]
+        what = [
+            f"engine {e.index}: holds weight version {e.version}"
+            + (
+                f" (expected {version}: the sync did not reach it)"
+                if e.version != version
+                else " as expected"
+            )
+        ]
         if e.sha256 != sha256:
             what.append(f"but its weights hash to {e.sha256}, the trainer's to {sha256}")
             if e.tensor_hashes is not None and trainer_hashes is not None:
                 names = differing_tensors(trainer_hashes, e.tensor_hashes)
                 if names:
-                    what.append(f"first differing tensor {names[0]}; {len(names)} tensor(s) differ: "
-                                f"{tensors_by_layer(names)}")
+                    what.append(
+                        f"first differing tensor {names[0]}; {len(names)} tensor(s) differ: "
+                        f"{tensors_by_layer(names)}"
+                    )
         parts.append(" ".join(what))
-    return (f"rollout {rollout_id}: engines {[e.index for e in wrong]} do not hold the trainer's weights after "
-            f"the sync: " + "; ".join(parts) + " (check the weight transfer: --check-weight-update-equal)")
+    return (
+        f"rollout {rollout_id}: engines {[e.index for e in wrong]} do not hold the trainer's weights after "
+        f"the sync: " + "; ".join(parts) + " (check the weight transfer: --check-weight-update-equal)"
+    )
 
 
 def raise_if_any(violations: list[Violation]) -> None:

@@ -31,8 +31,15 @@ def run_id_of(cfg: RunConfig) -> str | None:
     return _RUN_IDS.get(str(cfg.resolved_run_dir))
 
 
-def log_metrics(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, Any], step: int | None = None, *,
-                sync: bool = False) -> dict:
+def log_metrics(
+    cfg: RunConfig,
+    kind: str,
+    rollout_id: int,
+    metrics: dict[str, Any],
+    step: int | None = None,
+    *,
+    sync: bool = False,
+) -> dict:
     """Append `{"kind", "run_id"?, "rollout_id", "step"?, "metrics"}` to metrics.jsonl, log it as slime prints
     it (`rollout N: {...}`), hand it to the in-process listeners, then to the trackers the config turns on (their
     failure raises `TrackerError`, after the record is written).
@@ -70,8 +77,11 @@ def close_run(cfg: RunConfig) -> Path | None:
     try:
         return write_plot([run_dir], run_dir / "plots" / "curves.png", labels=[cfg.name])
     except Exception as e:  # a plot is a convenience; the run's result stands without it
-        print(f"rollflow: could not draw {run_dir / 'plots' / 'curves.png'}: {type(e).__name__}: {e}",
-              file=sys.stderr, flush=True)
+        print(
+            f"rollflow: could not draw {run_dir / 'plots' / 'curves.png'}: {type(e).__name__}: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
 
 

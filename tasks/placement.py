@@ -31,7 +31,7 @@ class Layout:
 
     bundles: tuple[dict[str, float], ...]
     trainer_bundles: tuple[int, ...]  # one per trainer rank
-    engine_bundles: tuple[int, ...]   # every engine slot: --rollout-num-gpus-per-engine of them per engine
+    engine_bundles: tuple[int, ...]  # every engine slot: --rollout-num-gpus-per-engine of them per engine
     slots_per_engine: int
 
     def needs(self) -> dict[str, float]:
@@ -54,11 +54,19 @@ def layout(cfg: RunConfig) -> Layout:
     slot = {p.slot_resource: 1.0}
     if p.colocate:
         shared = {**slot, **p.rollout_resources, **p.actor_resources}
-        return Layout((shared,) * max(trainers, engine_slots), tuple(range(trainers)), tuple(range(engine_slots)),
-                      per_engine)
+        return Layout(
+            (shared,) * max(trainers, engine_slots),
+            tuple(range(trainers)),
+            tuple(range(engine_slots)),
+            per_engine,
+        )
     # a role's own resources may also add to (or resize) the slot, e.g. {"CPU": 4} beside each GPU
-    bundles = (({**slot, **p.actor_resources},) * trainers) + (({**slot, **p.rollout_resources},) * engine_slots)
-    return Layout(bundles, tuple(range(trainers)), tuple(range(trainers, trainers + engine_slots)), per_engine)
+    bundles = (({**slot, **p.actor_resources},) * trainers) + (
+        ({**slot, **p.rollout_resources},) * engine_slots
+    )
+    return Layout(
+        bundles, tuple(range(trainers)), tuple(range(trainers, trainers + engine_slots)), per_engine
+    )
 
 
 def local_resources(cfg: RunConfig) -> dict[str, float]:
@@ -73,14 +81,21 @@ def local_resources(cfg: RunConfig) -> dict[str, float]:
 
 def shortfall(needs: dict[str, float], have: dict[str, float]) -> str | None:
     """Why a cluster holding `have` in all can never place a group that needs `needs`; None when it can."""
-    short = {name: (amount, have.get(name, 0.0)) for name, amount in needs.items() if have.get(name, 0.0) < amount}
+    short = {
+        name: (amount, have.get(name, 0.0)) for name, amount in needs.items() if have.get(name, 0.0) < amount
+    }
     if not short:
         return None
     parts = [f"{need:g} {name} (the cluster has {got:g})" for name, (need, got) in sorted(short.items())]
-    hint = ("declare process slots on every node, `ray start --resources '{\"" + SLOT_RESOURCE + "\": N}'` (N = the "
-            "processes it may host), or pass --slot-resource GPU / CPU" if SLOT_RESOURCE in short else
-            "start nodes that declare them (`ray start --resources '{...}'`), or change --slot-resource, "
-            "--actor-resources or --rollout-resources")
+    hint = (
+        "declare process slots on every node, `ray start --resources '{\""
+        + SLOT_RESOURCE
+        + "\": N}'` (N = the "
+        "processes it may host), or pass --slot-resource GPU / CPU"
+        if SLOT_RESOURCE in short
+        else "start nodes that declare them (`ray start --resources '{...}'`), or change --slot-resource, "
+        "--actor-resources or --rollout-resources"
+    )
     return f"the run's placement group needs {', '.join(parts)}: {hint}"
 
 
@@ -106,7 +121,7 @@ class Placement:
     group: Any  # ray.util.placement_group.PlacementGroup
     slot: str
     trainers: tuple[int, ...]  # bundle of each trainer rank, in rank order
-    engines: tuple[int, ...]   # the first bundle of each engine, in engine order
+    engines: tuple[int, ...]  # the first bundle of each engine, in engine order
     nodes: dict[int, tuple[str, str]] = field(default_factory=dict)  # bundle -> (node ip, node id)
 
     def trainer_options(self, rank: int) -> dict[str, Any]:
@@ -120,7 +135,9 @@ class Placement:
     def _options(self, bundle: int, share: float) -> dict[str, Any]:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        strategy = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=bundle)
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=bundle
+        )
         if self.slot == "GPU":  # Ray then sets CUDA_VISIBLE_DEVICES to the bundle's GPU
             return {"num_gpus": share, "scheduling_strategy": strategy}
         if self.slot == "CPU":
@@ -129,12 +146,14 @@ class Placement:
 
     def describe(self) -> list[str]:
         """One line per actor: where it runs (as slime logs its bundles)."""
+
         def where(b: int) -> str:
             ip, node = self.nodes.get(b, ("?", "?"))
             return f"bundle {b} on node {ip} ({node[:8]})"
 
-        return ([f"trainer rank {r}: {where(b)}" for r, b in enumerate(self.trainers)]
-                + [f"engine {i}: {where(b)}" for i, b in enumerate(self.engines)])
+        return [f"trainer rank {r}: {where(b)}" for r, b in enumerate(self.trainers)] + [
+            f"engine {i}: {where(b)}" for i, b in enumerate(self.engines)
+        ]
 
 
 async def place(cfg: RunConfig) -> Placement:
@@ -150,12 +169,25 @@ async def place(cfg: RunConfig) -> Placement:
     group = placement_group(list(lay.bundles), strategy="PACK")
     await _ready(group, lay)
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-    nodes = {int(b): (ips.get(node, "?"), node) for b, node in placement_group_table(group)["bundles_to_node_id"].items()}
+    nodes = {
+        int(b): (ips.get(node, "?"), node)
+        for b, node in placement_group_table(group)["bundles_to_node_id"].items()
+    }
     engine_slots = by_node(lay.engine_bundles, nodes)
-    placement = Placement(group, cfg.placement.slot_resource, by_node(lay.trainer_bundles, nodes),
-                          engine_slots[::lay.slots_per_engine], nodes)
-    tell(cfg, f"placement: {len(lay.bundles)} slot(s) of {cfg.placement.slot_resource}"
-         + (" (colocated)" if cfg.placement.colocate else "") + "\n  " + "\n  ".join(placement.describe()))
+    placement = Placement(
+        group,
+        cfg.placement.slot_resource,
+        by_node(lay.trainer_bundles, nodes),
+        engine_slots[:: lay.slots_per_engine],
+        nodes,
+    )
+    tell(
+        cfg,
+        f"placement: {len(lay.bundles)} slot(s) of {cfg.placement.slot_resource}"
+        + (" (colocated)" if cfg.placement.colocate else "")
+        + "\n  "
+        + "\n  ".join(placement.describe()),
+    )
     return placement
 
 
@@ -169,9 +201,13 @@ async def _ready(group: Any, lay: Layout) -> None:
     while not (await asyncio.wait({ready}, timeout=WAIT_REPORT_S))[0]:
         waited += WAIT_REPORT_S
         free = ray.available_resources()
-        wanted = ", ".join(f"{need:g} {name} ({free.get(name, 0.0):g} free now)"
-                           for name, need in sorted(lay.needs().items()))
-        notify.notice(f"placement: still waiting after {waited:g} s for {len(lay.bundles)} bundle(s) needing {wanted}")
+        wanted = ", ".join(
+            f"{need:g} {name} ({free.get(name, 0.0):g} free now)"
+            for name, need in sorted(lay.needs().items())
+        )
+        notify.notice(
+            f"placement: still waiting after {waited:g} s for {len(lay.bundles)} bundle(s) needing {wanted}"
+        )
     ready.result()
 
 

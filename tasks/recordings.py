@@ -39,9 +39,12 @@ def recording_path(template: str, rollout_id: int, *, fallback_to_zero: bool) ->
 
 def _as_rollout(samples: list[Sample], rollout_id: int) -> list[Sample]:
     """Samples relabelled as rollout `rollout_id` (the recorded id is kept in metadata)."""
-    return [s if s.rollout_id == rollout_id else
-            replace(s, rollout_id=rollout_id, metadata={**s.metadata, "recorded_rollout_id": s.rollout_id})
-            for s in samples]
+    return [
+        s
+        if s.rollout_id == rollout_id
+        else replace(s, rollout_id=rollout_id, metadata={**s.metadata, "recorded_rollout_id": s.rollout_id})
+        for s in samples
+    ]
 
 
 @task(name="load-rollout", retries=2, retry_delay_seconds=1, log_prints=True)
@@ -52,8 +55,11 @@ async def load_rollout(cfg: RunConfig, rollout_id: int, template: str, forge: bo
     if cfg.debug.load_debug_rollout_data_subsample is not None:
         samples = subsample(samples, cfg.debug.load_debug_rollout_data_subsample)
     print(f"rollout {rollout_id}: loaded {len(samples)} samples from {path}")
-    return write_rollout(RunPaths(cfg.resolved_run_dir).rollout(rollout_id), _as_rollout(samples, rollout_id),
-                         metadata={"recorded_from": str(path)})
+    return write_rollout(
+        RunPaths(cfg.resolved_run_dir).rollout(rollout_id),
+        _as_rollout(samples, rollout_id),
+        metadata={"recorded_from": str(path)},
+    )
 
 
 @task(name="inject", log_prints=True)
@@ -66,5 +72,8 @@ async def inject(cfg: RunConfig, rollout_id: int, fresh: ArtifactRef) -> Artifac
     recorded = read_any(path, trust_pickle=d.trust_pickle)
     result = check_injection(read_rollout(fresh), recorded, d.ci_inject_rollout_data_min_match_ratio)
     log_metrics(cfg, "check", rollout_id, {f"check/inject_{k}": float(v) for k, v in result.items()})
-    return write_rollout(RunPaths(cfg.resolved_run_dir).rollout(rollout_id), _as_rollout(recorded, rollout_id),
-                         metadata={"recorded_from": str(path)})
+    return write_rollout(
+        RunPaths(cfg.resolved_run_dir).rollout(rollout_id),
+        _as_rollout(recorded, rollout_id),
+        metadata={"recorded_from": str(path)},
+    )

@@ -37,8 +37,16 @@ class ActorLost(RuntimeError):
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.ObjectLostError)
 
 
-async def guarded(cfg: RunConfig, what: str, call: Awaitable[T], timeout: float | None, *,
-                  engines: bool = False, trainers: bool = False, weights: WeightsRef | None = None) -> T:
+async def guarded(
+    cfg: RunConfig,
+    what: str,
+    call: Awaitable[T],
+    timeout: float | None,
+    *,
+    engines: bool = False,
+    trainers: bool = False,
+    weights: WeightsRef | None = None,
+) -> T:
     """Await `call` within `timeout` seconds. On an actor death or a timeout, replace the `engines` and/or
     `trainers` that do not answer (engines then hold `weights`, when given) and raise ActorLost naming the
     stage and the cause."""
@@ -69,6 +77,7 @@ async def guarded(cfg: RunConfig, what: str, call: Awaitable[T], timeout: float 
 async def _unhealthy(handles: list[Any], timeout: float = 10.0) -> list[int]:
     """Indices of the actors that do not answer a health call within `timeout` seconds (dead, stopped, frozen,
     or stuck in a call: an actor runs one call at a time)."""
+
     async def answers(h: Any) -> bool:
         try:
             await asyncio.wait_for(h.health.remote(), timeout)
@@ -90,8 +99,10 @@ async def restart_engines(cfg: RunConfig, dead: list[int], weights: WeightsRef |
 
     held = await trainer_weights(cfg)
     if held.sha256 != weights.sha256:
-        raise ActorLost(f"engines {dead} were replaced, but the trainer's weights (sha {held.sha256[:12]}) are not "
-                        f"version {weights.version} (sha {weights.sha256[:12]}) that the stage needs")
+        raise ActorLost(
+            f"engines {dead} were replaced, but the trainer's weights (sha {held.sha256[:12]}) are not "
+            f"version {weights.version} (sha {weights.sha256[:12]}) that the stage needs"
+        )
     await transfer_for(cfg).push(cfg, fresh, weights.version, {})
 
 

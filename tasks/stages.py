@@ -47,50 +47,98 @@ def _ctx(rollout_id: int) -> dict[str, int]:
     return {"rollout_id": rollout_id, "attempt": max(0, int(task_run.run_count or 1) - 1)}
 
 
-async def _on_engines(cfg: RunConfig, entries: list[Entry], what: str, rollout_id: int,
-                      weights: WeightsRef) -> tuple[list, float]:
+async def _on_engines(
+    cfg: RunConfig, entries: list[Entry], what: str, rollout_id: int, weights: WeightsRef
+) -> tuple[list, float]:
     """Spread whole groups over the engines; outputs in entry order, and the seconds it took."""
     parts = split_for_engines(entries, cfg.rollout.rollout_num_engines)
     start = time.perf_counter()
     ctx = _ctx(rollout_id)
-    results = await guarded(cfg, what, asyncio.gather(*[
-        engine.generate.remote([e.request for e in part], ctx)
-        for engine, part in zip(actors.engines(cfg), parts, strict=True) if part]),
-        cfg.faults.rollout_timeout, engines=True, weights=weights)
+    results = await guarded(
+        cfg,
+        what,
+        asyncio.gather(
+            *[
+                engine.generate.remote([e.request for e in part], ctx)
+                for engine, part in zip(actors.engines(cfg), parts, strict=True)
+                if part
+            ]
+        ),
+        cfg.faults.rollout_timeout,
+        engines=True,
+        weights=weights,
+    )
     seconds = time.perf_counter() - start
-    by_index = {e.sample_index: out for part, outs in zip([p for p in parts if p], results, strict=True)
-                for e, out in zip(part, outs, strict=True)}
+    by_index = {
+        e.sample_index: out
+        for part, outs in zip([p for p in parts if p], results, strict=True)
+        for e, out in zip(part, outs, strict=True)
+    }
     return [by_index[e.sample_index] for e in entries], seconds
 
 
-@task(name="generate", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "data", "reward")), persist_result=True, result_serializer="json", log_prints=True)
+@task(
+    name="generate",
+    retries=2,
+    retry_delay_seconds=1,
+    cache_policy=RefCachePolicy(sections=("rollout", "data", "reward")),
+    persist_result=True,
+    result_serializer="json",
+    log_prints=True,
+)
 async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: bool = False) -> ArtifactRef:
     """Sample `rollout_batch_size x n_samples_per_prompt` responses, score them and write
     rollout_{id}.parquet (`fresh_{id}.parquet` when a recording will be injected in its place)."""
     src, r = rollout_source(cfg), cfg.rollout
     assert src.train is not None
-    prompts = prompts_for_rollout(src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed,
-                                  cfg.data.rollout_shuffle)
+    prompts = prompts_for_rollout(
+        src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed, cfg.data.rollout_shuffle
+    )
     params = train_params(cfg, src.stops)
     entries = build_requests(prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, params)
     outputs, seconds = await _on_engines(cfg, entries, f"generate {rollout_id}", rollout_id, weights)
     samples = await to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, rollout_id)
     tokens = sum(s.response_length for s in samples)
-    log_metrics(cfg, "perf", rollout_id, {
-        "perf/rollout_time": seconds, "perf/tokens_per_sec": tokens / seconds,
-        # slime's per-GPU throughput; on CPU an engine is the unit
-        "perf/tokens_per_engine_per_sec": tokens / seconds / r.rollout_num_engines,
-        "perf/longest_sample_tokens_per_sec": max(s.response_length for s in samples) / seconds})
+    log_metrics(
+        cfg,
+        "perf",
+        rollout_id,
+        {
+            "perf/rollout_time": seconds,
+            "perf/tokens_per_sec": tokens / seconds,
+            # slime's per-GPU throughput; on CPU an engine is the unit
+            "perf/tokens_per_engine_per_sec": tokens / seconds / r.rollout_num_engines,
+            "perf/longest_sample_tokens_per_sec": max(s.response_length for s in samples) / seconds,
+        },
+    )
     # only content-determined metadata: the same samples must give the same bytes (and sha256)
-    meta = {**sampling_metadata(params, r.rollout_seed), "config_hash": cfg.config_hash(),
-            "weights_sha256": weights.sha256, "tokenizer": cfg.hf_checkpoint or ""}
+    meta = {
+        **sampling_metadata(params, r.rollout_seed),
+        "config_hash": cfg.config_hash(),
+        "weights_sha256": weights.sha256,
+        "tokenizer": cfg.hf_checkpoint or "",
+    }
     path = _paths(cfg).rollout(rollout_id)
-    return write_rollout(path.with_name(f"fresh_{rollout_id:06d}.parquet") if fresh else path, samples, metadata=meta)
+    return write_rollout(
+        path.with_name(f"fresh_{rollout_id:06d}.parquet") if fresh else path, samples, metadata=meta
+    )
 
 
-@task(name="save-rollout", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout",)), persist_result=True, result_serializer="json", log_prints=True)
-async def save_rollout(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, loaded: bool = False,
-                       ) -> dict[str, float]:
+@task(
+    name="save-rollout",
+    retries=2,
+    retry_delay_seconds=1,
+    cache_policy=RefCachePolicy(sections=("rollout",)),
+    persist_result=True,
+    result_serializer="json",
+    log_prints=True,
+)
+async def save_rollout(
+    cfg: RunConfig,
+    rollout_id: int,
+    rollout: ArtifactRef,
+    loaded: bool = False,
+) -> dict[str, float]:
     """Verify the rollout artifact, record it where --save-debug-rollout-data / --dump-details ask,
     and log its rollout-side metrics (`rollout N: {...}`); loaded recordings skip the metrics, as in slime."""
     samples = read_rollout(rollout)
@@ -102,27 +150,52 @@ async def save_rollout(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, lo
     return stats
 
 
-@task(name="log-prob", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "train")), persist_result=True, result_serializer="json", log_prints=True)
+@task(
+    name="log-prob",
+    retries=2,
+    retry_delay_seconds=1,
+    cache_policy=RefCachePolicy(sections=("rollout", "train")),
+    persist_result=True,
+    result_serializer="json",
+    log_prints=True,
+)
 async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> LogProbs:
     """Trainer log-probs (+ reference log-probs, entropy) of every response token, and their statistics."""
     engines, trainers = actors.engines(cfg), actors.trainers(cfg)
-    await guarded(cfg, f"log-prob {rollout_id}: release engine memory",  # engines step aside for the trainer
-                  asyncio.gather(*[e.release_memory.remote() for e in engines]), cfg.faults.rollout_timeout,
-                  engines=True, weights=weights)
+    await guarded(
+        cfg,
+        f"log-prob {rollout_id}: release engine memory",  # engines step aside for the trainer
+        asyncio.gather(*[e.release_memory.remote() for e in engines]),
+        cfg.faults.rollout_timeout,
+        engines=True,
+        weights=weights,
+    )
     out = _paths(cfg).logprobs(rollout_id)
     written = [t.compute_log_probs.remote(rollout, str(out)) for t in trainers]
     # rank 0 runs its calls in submission order and Ray hands it the ref it wrote: no round trip between
-    *refs, stats = await guarded(cfg, f"log-prob {rollout_id}",
-                                 asyncio.gather(*written, trainers[0].rollout_stats.remote(rollout, written[0])),
-                                 cfg.faults.train_timeout, trainers=True)
+    *refs, stats = await guarded(
+        cfg,
+        f"log-prob {rollout_id}",
+        asyncio.gather(*written, trainers[0].rollout_stats.remote(rollout, written[0])),
+        cfg.faults.train_timeout,
+        trainers=True,
+    )
     log_metrics(cfg, "rollout", rollout_id, stats)
     return LogProbs(table=refs[0], stats=stats)
 
 
-@task(name="train-step", retries=1, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "train")),
-      persist_result=True, result_serializer="json", log_prints=True)
-async def train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef,
-                     session: str) -> list[dict]:
+@task(
+    name="train-step",
+    retries=1,
+    retry_delay_seconds=1,
+    cache_policy=RefCachePolicy(sections=("rollout", "train")),
+    persist_result=True,
+    result_serializer="json",
+    log_prints=True,
+)
+async def train_step(
+    cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef, session: str
+) -> list[dict]:
     """Every optimizer step of this rollout on every rank; the trainer refuses to apply a rollout twice.
 
     Training changes actor state, so its cache is scoped to the trainer `session` (the actors of one
@@ -131,9 +204,14 @@ async def train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logp
     dump, ctx = cfg.train_data_template, _ctx(rollout_id)
     trainers = actors.trainers(cfg)
     *per_rank, perf = await guarded(  # rank 0 answers perf after its step
-        cfg, f"train-step {rollout_id}", asyncio.gather(*[t.train_step.remote(rollout, logprobs, dump, ctx)
-                                                          for t in trainers], trainers[0].perf.remote()),
-        cfg.faults.train_timeout, trainers=True)
+        cfg,
+        f"train-step {rollout_id}",
+        asyncio.gather(
+            *[t.train_step.remote(rollout, logprobs, dump, ctx) for t in trainers], trainers[0].perf.remote()
+        ),
+        cfg.faults.train_timeout,
+        trainers=True,
+    )
     steps = per_rank[0]
     for m in steps:
         log_metrics(cfg, "step", rollout_id, m, step=int(m["train/step"]))
@@ -153,19 +231,31 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
     # submitted together and awaited once.
     scrambled = [e.snapshot_and_scramble.remote() for e in engines] if verify_equal else []
     resumed = [e.resume_memory.remote() for e in engines]
-    if cfg.debug.debug_skip_weight_update:  # the schedule around the transfer still ran; the engines keep theirs
-        await guarded(cfg, what, asyncio.gather(*scrambled, *resumed), cfg.faults.update_weights_timeout,
-                      engines=True)
+    if (
+        cfg.debug.debug_skip_weight_update
+    ):  # the schedule around the transfer still ran; the engines keep theirs
+        await guarded(
+            cfg, what, asyncio.gather(*scrambled, *resumed), cfg.faults.update_weights_timeout, engines=True
+        )
         print(f"sync {rollout_id}: --debug-skip-weight-update: weight transfer skipped")
-        return WeightsRef(version=await engines[0].weight_version.remote(),
-                          sha256=await engines[0].weights_sha256.remote())
-    pushed = await guarded(cfg, what, _push_after(transfer_for(cfg), cfg, engines, version, ctx, scrambled + resumed),
-                           cfg.faults.update_weights_timeout, engines=True, trainers=True)
+        return WeightsRef(
+            version=await engines[0].weight_version.remote(), sha256=await engines[0].weights_sha256.remote()
+        )
+    pushed = await guarded(
+        cfg,
+        what,
+        _push_after(transfer_for(cfg), cfg, engines, version, ctx, scrambled + resumed),
+        cfg.faults.update_weights_timeout,
+        engines=True,
+        trainers=True,
+    )
     if verify_equal:
         skip = {s for s in (cfg.ci.check_weight_update_skip_list or "").split(",") if s}
         held = await asyncio.gather(*[e.tensor_hashes.remote() for e in engines])
-        bad = {i: [n for n in differing_tensors(pushed.tensor_hashes, h) if n not in skip]
-               for i, h in enumerate(held)}
+        bad = {
+            i: [n for n in differing_tensors(pushed.tensor_hashes, h) if n not in skip]
+            for i, h in enumerate(held)
+        }
         bad = {i: names for i, names in bad.items() if names}
         log_metrics(cfg, "check", rollout_id + 1, {"check/weight_update_equal": 0.0 if bad else 1.0})
         if bad:
@@ -173,16 +263,22 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
     return WeightsRef(version=version, sha256=pushed.sha256)
 
 
-async def _push_after(transfer: WeightTransfer, cfg: RunConfig, engines: list, version: int, ctx: dict,
-                      before: list) -> Pushed:
+async def _push_after(
+    transfer: WeightTransfer, cfg: RunConfig, engines: list, version: int, ctx: dict, before: list
+) -> Pushed:
     """The engines' queued calls (`before`: scramble, resume) and then the weight transfer."""
     await asyncio.gather(*before)
     return await transfer.push(cfg, engines, version, ctx)
 
 
 @task(name="check", log_prints=True)
-async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: WeightsRef | None,
-                logprob_stats: dict[str, float] | None = None) -> dict[str, Any]:
+async def check(
+    cfg: RunConfig,
+    rollout_id: int,
+    steps: list[dict],
+    weights: WeightsRef | None,
+    logprob_stats: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """Invariants of one rollout: finite metrics; every engine holds the trainer's weights
     (`weights` is None when nothing was synced: rollout-only and train-only runs); with --ci-test, the KL,
     log-prob (on `logprob_stats`, the log-prob stage's statistics) and grad-norm checkers."""
@@ -192,9 +288,11 @@ async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: Wei
     violations = _ci_violations(cfg, rollout_id, steps, logprob_stats or {})
     if cfg.ci.ci_test or violations:
         body = "\n".join(f"- {v}" for v in violations) or "- KL, log-prob and grad-norm checkers: all passed"
-        await acreate_markdown_artifact(f"## Checks of rollout {rollout_id}\n\n{body}",
-                                        key=f"{artifact_slug(cfg.name)}-rollout-{rollout_id}-checks",
-                                        description=f"--ci-test checks of rollout {rollout_id}")
+        await acreate_markdown_artifact(
+            f"## Checks of rollout {rollout_id}\n\n{body}",
+            key=f"{artifact_slug(cfg.name)}-rollout-{rollout_id}-checks",
+            description=f"--ci-test checks of rollout {rollout_id}",
+        )
     if violations:
         log_metrics(cfg, "check", rollout_id, {"check/violations": float(len(violations))})
         raise_if_any(violations)
@@ -203,27 +301,52 @@ async def check(cfg: RunConfig, rollout_id: int, steps: list[dict], weights: Wei
         log_metrics(cfg, "check", rollout_id, result)
         return result
     engines = actors.engines(cfg)
-    answers = await guarded(cfg, f"check {rollout_id}", asyncio.gather(
-        *[e.weight_version.remote() for e in engines], *[e.weights_sha256.remote() for e in engines]),
-        cfg.faults.rollout_timeout, engines=True, weights=weights)
-    versions, shas = answers[:len(engines)], answers[len(engines):]
-    wrong = [i for i, (v, s) in enumerate(zip(versions, shas, strict=True))
-             if v != weights.version or s != weights.sha256]
+    answers = await guarded(
+        cfg,
+        f"check {rollout_id}",
+        asyncio.gather(
+            *[e.weight_version.remote() for e in engines], *[e.weights_sha256.remote() for e in engines]
+        ),
+        cfg.faults.rollout_timeout,
+        engines=True,
+        weights=weights,
+    )
+    versions, shas = answers[: len(engines)], answers[len(engines) :]
+    wrong = [
+        i
+        for i, (v, s) in enumerate(zip(versions, shas, strict=True))
+        if v != weights.version or s != weights.sha256
+    ]
     if wrong:
         raise RuntimeError(await _out_of_sync(cfg, rollout_id, weights, wrong, versions, shas))
-    result = {"check/finite_metrics": 1.0, "check/engines_in_sync": 1.0, "check/weight_version": weights.version}
+    result = {
+        "check/finite_metrics": 1.0,
+        "check/engines_in_sync": 1.0,
+        "check/weight_version": weights.version,
+    }
     log_metrics(cfg, "check", rollout_id, result)
     return result
 
 
-async def _out_of_sync(cfg: RunConfig, rollout_id: int, weights: WeightsRef, wrong: list[int], versions: list,
-                       shas: list) -> str:
+async def _out_of_sync(
+    cfg: RunConfig, rollout_id: int, weights: WeightsRef, wrong: list[int], versions: list, shas: list
+) -> str:
     """The engines-in-sync failure message; per-tensor hashes are asked for only here, on a failure."""
     engines = actors.engines(cfg)
     mismatched = [i for i in wrong if shas[i] != weights.sha256]
-    hashes = await guarded(cfg, f"check {rollout_id}", asyncio.gather(
-        _trainer_hashes(cfg), *[engines[i].tensor_hashes.remote() for i in mismatched]),
-        cfg.faults.rollout_timeout, engines=True, trainers=True, weights=weights) if mismatched else [None]
+    hashes = (
+        await guarded(
+            cfg,
+            f"check {rollout_id}",
+            asyncio.gather(_trainer_hashes(cfg), *[engines[i].tensor_hashes.remote() for i in mismatched]),
+            cfg.faults.rollout_timeout,
+            engines=True,
+            trainers=True,
+            weights=weights,
+        )
+        if mismatched
+        else [None]
+    )
     per_engine = dict(zip(mismatched, hashes[1:], strict=True))
     states = [EngineWeights(i, versions[i], shas[i], per_engine.get(i)) for i in wrong]
     return out_of_sync_message(rollout_id, weights.version, weights.sha256, states, hashes[0])
@@ -238,32 +361,53 @@ def artifact_slug(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def _ci_violations(cfg: RunConfig, rollout_id: int, steps: list[dict], stats: dict[str, float]) -> list[Violation]:
+def _ci_violations(
+    cfg: RunConfig, rollout_id: int, steps: list[dict], stats: dict[str, float]
+) -> list[Violation]:
     """The --ci-test checkers that live in the check task (KL, log-probs, grad norm)."""
     ci, out = cfg.ci, []
     if ci.ci_test and not ci.ci_disable_kl_checker:
-        out += kl_checker(steps, rollout_id, first_step_of_run=0, recomputed_old=not cfg.train.use_rollout_logprobs)
+        out += kl_checker(
+            steps, rollout_id, first_step_of_run=0, recomputed_old=not cfg.train.use_rollout_logprobs
+        )
     if ci.ci_test and not ci.ci_disable_logprobs_checker and not cfg.rollout_only:
-        out += logprob_checker(stats, rollout_id, rollout_id == 0, ci.ci_logprobs_checker_abs_tol, ci.ci_entropy_max)
+        out += logprob_checker(
+            stats, rollout_id, rollout_id == 0, ci.ci_logprobs_checker_abs_tol, ci.ci_entropy_max
+        )
     if ci.ci_save_grad_norm or ci.ci_load_grad_norm:
         out += grad_norm_checker(cfg, steps, rollout_id)
     return out
 
 
-@task(name="eval", retries=2, retry_delay_seconds=1, cache_policy=RefCachePolicy(sections=("rollout", "eval", "data", "reward")),
-      persist_result=True, result_serializer="json", log_prints=True)
+@task(
+    name="eval",
+    retries=2,
+    retry_delay_seconds=1,
+    cache_policy=RefCachePolicy(sections=("rollout", "eval", "data", "reward")),
+    persist_result=True,
+    result_serializer="json",
+    log_prints=True,
+)
 async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> dict[str, float]:
     """Every --eval-prompt-data dataset with the weights of version `eval_id`: `eval/NAME` (mean reward) and
     `eval/NAME-truncated_ratio`, one generation over all datasets, written to eval_{id}.parquet."""
     src = rollout_source(cfg)
     prompts = [p for _, s in src.evals for p in s.prompts]
     names = [name for name, s in src.evals for _ in s.prompts]
-    entries = build_requests(prompts, cfg.rollout.rollout_seed, eval_id, cfg.eval.n_samples_per_eval_prompt,
-                             eval_params(cfg, src.stops), eval_mode=True, datasets=names)
+    entries = build_requests(
+        prompts,
+        cfg.rollout.rollout_seed,
+        eval_id,
+        cfg.eval.n_samples_per_eval_prompt,
+        eval_params(cfg, src.stops),
+        eval_mode=True,
+        datasets=names,
+    )
     outputs, _ = await _on_engines(cfg, entries, f"eval {eval_id}", eval_id, weights)
     samples = await to_samples(entries, outputs, src.tokenizer, src.stops, src.eval_scorer, eval_id)
-    write_rollout(_paths(cfg).eval_rollout(eval_id), samples, metadata={"weights_sha256": weights.sha256},
-                  kind="eval")
+    write_rollout(
+        _paths(cfg).eval_rollout(eval_id), samples, metadata={"weights_sha256": weights.sha256}, kind="eval"
+    )
     record_rollout(cfg, f"eval_{eval_id}", samples)
     metrics = eval_stats(samples, [name for name, _ in src.evals])
     log_metrics(cfg, "eval", eval_id, {**metrics, "eval/step": eval_id})
@@ -274,8 +418,12 @@ async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> dict[st
 async def save_checkpoint(cfg: RunConfig, rollout_id: int) -> str:
     """Write iter_{rollout_id:07d}/ under --save (rank 0 writes; all ranks hold the same weights)."""
     ctx = _ctx(rollout_id)
-    await guarded(cfg, f"save {rollout_id}", asyncio.gather(*[t.save.remote(cfg.checkpoint.save, rollout_id, ctx)
-                                                               for t in actors.trainers(cfg)]),
-                  cfg.faults.train_timeout, trainers=True)
+    await guarded(
+        cfg,
+        f"save {rollout_id}",
+        asyncio.gather(*[t.save.remote(cfg.checkpoint.save, rollout_id, ctx) for t in actors.trainers(cfg)]),
+        cfg.faults.train_timeout,
+        trainers=True,
+    )
     print(f"saved checkpoint iter_{rollout_id:07d} to {cfg.checkpoint.save}")
     return str(cfg.checkpoint.save)

@@ -32,8 +32,12 @@ from config import LoggingConfig, RunConfig
 STEP_KEYS = {"rollout": "rollout/step", "perf": "rollout/step", "step": "train/step", "eval": "eval/step"}
 
 # slime's `_init_wandb_common`: each metric family is plotted against its own step key in W&B.
-WANDB_STEP_METRICS = {"train/*": "train/step", "rollout/*": "rollout/step", "eval/*": "eval/step",
-                      "perf/*": "rollout/step"}
+WANDB_STEP_METRICS = {
+    "train/*": "train/step",
+    "rollout/*": "rollout/step",
+    "eval/*": "eval/step",
+    "perf/*": "rollout/step",
+}
 
 # tracker -> (module that must be importable, the extra that installs it)
 EXTRAS = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboard")}
@@ -70,8 +74,10 @@ def _missing_extra(tracker: str) -> str | None:
     if importlib.util.find_spec(module) is not None:
         return None
     flag = "--use-wandb" if tracker == "wandb" else "--use-tensorboard"
-    return (f"{flag} needs the '{module}' package, which is not installed: install the extra with "
-            f"ROLLFLOW_EXTRAS=dev,{extra} scripts/setup (or pip install -e '.[{extra}]')")
+    return (
+        f"{flag} needs the '{module}' package, which is not installed: install the extra with "
+        f"ROLLFLOW_EXTRAS=dev,{extra} scripts/setup (or pip install -e '.[{extra}]')"
+    )
 
 
 def require_trackers(logging: LoggingConfig) -> None:
@@ -83,8 +89,10 @@ def require_trackers(logging: LoggingConfig) -> None:
     if logging.use_tensorboard:
         problems.append(_missing_extra("tensorboard"))
         if logging.tb_project_name is None and not os.environ.get("TENSORBOARD_DIR"):
-            problems.append("--use-tensorboard needs --tb-project-name (logs go to "
-                            "tensorboard_log/<project>/<experiment>) or the TENSORBOARD_DIR environment variable")
+            problems.append(
+                "--use-tensorboard needs --tb-project-name (logs go to "
+                "tensorboard_log/<project>/<experiment>) or the TENSORBOARD_DIR environment variable"
+            )
     found = [p for p in problems if p]
     if found:
         raise ValueError("; ".join(found))
@@ -113,9 +121,16 @@ class WandbTracker:
         # console="off": the process's stdout belongs to rollflow (and Prefect's log capture); every metric
         # reaches W&B as history anyway. reinit="create_new": runs in one process each get their own W&B run.
         self.run = wandb.init(
-            project=lg.wandb_project, entity=lg.wandb_team, group=lg.wandb_group, name=cfg.name,
-            dir=lg.wandb_dir, mode=lg.wandb_mode, config=json.loads(cfg.model_dump_json()),
-            settings=wandb.Settings(console="off"), reinit="create_new")
+            project=lg.wandb_project,
+            entity=lg.wandb_team,
+            group=lg.wandb_group,
+            name=cfg.name,
+            dir=lg.wandb_dir,
+            mode=lg.wandb_mode,
+            config=json.loads(cfg.model_dump_json()),
+            settings=wandb.Settings(console="off"),
+            reinit="create_new",
+        )
         for key in sorted(set(WANDB_STEP_METRICS.values())):
             self.run.define_metric(key)
         for pattern, key in WANDB_STEP_METRICS.items():
@@ -174,7 +189,9 @@ def _open(cfg: RunConfig) -> list[Tracker]:
         return _OPEN[key]
 
 
-def track(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, Any], step: int | None = None) -> None:
+def track(
+    cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, Any], step: int | None = None
+) -> None:
     """Send one record to every tracker the config turns on; raises TrackerError naming the tracker and record."""
     lg = cfg.logging
     if kind not in STEP_KEYS or not (lg.use_wandb or lg.use_tensorboard):
@@ -183,8 +200,10 @@ def track(cfg: RunConfig, kind: str, rollout_id: int, metrics: dict[str, Any], s
         try:
             tracker.log(kind, rollout_id, step, metrics)
         except Exception as e:
-            raise TrackerError(f"{tracker.name} failed to log the {kind} record of rollout {rollout_id}: "
-                               f"{type(e).__name__}: {e}") from e
+            raise TrackerError(
+                f"{tracker.name} failed to log the {kind} record of rollout {rollout_id}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
 
 
 def finish_trackers(cfg: RunConfig) -> list[str]:
@@ -197,7 +216,9 @@ def finish_trackers(cfg: RunConfig) -> list[str]:
         try:
             tracker.finish()
         except Exception as e:
-            errors.append(f"{tracker.name} failed to finish (its files may be incomplete): {type(e).__name__}: {e}")
+            errors.append(
+                f"{tracker.name} failed to finish (its files may be incomplete): {type(e).__name__}: {e}"
+            )
             traceback.print_exc(file=sys.stderr)
     for line in errors:
         print(f"rollflow: {line}", file=sys.stderr, flush=True)

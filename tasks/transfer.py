@@ -45,7 +45,9 @@ class FullTransfer:
     async def push(self, cfg: RunConfig, engines: list[Any], version: int, ctx: dict[str, Any]) -> Pushed:
         trainers = actors.trainers(cfg)
         exported = [t.export_weights.remote(ctx) for t in trainers]  # rank 0's holds the weights
-        hashes = [t.tensor_hashes.remote() for t in trainers]  # hashed where the weights are, after the export
+        hashes = [
+            t.tensor_hashes.remote() for t in trainers
+        ]  # hashed where the weights are, after the export
         loads = [e.update_weights.remote([exported[0]], version, ctx) for e in engines]
         *_, tensor_hashes = await asyncio.gather(*loads, *exported[1:], *hashes[1:], hashes[0])
         return Pushed(weights_sha256_of(tensor_hashes), tensor_hashes)
@@ -59,8 +61,9 @@ class StreamedTransfer:
 
     async def push(self, cfg: RunConfig, engines: list[Any], version: int, ctx: dict[str, Any]) -> Pushed:
         trainers = actors.trainers(cfg)
-        streams = [t.stream_weights.options(num_returns="streaming").remote(self.bucket_bytes, ctx)
-                   for t in trainers]
+        streams = [
+            t.stream_weights.options(num_returns="streaming").remote(self.bucket_bytes, ctx) for t in trainers
+        ]
         loads: list[Any] = []
 
         async def forward(stream: Any) -> None:
@@ -73,7 +76,9 @@ class StreamedTransfer:
 
         await asyncio.gather(forward(streams[0]), *[drain(s) for s in streams[1:]])
         summary = await trainers[0].stream_summary.remote()
-        await asyncio.gather(*loads, *[e.commit_weights.remote(version, summary["names"], ctx) for e in engines])
+        await asyncio.gather(
+            *loads, *[e.commit_weights.remote(version, summary["names"], ctx) for e in engines]
+        )
         return Pushed(weights_sha256_of(summary["tensor_hashes"]), summary["tensor_hashes"])
 
 
@@ -88,8 +93,10 @@ def transfer_for(cfg: RunConfig) -> WeightTransfer:
     """The transfer of the run's backend pair."""
     pair = (cfg.train.train_backend, cfg.rollout.rollout_backend)
     if pair not in TRANSFERS:
-        raise ValueError(f"no weight transfer from the {pair[0]} trainer to the {pair[1]} engine; "
-                         f"pairs: {sorted(TRANSFERS)}")
+        raise ValueError(
+            f"no weight transfer from the {pair[0]} trainer to the {pair[1]} engine; "
+            f"pairs: {sorted(TRANSFERS)}"
+        )
     return TRANSFERS[pair]()
 
 

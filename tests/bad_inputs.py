@@ -19,8 +19,8 @@ class Case:
     """One bad input: `argv(tmp)` builds the command line (and any file it needs) in `tmp`; the refusal must
     contain `needle`."""
 
-    kind: str       # the class of bad input (one test per class at least)
-    what: str       # what is wrong, in words (the README's table)
+    kind: str  # the class of bad input (one test per class at least)
+    what: str  # what is wrong, in words (the README's table)
     argv: Callable[[Path], list[str]]
     needle: str
 
@@ -48,11 +48,13 @@ def good_rollout(tmp: Path) -> Path:
 
 def _hostile(name: str, make: Callable[[Path, Path], None]) -> Callable[[Path], Path]:
     """A file `name` in tmp, made by `make(good_rollout, target)`."""
+
     def build(tmp: Path) -> Path:
         target = tmp / name
         target.parent.mkdir(parents=True, exist_ok=True)
         make(good_rollout(tmp), target)
         return target
+
     return build
 
 
@@ -72,15 +74,20 @@ def _consistent(table: pa.Table, template: pa.Table, target: Path) -> None:
 
     meta = dict(template.schema.metadata or {})
     key = next(k for k in meta if k.endswith(b"content_sha256"))
-    meta[key] = json.dumps(table_content_sha256(table)).encode() if meta[key].startswith(b'"') else \
-        table_content_sha256(table).encode()
+    meta[key] = (
+        json.dumps(table_content_sha256(table)).encode()
+        if meta[key].startswith(b'"')
+        else table_content_sha256(table).encode()
+    )
     pq.write_table(table.replace_schema_metadata(meta), target)
 
 
 def _retype(good: Path, target: Path) -> None:  # reward as text: a column of the wrong type
     table = pq.read_table(good)
     i = table.schema.get_field_index("reward")
-    _consistent(table.set_column(i, "reward", pa.array([str(v) for v in table.column(i).to_pylist()])), table, target)
+    _consistent(
+        table.set_column(i, "reward", pa.array([str(v) for v in table.column(i).to_pylist()])), table, target
+    )
 
 
 def _drop_column(good: Path, target: Path) -> None:
@@ -109,6 +116,7 @@ def _pickle_code(good: Path, target: Path) -> None:
     class Evil:
         def __reduce__(self):  # noqa: D105 - the point of the file: unpickling it runs code
             return (print, ("pwned",))
+
     with open(target, "wb") as f:
         pickle.dump({"rollout_id": 0, "samples": [Evil()]}, f)
 
@@ -148,8 +156,12 @@ def _file(name: str) -> Callable[[Path], str]:
 
 
 def inspect(name: str, needle: str) -> Case:
-    return Case("hostile file", f"`inspect` of {HOSTILE_FILES[name][0]}", lambda tmp: ["inspect", _file(name)(tmp)],
-                needle)
+    return Case(
+        "hostile file",
+        f"`inspect` of {HOSTILE_FILES[name][0]}",
+        lambda tmp: ["inspect", _file(name)(tmp)],
+        needle,
+    )
 
 
 def _run_dir(tmp: Path, broken: str) -> str:
@@ -157,8 +169,9 @@ def _run_dir(tmp: Path, broken: str) -> str:
     d = tmp / f"run-{broken}"
     (d / "rollouts").mkdir(parents=True, exist_ok=True)
     shutil.copy(good_rollout(tmp), d / "rollouts" / "rollout_000000.parquet")
-    (d / "metrics.jsonl").write_text(json.dumps({"kind": "step", "rollout_id": 0, "step": 0,
-                                                 "metrics": {"train/loss": 0.1}}) + "\n")
+    (d / "metrics.jsonl").write_text(
+        json.dumps({"kind": "step", "rollout_id": 0, "step": 0, "metrics": {"train/loss": 0.1}}) + "\n"
+    )
     (d / "config.yaml").write_text("name: x\n")
     if broken == "yaml":
         (d / "config.yaml").write_text("name: [unclosed\n")
@@ -209,20 +222,51 @@ def _model_dir_without_config(tmp: Path) -> str:
 
 CASES: list[Case] = [
     # -- numbers out of range or not finite ----------------------------------------------------------------
-    run("--rollout-batch-size", "0", needle="--rollout-batch-size", kind="number", what="zero prompts per rollout"),
+    run(
+        "--rollout-batch-size",
+        "0",
+        needle="--rollout-batch-size",
+        kind="number",
+        what="zero prompts per rollout",
+    ),
     run("--rollout-batch-size", "-3", needle="--rollout-batch-size", kind="number", what="negative batch"),
     run("--num-rollout", "0", needle="--num-rollout", kind="number", what="zero rollouts"),
     run("--num-rollout", "100000000", needle="--num-rollout", kind="number", what="10^8 rollouts"),
-    run("--n-samples-per-prompt", "0", needle="--n-samples-per-prompt", kind="number", what="zero samples per prompt"),
-    run("--n-samples-per-prompt", "1000000", needle="--n-samples-per-prompt", kind="number",
-        what="a million samples per prompt"),
-    run("--rollout-max-response-len", "0", needle="--rollout-max-response-len", kind="number",
-        what="zero new tokens"),
-    run("--rollout-max-response-len", "100000000", needle="--rollout-max-response-len", kind="number",
-        what="10^8 new tokens"),
+    run(
+        "--n-samples-per-prompt",
+        "0",
+        needle="--n-samples-per-prompt",
+        kind="number",
+        what="zero samples per prompt",
+    ),
+    run(
+        "--n-samples-per-prompt",
+        "1000000",
+        needle="--n-samples-per-prompt",
+        kind="number",
+        what="a million samples per prompt",
+    ),
+    run(
+        "--rollout-max-response-len",
+        "0",
+        needle="--rollout-max-response-len",
+        kind="number",
+        what="zero new tokens",
+    ),
+    run(
+        "--rollout-max-response-len",
+        "100000000",
+        needle="--rollout-max-response-len",
+        kind="number",
+        what="10^8 new tokens",
+    ),
     run("--rollout-temperature", "0", needle="--rollout-temperature", kind="number", what="temperature 0"),
-    run("--rollout-temperature", "inf", needle="--rollout-temperature", kind="number", what="temperature inf"),
-    run("--rollout-temperature", "nan", needle="--rollout-temperature", kind="number", what="temperature NaN"),
+    run(
+        "--rollout-temperature", "inf", needle="--rollout-temperature", kind="number", what="temperature inf"
+    ),
+    run(
+        "--rollout-temperature", "nan", needle="--rollout-temperature", kind="number", what="temperature NaN"
+    ),
     run("--rollout-top-p", "1.5", needle="--rollout-top-p", kind="number", what="top-p above 1"),
     run("--rollout-top-k", "-2", needle="--rollout-top-k", kind="number", what="top-k -2"),
     run("--lr", "inf", needle="--lr", kind="number", what="learning rate inf"),
@@ -243,110 +287,340 @@ CASES: list[Case] = [
     run("--prefect-timeout", "0", needle="--prefect-timeout", kind="number", what="Prefect timeout 0"),
     run("--rollout-timeout", "-5", needle="--rollout-timeout", kind="number", what="negative stage timeout"),
     # -- combinations ------------------------------------------------------------------------------------------
-    run("--global-batch-size", "7", needle="--global-batch-size 7 must divide", kind="combination",
-        what="global batch does not divide the rollout"),
-    run("--data-parallel-size", "3", needle="--data-parallel-size 3", kind="combination",
-        what="batch not divisible by the ranks"),
-    run("--micro-batch-size", "5", needle="--micro-batch-size 5", kind="combination",
-        what="micro-batch does not divide the rank's share"),
-    run("--kl-loss-coef", "0.1", needle="--use-kl-loss", kind="combination", what="KL coefficient without KL loss"),
+    run(
+        "--global-batch-size",
+        "7",
+        needle="--global-batch-size 7 must divide",
+        kind="combination",
+        what="global batch does not divide the rollout",
+    ),
+    run(
+        "--data-parallel-size",
+        "3",
+        needle="--data-parallel-size 3",
+        kind="combination",
+        what="batch not divisible by the ranks",
+    ),
+    run(
+        "--micro-batch-size",
+        "5",
+        needle="--micro-batch-size 5",
+        kind="combination",
+        what="micro-batch does not divide the rank's share",
+    ),
+    run(
+        "--kl-loss-coef",
+        "0.1",
+        needle="--use-kl-loss",
+        kind="combination",
+        what="KL coefficient without KL loss",
+    ),
     run("--save-interval", "2", needle="--save DIR", kind="combination", what="save interval without --save"),
-    run("--ci-save-model-hash", needle="needs --save", kind="combination", what="model hashes without --save"),
+    run(
+        "--ci-save-model-hash", needle="needs --save", kind="combination", what="model hashes without --save"
+    ),
     run("--ci-check-model-hash", needle="needs --load", kind="combination", what="hash check without --load"),
-    run("--debug-rollout-only", "--debug-train-only", needle="mutually exclusive", kind="combination",
-        what="rollout-only and train-only"),
-    run("--ci-metric-checker-key", "eval/x", needle="go together", kind="combination",
-        what="gate key without threshold"),
-    run("--input-key", "question", needle="--input-key given without --prompt-data", kind="combination",
-        what="a data key without --prompt-data"),
-    run("--ci-fault-hooks", "[]", "--ci-fault-hooks-path", "/tmp/h.json", needle="mutually exclusive",
-        kind="combination", what="fault hooks given twice"),
-    Case("combination", "--resume with other flags", lambda tmp: ["run", "--resume", _run_dir(tmp, "ok"), "--lr",
-                                                                  "1e-3"], "drop --lr"),
+    run(
+        "--debug-rollout-only",
+        "--debug-train-only",
+        needle="mutually exclusive",
+        kind="combination",
+        what="rollout-only and train-only",
+    ),
+    run(
+        "--ci-metric-checker-key",
+        "eval/x",
+        needle="go together",
+        kind="combination",
+        what="gate key without threshold",
+    ),
+    run(
+        "--input-key",
+        "question",
+        needle="--input-key given without --prompt-data",
+        kind="combination",
+        what="a data key without --prompt-data",
+    ),
+    run(
+        "--ci-fault-hooks",
+        "[]",
+        "--ci-fault-hooks-path",
+        "/tmp/h.json",
+        needle="mutually exclusive",
+        kind="combination",
+        what="fault hooks given twice",
+    ),
+    Case(
+        "combination",
+        "--resume with other flags",
+        lambda tmp: ["run", "--resume", _run_dir(tmp, "ok"), "--lr", "1e-3"],
+        "drop --lr",
+    ),
     # -- names and choices -------------------------------------------------------------------------------------
     run("--train-backend", "nope", needle="invalid choice", kind="name", what="an unknown trainer backend"),
     run("--rollout-backend", "nope", needle="invalid choice", kind="name", what="an unknown engine backend"),
     run("--kl-loss-type", "k9", needle="invalid choice", kind="name", what="an unknown KL estimator"),
     run("--advantage-estimator", "magic", needle="invalid choice", kind="name", what="an unknown estimator"),
     run("--name", "my run!", needle="--name", kind="name", what="a run name with spaces"),
-    run("--refresh", "generat", needle="--refresh: unknown stage", kind="name", what="a misspelt --refresh stage"),
-    run("--rm-type", "bogus", "--prompt-data", "/nonexistent.jsonl", needle="no such file", kind="name",
-        what="an unknown reward with a missing file (the file first)"),
+    run(
+        "--refresh",
+        "generat",
+        needle="--refresh: unknown stage",
+        kind="name",
+        what="a misspelt --refresh stage",
+    ),
+    run(
+        "--rm-type",
+        "bogus",
+        "--prompt-data",
+        "/nonexistent.jsonl",
+        needle="no such file",
+        kind="name",
+        what="an unknown reward with a missing file (the file first)",
+    ),
     run("--no-such-flag", "1", needle="unrecognized arguments", kind="name", what="an unknown flag"),
     # -- templates ---------------------------------------------------------------------------------------------
-    run("--save-debug-rollout-data", "/tmp/x.parquet", needle="has no {rollout_id}", kind="template",
-        what="a recording path without {rollout_id}"),
-    run("--save-debug-rollout-data", "/tmp/x_{rollout_id}.csv", needle="the extension picks the format",
-        kind="template", what="a recording with an unknown extension"),
-    run("--save-debug-rollout-data", "/tmp/x_{rollout_id:06d}.parquet", needle="bad template", kind="template",
-        what="a template with a format spec"),
-    run("--ci-save-grad-norm", "/tmp/{x}.json", needle="bad template", kind="template",
-        what="a grad-norm template with an unknown field"),
+    run(
+        "--save-debug-rollout-data",
+        "/tmp/x.parquet",
+        needle="has no {rollout_id}",
+        kind="template",
+        what="a recording path without {rollout_id}",
+    ),
+    run(
+        "--save-debug-rollout-data",
+        "/tmp/x_{rollout_id}.csv",
+        needle="the extension picks the format",
+        kind="template",
+        what="a recording with an unknown extension",
+    ),
+    run(
+        "--save-debug-rollout-data",
+        "/tmp/x_{rollout_id:06d}.parquet",
+        needle="bad template",
+        kind="template",
+        what="a template with a format spec",
+    ),
+    run(
+        "--ci-save-grad-norm",
+        "/tmp/{x}.json",
+        needle="bad template",
+        kind="template",
+        what="a grad-norm template with an unknown field",
+    ),
     # -- paths -------------------------------------------------------------------------------------------------
-    run("--hf-checkpoint", "/nonexistent/model", needle="--hf-checkpoint /nonexistent/model", kind="path",
-        what="a model dir that does not exist"),
-    Case("path", "a model dir without config.json",
-         lambda tmp: ["run", "--hf-checkpoint", _model_dir_without_config(tmp)], "no config.json"),
-    run("--ref-load", "/nonexistent/ref", needle="--ref-load", kind="path", what="a reference that does not exist"),
-    Case("path", "--load with a broken latest_checkpointed_iteration.txt",
-         lambda tmp: ["run", "--load", _checkpoint(tmp, "latest")], "not an iteration number"),
-    Case("path", "--load naming an iteration that is missing",
-         lambda tmp: ["run", "--load", _checkpoint(tmp, "missing-iter")], "missing or incomplete"),
-    run("--load-debug-rollout-data", "/nonexistent/r_{rollout_id}.parquet", needle="recording for rollout 0",
-        kind="path", what="train-only from recordings that do not exist"),
-    run("--ci-inject-rollout-data-path", "/nonexistent/r_{rollout_id}.parquet", needle="recording for rollout 0",
-        kind="path", what="injection from recordings that do not exist"),
-    run("--load-forge-rollout-data", "/nonexistent/r.parquet", needle="recording for rollout 0", kind="path",
-        what="forge replay of a missing recording"),
+    run(
+        "--hf-checkpoint",
+        "/nonexistent/model",
+        needle="--hf-checkpoint /nonexistent/model",
+        kind="path",
+        what="a model dir that does not exist",
+    ),
+    Case(
+        "path",
+        "a model dir without config.json",
+        lambda tmp: ["run", "--hf-checkpoint", _model_dir_without_config(tmp)],
+        "no config.json",
+    ),
+    run(
+        "--ref-load",
+        "/nonexistent/ref",
+        needle="--ref-load",
+        kind="path",
+        what="a reference that does not exist",
+    ),
+    Case(
+        "path",
+        "--load with a broken latest_checkpointed_iteration.txt",
+        lambda tmp: ["run", "--load", _checkpoint(tmp, "latest")],
+        "not an iteration number",
+    ),
+    Case(
+        "path",
+        "--load naming an iteration that is missing",
+        lambda tmp: ["run", "--load", _checkpoint(tmp, "missing-iter")],
+        "missing or incomplete",
+    ),
+    run(
+        "--load-debug-rollout-data",
+        "/nonexistent/r_{rollout_id}.parquet",
+        needle="recording for rollout 0",
+        kind="path",
+        what="train-only from recordings that do not exist",
+    ),
+    run(
+        "--ci-inject-rollout-data-path",
+        "/nonexistent/r_{rollout_id}.parquet",
+        needle="recording for rollout 0",
+        kind="path",
+        what="injection from recordings that do not exist",
+    ),
+    run(
+        "--load-forge-rollout-data",
+        "/nonexistent/r.parquet",
+        needle="recording for rollout 0",
+        kind="path",
+        what="forge replay of a missing recording",
+    ),
     run("--save", "/proc/ckpt", needle="--save /proc/ckpt", kind="path", what="an unwritable --save dir"),
     run("--run-dir", "/proc/run", needle="/proc/run", kind="path", what="an unwritable run dir"),
-    run("--dump-details", "/proc/dump", needle="--dump-details /proc/dump", kind="path",
-        what="an unwritable --dump-details dir"),
-    run("--save-debug-rollout-data", "/proc/r_{rollout_id}.parquet", needle="--save-debug-rollout-data",
-        kind="path", what="an unwritable recording path"),
-    run("--prompt-data", "/nonexistent.jsonl", "--rm-type", "math", needle="no such file", kind="path",
-        what="prompt data that does not exist"),
-    Case("path", "--resume of a dir that does not exist", _fixed("run", "--resume", "/nonexistent/run"),
-         "--resume /nonexistent/run"),
-    run("--ci-fault-hooks-path", "/nonexistent/h.json", needle="no such file", kind="path",
-        what="a fault plan that does not exist"),
+    run(
+        "--dump-details",
+        "/proc/dump",
+        needle="--dump-details /proc/dump",
+        kind="path",
+        what="an unwritable --dump-details dir",
+    ),
+    run(
+        "--save-debug-rollout-data",
+        "/proc/r_{rollout_id}.parquet",
+        needle="--save-debug-rollout-data",
+        kind="path",
+        what="an unwritable recording path",
+    ),
+    run(
+        "--prompt-data",
+        "/nonexistent.jsonl",
+        "--rm-type",
+        "math",
+        needle="no such file",
+        kind="path",
+        what="prompt data that does not exist",
+    ),
+    Case(
+        "path",
+        "--resume of a dir that does not exist",
+        _fixed("run", "--resume", "/nonexistent/run"),
+        "--resume /nonexistent/run",
+    ),
+    run(
+        "--ci-fault-hooks-path",
+        "/nonexistent/h.json",
+        needle="no such file",
+        kind="path",
+        what="a fault plan that does not exist",
+    ),
     # -- data and reward ---------------------------------------------------------------------------------------
-    Case("data", "prompt data with an unreadable JSONL line",
-         lambda tmp: ["run", "--prompt-data", _jsonl(tmp, '{"input": "a"}\n{oops\n', "badline"), "--rm-type", "math"],
-         "line 2: not valid JSON"),
-    Case("data", "prompt data that is not UTF-8",
-         lambda tmp: ["run", "--prompt-data", _jsonl(tmp, '{"input": "\xe9"}\n', "binary"), "--rm-type", "math"],
-         "not UTF-8"),
-    Case("data", "a row without --input-key",
-         lambda tmp: ["run", "--prompt-data", _jsonl(tmp, '{"question": "a"}\n', "nokey"), "--rm-type", "math"],
-         "no key 'input'"),
-    Case("data", "a custom reward that does not import",
-         lambda tmp: ["run", "--prompt-data", _jsonl(tmp, '{"input": "a"}\n', "ok"), "--custom-rm-path",
-                      "nowhere_xyz.fn"], "cannot import 'nowhere_xyz'"),
-    run("--eval-prompt-data", "a", "/x.jsonl", "a", "/y.jsonl", needle="duplicate eval dataset name", kind="data",
-        what="two eval datasets with one name"),
+    Case(
+        "data",
+        "prompt data with an unreadable JSONL line",
+        lambda tmp: [
+            "run",
+            "--prompt-data",
+            _jsonl(tmp, '{"input": "a"}\n{oops\n', "badline"),
+            "--rm-type",
+            "math",
+        ],
+        "line 2: not valid JSON",
+    ),
+    Case(
+        "data",
+        "prompt data that is not UTF-8",
+        lambda tmp: [
+            "run",
+            "--prompt-data",
+            _jsonl(tmp, '{"input": "\xe9"}\n', "binary"),
+            "--rm-type",
+            "math",
+        ],
+        "not UTF-8",
+    ),
+    Case(
+        "data",
+        "a row without --input-key",
+        lambda tmp: [
+            "run",
+            "--prompt-data",
+            _jsonl(tmp, '{"question": "a"}\n', "nokey"),
+            "--rm-type",
+            "math",
+        ],
+        "no key 'input'",
+    ),
+    Case(
+        "data",
+        "a custom reward that does not import",
+        lambda tmp: [
+            "run",
+            "--prompt-data",
+            _jsonl(tmp, '{"input": "a"}\n', "ok"),
+            "--custom-rm-path",
+            "nowhere_xyz.fn",
+        ],
+        "cannot import 'nowhere_xyz'",
+    ),
+    run(
+        "--eval-prompt-data",
+        "a",
+        "/x.jsonl",
+        "a",
+        "/y.jsonl",
+        needle="duplicate eval dataset name",
+        kind="data",
+        what="two eval datasets with one name",
+    ),
     run("--eval-prompt-data", "a", needle="NAME PATH pairs", kind="data", what="an eval name without a path"),
-    run("--apply-chat-template-kwargs", "{bad", needle="--apply-chat-template-kwargs", kind="data",
-        what="template kwargs that are not JSON"),
+    run(
+        "--apply-chat-template-kwargs",
+        "{bad",
+        needle="--apply-chat-template-kwargs",
+        kind="data",
+        what="template kwargs that are not JSON",
+    ),
     run("--ci-fault-hooks", "[{", needle="not valid JSON", kind="data", what="a fault plan that is not JSON"),
-    run("--ci-fault-hooks", '[{"request_id": "a", "hook_name": "nope", "action": {"kind": "observe"}}]',
-        needle="unknown hook 'nope'", kind="data", what="a fault request for a hook that does not exist"),
+    run(
+        "--ci-fault-hooks",
+        '[{"request_id": "a", "hook_name": "nope", "action": {"kind": "observe"}}]',
+        needle="unknown hook 'nope'",
+        kind="data",
+        what="a fault request for a hook that does not exist",
+    ),
     run("--rollout-stop", "", needle="empty stop string", kind="data", what="an empty stop string"),
-    run("--rollout-stop-token-ids", "999999", needle="outside the tokenizer's vocabulary", kind="data",
-        what="a stop id outside the vocabulary"),
+    run(
+        "--rollout-stop-token-ids",
+        "999999",
+        needle="outside the tokenizer's vocabulary",
+        kind="data",
+        what="a stop id outside the vocabulary",
+    ),
     # -- config files ------------------------------------------------------------------------------------------
-    run("--config", "/nonexistent.yaml", needle="--config /nonexistent.yaml: no such file", kind="config file",
-        what="a config file that does not exist"),
-    Case("config file", "a YAML syntax error", lambda tmp: ["run", "--config", _yaml(tmp, "train: [1,\n", "syntax")],
-         "line"),
-    Case("config file", "a section given as a scalar", lambda tmp: ["run", "--config", _yaml(tmp, "train: 5\n", "scalar")],
-         "train"),
-    Case("config file", "an unknown key", lambda tmp: ["run", "--config", _yaml(tmp, "train: {lrr: 1}\n", "unknown")],
-         "--lrr"),
-    Case("config file", "a list at the top level", lambda tmp: ["run", "--config", _yaml(tmp, "- 1\n", "list")],
-         "mapping"),
-    Case("config file", "binary garbage as YAML",
-         lambda tmp: ["run", "--config", _yaml(tmp, "\x00\x01\x02: [", "garbage")], "--config"),
+    run(
+        "--config",
+        "/nonexistent.yaml",
+        needle="--config /nonexistent.yaml: no such file",
+        kind="config file",
+        what="a config file that does not exist",
+    ),
+    Case(
+        "config file",
+        "a YAML syntax error",
+        lambda tmp: ["run", "--config", _yaml(tmp, "train: [1,\n", "syntax")],
+        "line",
+    ),
+    Case(
+        "config file",
+        "a section given as a scalar",
+        lambda tmp: ["run", "--config", _yaml(tmp, "train: 5\n", "scalar")],
+        "train",
+    ),
+    Case(
+        "config file",
+        "an unknown key",
+        lambda tmp: ["run", "--config", _yaml(tmp, "train: {lrr: 1}\n", "unknown")],
+        "--lrr",
+    ),
+    Case(
+        "config file",
+        "a list at the top level",
+        lambda tmp: ["run", "--config", _yaml(tmp, "- 1\n", "list")],
+        "mapping",
+    ),
+    Case(
+        "config file",
+        "binary garbage as YAML",
+        lambda tmp: ["run", "--config", _yaml(tmp, "\x00\x01\x02: [", "garbage")],
+        "--config",
+    ),
     # -- hostile files for the other commands ------------------------------------------------------------------
     inspect("empty.parquet", "empty.parquet"),
     inspect("noise.parquet", "noise.parquet"),
@@ -361,39 +635,101 @@ CASES: list[Case] = [
     inspect("empty.pt", "empty.pt"),
     inspect("nosamples.pt", "samples"),
     inspect("data.csv", "data.csv"),
-    Case("hostile file", "`inspect` of a path that does not exist", _fixed("inspect", "/nonexistent.parquet"),
-         "/nonexistent.parquet"),
+    Case(
+        "hostile file",
+        "`inspect` of a path that does not exist",
+        _fixed("inspect", "/nonexistent.parquet"),
+        "/nonexistent.parquet",
+    ),
     Case("hostile file", "`inspect` of a directory", lambda tmp: ["inspect", str(tmp)], ""),
-    Case("hostile file", "`convert` from a corrupt Parquet",
-         lambda tmp: ["convert", _file("half.parquet")(tmp), str(tmp / "out.pt")], "half.parquet"),
-    Case("hostile file", "`convert` to an unknown extension",
-         lambda tmp: ["convert", str(good_rollout(tmp)), str(tmp / "out.txt")], "out.txt"),
-    Case("hostile file", "`convert` into a directory that cannot be written",
-         lambda tmp: ["convert", str(good_rollout(tmp)), "/proc/out.parquet"], "/proc/out.parquet"),
-    Case("hostile file", "`diff` of a dir that is not a run", lambda tmp: ["diff", str(tmp), str(tmp)],
-         "not a run directory"),
-    Case("hostile file", "`diff` of a run with a corrupt rollout",
-         lambda tmp: ["diff", _run_dir(tmp, "rollout"), _run_dir(tmp, "ok")], "rollout_000000.parquet"),
-    Case("hostile file", "`diff` of a run whose config.yaml is not YAML",
-         lambda tmp: ["diff", _run_dir(tmp, "yaml"), _run_dir(tmp, "ok")], "config.yaml"),
-    Case("hostile file", "`replay` of a run without config.yaml",
-         lambda tmp: ["replay", _run_dir(tmp, "noconfig"), "--rollout-id", "0", "--task", "generate"],
-         "config.yaml"),
-    Case("hostile file", "`replay` of a run whose config has an unknown key",
-         lambda tmp: ["replay", _run_dir(tmp, "unknown-key"), "--rollout-id", "0", "--task", "generate"],
-         "learning"),
-    Case("hostile file", "`replay` of a rollout that was never recorded",
-         lambda tmp: ["replay", _run_dir(tmp, "ok"), "--rollout-id", "5", "--task", "train-step"], "rollout_000005"),
-    Case("hostile file", "`serve` with a config file that does not exist", _fixed("serve", "--config", "/none.yaml"),
-         "/none.yaml"),
-    Case("hostile file", "`serve` with a YAML syntax error",
-         lambda tmp: ["serve", "--config", _yaml(tmp, "rollout: {num_rollout: [\n", "serve-syntax")], "line"),
-    Case("hostile file", "`--load` of a checkpoint whose meta.json is not JSON",
-         lambda tmp: ["run", "--load", _checkpoint(tmp, "meta")], "meta.json"),
-    Case("hostile file", "`check-template` of a model dir that does not exist",
-         _fixed("check-template", "--hf-checkpoint", "/nonexistent/model"), "/nonexistent/model"),
-    Case("hostile file", "`--load-debug-rollout-data` of a .pt whose unpickling runs code",
-         lambda tmp: ["run", "--load-debug-rollout-data", _file("code.pt")(tmp)], "--trust-pickle"),
-    Case("hostile file", "`--load-debug-rollout-data` of a corrupt Parquet",
-         lambda tmp: ["run", "--load-debug-rollout-data", _file("half.parquet")(tmp)], "half.parquet"),
+    Case(
+        "hostile file",
+        "`convert` from a corrupt Parquet",
+        lambda tmp: ["convert", _file("half.parquet")(tmp), str(tmp / "out.pt")],
+        "half.parquet",
+    ),
+    Case(
+        "hostile file",
+        "`convert` to an unknown extension",
+        lambda tmp: ["convert", str(good_rollout(tmp)), str(tmp / "out.txt")],
+        "out.txt",
+    ),
+    Case(
+        "hostile file",
+        "`convert` into a directory that cannot be written",
+        lambda tmp: ["convert", str(good_rollout(tmp)), "/proc/out.parquet"],
+        "/proc/out.parquet",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a dir that is not a run",
+        lambda tmp: ["diff", str(tmp), str(tmp)],
+        "not a run directory",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a run with a corrupt rollout",
+        lambda tmp: ["diff", _run_dir(tmp, "rollout"), _run_dir(tmp, "ok")],
+        "rollout_000000.parquet",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a run whose config.yaml is not YAML",
+        lambda tmp: ["diff", _run_dir(tmp, "yaml"), _run_dir(tmp, "ok")],
+        "config.yaml",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a run without config.yaml",
+        lambda tmp: ["replay", _run_dir(tmp, "noconfig"), "--rollout-id", "0", "--task", "generate"],
+        "config.yaml",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a run whose config has an unknown key",
+        lambda tmp: ["replay", _run_dir(tmp, "unknown-key"), "--rollout-id", "0", "--task", "generate"],
+        "learning",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a rollout that was never recorded",
+        lambda tmp: ["replay", _run_dir(tmp, "ok"), "--rollout-id", "5", "--task", "train-step"],
+        "rollout_000005",
+    ),
+    Case(
+        "hostile file",
+        "`serve` with a config file that does not exist",
+        _fixed("serve", "--config", "/none.yaml"),
+        "/none.yaml",
+    ),
+    Case(
+        "hostile file",
+        "`serve` with a YAML syntax error",
+        lambda tmp: ["serve", "--config", _yaml(tmp, "rollout: {num_rollout: [\n", "serve-syntax")],
+        "line",
+    ),
+    Case(
+        "hostile file",
+        "`--load` of a checkpoint whose meta.json is not JSON",
+        lambda tmp: ["run", "--load", _checkpoint(tmp, "meta")],
+        "meta.json",
+    ),
+    Case(
+        "hostile file",
+        "`check-template` of a model dir that does not exist",
+        _fixed("check-template", "--hf-checkpoint", "/nonexistent/model"),
+        "/nonexistent/model",
+    ),
+    Case(
+        "hostile file",
+        "`--load-debug-rollout-data` of a .pt whose unpickling runs code",
+        lambda tmp: ["run", "--load-debug-rollout-data", _file("code.pt")(tmp)],
+        "--trust-pickle",
+    ),
+    Case(
+        "hostile file",
+        "`--load-debug-rollout-data` of a corrupt Parquet",
+        lambda tmp: ["run", "--load-debug-rollout-data", _file("half.parquet")(tmp)],
+        "half.parquet",
+    ),
 ]

@@ -49,8 +49,14 @@ def ray_session():
 
     # process slots for every run of the session (a run's placement group takes its own and gives them back); a
     # custom resource, unlike CPUs, starts no idle worker per unit
-    ray.init(num_cpus=2, resources={SLOT_RESOURCE: 64}, include_dashboard=False, _temp_dir=ray_tmp,
-             log_to_driver=False, _node_ip_address="127.0.0.1")
+    ray.init(
+        num_cpus=2,
+        resources={SLOT_RESOURCE: 64},
+        include_dashboard=False,
+        _temp_dir=ray_tmp,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
     yield ray
     ray.shutdown()
     shutil.rmtree(ray_tmp, ignore_errors=True)

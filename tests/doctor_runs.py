@@ -31,8 +31,9 @@ def tokenizer_dir(path: Path) -> Path:
 
     tok = build_tokenizer()
     tok.save_pretrained(str(path))
-    (path / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": len(tok),
-                                                  "attention_dropout": 0.0}))
+    (path / "config.json").write_text(
+        json.dumps({"model_type": "qwen2", "vocab_size": len(tok), "attention_dropout": 0.0})
+    )
     return path
 
 
@@ -74,8 +75,9 @@ def _samples(rid: int, plan: Plan, tok, eval_mode: bool = False) -> list[Sample]
     groups = 16 if eval_mode else plan.groups
     n = 4 if eval_mode else plan.n
     for g in range(groups):
-        text = tok.apply_chat_template([{"role": "user", "content": f"{g}+20"}], tokenize=False,
-                                       add_generation_prompt=True)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": f"{g}+20"}], tokenize=False, add_generation_prompt=True
+        )
         tokens = plan.prompt_tokens(tok.encode(text, add_special_tokens=False))
         for j in range(n):
             response, status = _response(rid, g, j, plan)
@@ -84,13 +86,26 @@ def _samples(rid: int, plan: Plan, tok, eval_mode: bool = False) -> list[Sample]
                 reward = float(index < round(plan.eval_accuracy(rid) * groups * n))
             else:
                 reward = plan.reward(rid, g, j)
-            out.append(Sample(
-                rollout_id=rid, group_index=g, sample_index=index, prompt=text, prompt_tokens=tokens,
-                response=tok.decode(response, skip_special_tokens=True), response_tokens=response,
-                response_length=len(response), label=plan.label(g), reward=reward, status=status,
-                loss_mask=[1] * len(response), rollout_log_probs=[-0.5 - 0.1 * k for k in range(len(response))],
-                weight_version=rid, seed=1000 * rid + index,
-                metadata={"eval_dataset": "arith"} if eval_mode else {}))
+            out.append(
+                Sample(
+                    rollout_id=rid,
+                    group_index=g,
+                    sample_index=index,
+                    prompt=text,
+                    prompt_tokens=tokens,
+                    response=tok.decode(response, skip_special_tokens=True),
+                    response_tokens=response,
+                    response_length=len(response),
+                    label=plan.label(g),
+                    reward=reward,
+                    status=status,
+                    loss_mask=[1] * len(response),
+                    rollout_log_probs=[-0.5 - 0.1 * k for k in range(len(response))],
+                    weight_version=rid,
+                    seed=1000 * rid + index,
+                    metadata={"eval_dataset": "arith"} if eval_mode else {},
+                )
+            )
     return out
 
 
@@ -109,10 +124,18 @@ def make_run(root: Path, tokenizer: Path, plan: Plan | None = None) -> Path:
     tok = AutoTokenizer.from_pretrained(str(tokenizer))
     run = root / "run"
     paths = RunPaths(run)
-    data = {"name": "synthetic", "run_dir": str(run), "hf_checkpoint": str(tokenizer),
-            "rollout": {"num_rollout": plan.rollouts, "rollout_batch_size": plan.groups,
-                        "n_samples_per_prompt": plan.n, "rollout_max_response_len": plan.max_len},
-            "train": {"global_batch_size": plan.groups * plan.n // plan.steps_per_rollout}}
+    data = {
+        "name": "synthetic",
+        "run_dir": str(run),
+        "hf_checkpoint": str(tokenizer),
+        "rollout": {
+            "num_rollout": plan.rollouts,
+            "rollout_batch_size": plan.groups,
+            "n_samples_per_prompt": plan.n,
+            "rollout_max_response_len": plan.max_len,
+        },
+        "train": {"global_batch_size": plan.groups * plan.n // plan.steps_per_rollout},
+    }
     for section, values in plan.config.items():
         data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
     cfg = RunConfig.model_validate(data)
@@ -124,21 +147,36 @@ def make_run(root: Path, tokenizer: Path, plan: Plan | None = None) -> Path:
             _eval(paths, rid, plan, tok)
         samples = _samples(rid, plan, tok)
         write_rollout(paths.rollout(rid), samples, metadata=sampling)
-        rows = [{"sample_index": s.sample_index,
-                 "log_probs": [v + plan.gap(rid) for v in s.rollout_log_probs],
-                 "ref_log_probs": [v + plan.gap(rid) for v in s.rollout_log_probs],
-                 "entropy": [plan.entropy(rid)] * s.response_length} for s in samples]
+        rows = [
+            {
+                "sample_index": s.sample_index,
+                "log_probs": [v + plan.gap(rid) for v in s.rollout_log_probs],
+                "ref_log_probs": [v + plan.gap(rid) for v in s.rollout_log_probs],
+                "entropy": [plan.entropy(rid)] * s.response_length,
+            }
+            for s in samples
+        ]
         write_table(paths.logprobs(rid), pa.Table.from_pylist(rows), kind="logprobs")
         _record(paths, "rollout", rid, reward_stats(samples, plan.n))
         _record(paths, "rollout", rid, logprob_stats(samples, rows))
         for k in range(plan.steps_per_rollout):
             step = rid * plan.steps_per_rollout + k
             nan = plan.nan_step == (rid, k)
-            _record(paths, "step", rid, {"train/loss": 0.01, "train/pg_loss": 0.01, "train/ppo_kl": plan.ppo_kl(rid, k),
-                                         "train/pg_clipfrac": 0.0 if k == 0 else 0.01,
-                                         "train/train_rollout_logprob_abs_diff": abs(plan.gap(rid)),
-                                         "train/grad_norm": float("nan") if nan else plan.grad_norm(rid, step),
-                                         "train/step": step}, step=step)
+            _record(
+                paths,
+                "step",
+                rid,
+                {
+                    "train/loss": 0.01,
+                    "train/pg_loss": 0.01,
+                    "train/ppo_kl": plan.ppo_kl(rid, k),
+                    "train/pg_clipfrac": 0.0 if k == 0 else 0.01,
+                    "train/train_rollout_logprob_abs_diff": abs(plan.gap(rid)),
+                    "train/grad_norm": float("nan") if nan else plan.grad_norm(rid, step),
+                    "train/step": step,
+                },
+                step=step,
+            )
         _record(paths, "check", rid, {"check/finite_metrics": 1.0, "check/engines_in_sync": 1.0})
     if plan.rollouts % plan.eval_every == 0:
         _eval(paths, plan.rollouts, plan, tok)

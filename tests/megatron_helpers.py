@@ -163,7 +163,9 @@ def spawn_worker(rank: int, world: int, port: int, task: dict[str, Any]) -> None
 
     torch.set_num_threads(1)
     cfg = RunConfig.model_validate(json.loads(task["cfg"]))
-    trainer = MegatronTrainer(trainer_settings(cfg), task["checkpoint"], rank, world, device=task.get("device", "cpu"))
+    trainer = MegatronTrainer(
+        trainer_settings(cfg), task["checkpoint"], rank, world, device=task.get("device", "cpu")
+    )
     trainer.setup("127.0.0.1", port)
     rollout = ArtifactRef.model_validate(task["rollout"])
     lp = trainer.compute_log_probs(rollout, task["logprobs"])

@@ -44,22 +44,42 @@ def main(report: Path, slots_per_node: int, flags: list[str]) -> None:
     from config import SLOT_RESOURCE
 
     def node_args(role: str) -> dict:
-        return {"num_cpus": 1, "resources": {role: 1, SLOT_RESOURCE: slots_per_node}, "include_dashboard": False}
+        return {
+            "num_cpus": 1,
+            "resources": {role: 1, SLOT_RESOURCE: slots_per_node},
+            "include_dashboard": False,
+        }
 
     cluster = Cluster(initialize_head=True, head_node_args=node_args(NODE_ROLES[0]))
     try:
         rollout_machine = cluster.add_node(**node_args(NODE_ROLES[1]))
         nodes = {cluster.head_node.node_id: NODE_ROLES[0], rollout_machine.node_id: NODE_ROLES[1]}
         began = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--ray-address", cluster.address, *flags],
-                             cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True, timeout=1200)
+        run = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "run", "--ray-address", cluster.address, *flags],
+            cwd=ROOT,
+            env=os.environ.copy(),
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
         seconds = time.monotonic() - began
         actors: dict[str, list[str]] = {}
         for info in sorted(cluster.global_state.actor_table(None).values(), key=lambda a: a["StartTime"]):
             if info["Name"]:
                 actors.setdefault(info["Name"], []).append(info["Address"]["NodeID"])
-        report.write_text(json.dumps({"returncode": run.returncode, "output": (run.stdout + run.stderr)[-20000:],
-                                      "seconds": seconds, "nodes": nodes, "actors": actors}, indent=1))
+        report.write_text(
+            json.dumps(
+                {
+                    "returncode": run.returncode,
+                    "output": (run.stdout + run.stderr)[-20000:],
+                    "seconds": seconds,
+                    "nodes": nodes,
+                    "actors": actors,
+                },
+                indent=1,
+            )
+        )
     finally:
         cluster.shutdown()
         shutil.rmtree(ray_tmp, ignore_errors=True)
@@ -68,10 +88,13 @@ def main(report: Path, slots_per_node: int, flags: list[str]) -> None:
 if __name__ == "__main__":
     import argparse
 
-    ours, rollflow_flags = (sys.argv[1:], []) if "--" not in sys.argv else (
-        sys.argv[1:sys.argv.index("--")], sys.argv[sys.argv.index("--") + 1:])
+    ours, rollflow_flags = (
+        (sys.argv[1:], [])
+        if "--" not in sys.argv
+        else (sys.argv[1 : sys.argv.index("--")], sys.argv[sys.argv.index("--") + 1 :])
+    )
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("report", type=Path)
-    parser.add_argument("--slots-per-node", type=int, default=2, help="processes each \"machine\" may host")
+    parser.add_argument("--slots-per-node", type=int, default=2, help='processes each "machine" may host')
     args = parser.parse_args(ours)
     main(args.report, args.slots_per_node, rollflow_flags)

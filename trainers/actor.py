@@ -35,11 +35,21 @@ class TrainerActor:
     the applied metrics) under the run dir, so that a trainer that dies can be re-created and resume exactly
     where the last completed train-step left it (tasks/recovery.py)."""
 
-    def __init__(self, backend: str, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int,
-                 faults: list[FaultHookRequest] | None = None, epoch: float | None = None, run_id: str = "") -> None:
+    def __init__(
+        self,
+        backend: str,
+        settings: TrainerSettings,
+        checkpoint: str,
+        rank: int,
+        world_size: int,
+        faults: list[FaultHookRequest] | None = None,
+        epoch: float | None = None,
+        run_id: str = "",
+    ) -> None:
         torch.set_num_threads(settings.num_threads)
         self.trainer: Trainer = get_trainer_class(backend)(settings, checkpoint, rank, world_size)
-        self.trainer.run_id = run_id  # written into checkpoints: a relaunch with --load of one resumes this run
+        # written into checkpoints: a relaunch with --load of one resumes this run
+        self.trainer.run_id = run_id
         self.faults = FaultInjector(faults or [], "trainer", rank, settings.run_dir, epoch)
         self.trainer.faults = self.faults
         self.snapshots = snapshot_dir(settings.run_dir)
@@ -72,8 +82,13 @@ class TrainerActor:
     def rollout_stats(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> dict[str, float]:
         return self.trainer.rollout_stats(rollout_ref, logprob_ref)
 
-    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef, dump_template: str | None = None,
-                   ctx: dict[str, Any] | None = None) -> list[dict[str, float]]:
+    def train_step(
+        self,
+        rollout_ref: ArtifactRef,
+        logprob_ref: ArtifactRef,
+        dump_template: str | None = None,
+        ctx: dict[str, Any] | None = None,
+    ) -> list[dict[str, float]]:
         """The backend's train_step, then the step-boundary snapshot of what it applied."""
         self.faults.set_context(**(ctx or {}))
         self.train_calls += 1

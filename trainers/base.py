@@ -23,8 +23,7 @@ class Trainer(Protocol):
     faults: FaultInjector  # armed by the actor with the run's fault hooks
     run_id: str  # the run it trains for, written into checkpoints
 
-    def __init__(self, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int) -> None:
-        ...
+    def __init__(self, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int) -> None: ...
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the process group and build model, reference model and optimizer; returns info."""
@@ -40,8 +39,9 @@ class Trainer(Protocol):
         the engine's rollout_log_probs) of a rollout and its log-prob artifact."""
         ...
 
-    def train_step(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef,
-                   dump_template: str | None = None) -> list[dict[str, float]]:
+    def train_step(
+        self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef, dump_template: str | None = None
+    ) -> list[dict[str, float]]:
         """All optimizer steps of one rollout; one metrics dict per step (identical on every rank).
         Applying the same rollout twice is refused: a repeated call returns the first call's metrics.
         `dump_template` ({rollout_id}, {rank}) receives this rank's trained batch as Parquet."""
@@ -83,4 +83,3 @@ class Trainer(Protocol):
     def load(self, directory: str) -> int:
         """Restore everything `save` wrote; returns the rollout id saved there."""
         ...
-

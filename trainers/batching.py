@@ -9,8 +9,9 @@ import torch
 from artifacts.schema import Sample
 
 
-def schedule(num_samples: int, global_batch_size: int, dp_size: int, rank: int,
-             micro_batch_size: int) -> list[list[list[int]]]:
+def schedule(
+    num_samples: int, global_batch_size: int, dp_size: int, rank: int, micro_batch_size: int
+) -> list[list[list[int]]]:
     """Positions (into the rollout's samples, ordered by sample_index) each rank works on.
 
     Returns steps -> micro-batches -> sample positions. Step s covers samples
@@ -21,7 +22,7 @@ def schedule(num_samples: int, global_batch_size: int, dp_size: int, rank: int,
     steps = []
     for start in range(0, num_samples, global_batch_size):
         mine = list(range(start + rank * per_rank, start + (rank + 1) * per_rank))
-        steps.append([mine[i:i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)])
+        steps.append([mine[i : i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)])
     return steps
 
 
@@ -30,10 +31,10 @@ class Bucket:
     """Samples of one micro-batch of similar length, run in one forward of their own (see length_buckets).
     n = their real response tokens, sample by sample."""
 
-    rows: torch.Tensor    # [b] int64: rows of the micro-batch, ascending length
-    width: int            # longest prompt+response among them: the forward's sequence length
+    rows: torch.Tensor  # [b] int64: rows of the micro-batch, ascending length
+    width: int  # longest prompt+response among them: the forward's sequence length
     source: torch.Tensor  # [n] int64: index into the forward's flattened [b, width] positions of the one
-                          # predicting each response token
+    # predicting each response token
     target: torch.Tensor  # [n] int64: where that token sits in the micro-batch's flattened [B, T] layout
     tokens: torch.Tensor  # [n] int64: the response token itself
 
@@ -44,15 +45,15 @@ class SharedPrompts:
     trainers/torch_trainer/shared_prompt.py). G distinct prompts, left padded to P; B samples, their response
     inputs right padded to R (a response's last token is never an input); N real response tokens."""
 
-    prompt_ids: torch.Tensor     # [G, P] int64, left padded
-    prompt_pos: torch.Tensor     # [G, P] int64 rotary positions (0 on padding)
-    prompt_valid: torch.Tensor   # [G, P] bool
-    group: torch.Tensor          # [B] int64: each sample's prompt
-    response_ids: torch.Tensor   # [B, R] int64: response tokens 0..r-2, right padded
-    response_pos: torch.Tensor   # [B, R] int64
-    source: torch.Tensor         # [N] int64: index into the flattened [B, 1 + R] hidden states predicting each token
-    target: torch.Tensor         # [N] int64: where that token sits in the micro-batch's flattened [B, T] layout
-    tokens: torch.Tensor         # [N] int64
+    prompt_ids: torch.Tensor  # [G, P] int64, left padded
+    prompt_pos: torch.Tensor  # [G, P] int64 rotary positions (0 on padding)
+    prompt_valid: torch.Tensor  # [G, P] bool
+    group: torch.Tensor  # [B] int64: each sample's prompt
+    response_ids: torch.Tensor  # [B, R] int64: response tokens 0..r-2, right padded
+    response_pos: torch.Tensor  # [B, R] int64
+    source: torch.Tensor  # [N] int64: index into the flattened [B, 1 + R] hidden states predicting each token
+    target: torch.Tensor  # [N] int64: where that token sits in the micro-batch's flattened [B, T] layout
+    tokens: torch.Tensor  # [N] int64
 
     @staticmethod
     def build(samples: list[Sample], t: int, pad_id: int, padded_cost: int) -> SharedPrompts | None:
@@ -74,19 +75,24 @@ class SharedPrompts:
         tokens: list[int] = []
         for b, s in enumerate(samples):
             p, n = len(s.prompt_tokens), s.response_length
-            inputs = list(s.response_tokens[:max(n - 1, 0)])
+            inputs = list(s.response_tokens[: max(n - 1, 0)])
             response_ids.append(inputs + [pad_id] * (r - len(inputs)))
             response_pos.append([p + i for i in range(r)])
             source.extend(range(b * (1 + r), b * (1 + r) + n))  # column 0: the prompt's last hidden state
             target.extend(range(b * t, b * t + n))
             tokens.extend(s.response_tokens)
         long = torch.long
-        return SharedPrompts(torch.tensor(prompt_ids, dtype=long), torch.tensor(prompt_pos, dtype=long),
-                             torch.tensor([[i >= width - len(p) for i in range(width)] for p in prompts]),
-                             torch.tensor(group, dtype=long), torch.tensor(response_ids, dtype=long).reshape(len(samples), r),
-                             torch.tensor(response_pos, dtype=long).reshape(len(samples), r),
-                             torch.tensor(source, dtype=long), torch.tensor(target, dtype=long),
-                             torch.tensor(tokens, dtype=long))
+        return SharedPrompts(
+            torch.tensor(prompt_ids, dtype=long),
+            torch.tensor(prompt_pos, dtype=long),
+            torch.tensor([[i >= width - len(p) for i in range(width)] for p in prompts]),
+            torch.tensor(group, dtype=long),
+            torch.tensor(response_ids, dtype=long).reshape(len(samples), r),
+            torch.tensor(response_pos, dtype=long).reshape(len(samples), r),
+            torch.tensor(source, dtype=long),
+            torch.tensor(target, dtype=long),
+            torch.tensor(tokens, dtype=long),
+        )
 
 
 @dataclass
@@ -98,12 +104,12 @@ class MicroBatch:
     never gathered), and without one SDPA takes its causal kernel (tests/unit/test_batching.py pins
     that the response logits are bitwise those of the masked forward)."""
 
-    input_ids: torch.Tensor       # [B, T_all] int64
+    input_ids: torch.Tensor  # [B, T_all] int64
     response_index: torch.Tensor  # [B, T] int64: position in input_ids whose logits predict response token t
     response_tokens: torch.Tensor  # [B, T] int64
-    loss_mask: torch.Tensor       # [B, T] float32 (0 on padding)
+    loss_mask: torch.Tensor  # [B, T] float32 (0 on padding)
     sample_index: list[int]
-    buckets: list[Bucket]         # the same samples cut by length (a backend may run one forward per bucket)
+    buckets: list[Bucket]  # the same samples cut by length (a backend may run one forward per bucket)
     shared: SharedPrompts | None  # or laid out by distinct prompt, when that costs fewer positions
 
 
@@ -122,10 +128,15 @@ def make_micro_batch(samples: list[Sample], pad_id: int) -> MicroBatch:
         loss_mask.append([float(m) for m in s.loss_mask] + [0.0] * (t - r))
     cuts = length_buckets([len(x) for x in seqs])
     padded = sum(len(rows) * max(len(seqs[i]) for i in rows) + FORWARD_OVERHEAD_TOKENS for rows in cuts)
-    return MicroBatch(input_ids, torch.tensor(response_index, dtype=torch.long),
-                      torch.tensor(response_tokens, dtype=torch.long),
-                      torch.tensor(loss_mask, dtype=torch.float32), [s.sample_index for s in samples],
-                      [_bucket(samples, rows, t) for rows in cuts], SharedPrompts.build(samples, t, pad_id, padded))
+    return MicroBatch(
+        input_ids,
+        torch.tensor(response_index, dtype=torch.long),
+        torch.tensor(response_tokens, dtype=torch.long),
+        torch.tensor(loss_mask, dtype=torch.float32),
+        [s.sample_index for s in samples],
+        [_bucket(samples, rows, t) for rows in cuts],
+        SharedPrompts.build(samples, t, pad_id, padded),
+    )
 
 
 def _bucket(samples: list[Sample], rows: list[int], t: int) -> Bucket:
@@ -139,8 +150,13 @@ def _bucket(samples: list[Sample], rows: list[int], t: int) -> Bucket:
         source.extend(range(i * width + p - 1, i * width + p - 1 + r))
         target.extend(range(b * t, b * t + r))
         tokens.extend(s.response_tokens)
-    return Bucket(torch.tensor(rows, dtype=torch.long), width, torch.tensor(source, dtype=torch.long),
-                  torch.tensor(target, dtype=torch.long), torch.tensor(tokens, dtype=torch.long))
+    return Bucket(
+        torch.tensor(rows, dtype=torch.long),
+        width,
+        torch.tensor(source, dtype=torch.long),
+        torch.tensor(target, dtype=torch.long),
+        torch.tensor(tokens, dtype=torch.long),
+    )
 
 
 # What one more forward/backward costs beyond its tokens, counted in padded tokens: on a 2-core CPU a small
@@ -160,17 +176,19 @@ def length_buckets(lengths: list[int], overhead_tokens: int = FORWARD_OVERHEAD_T
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     n = len(order)
     best = [0] * (n + 1)  # best[j]: the cost of the first j sorted samples
-    cut = [0] * (n + 1)   # cut[j]: where the last bucket of those j starts
+    cut = [0] * (n + 1)  # cut[j]: where the last bucket of those j starts
     for j in range(1, n + 1):
         longest = lengths[order[j - 1]]
         best[j], cut[j] = min((best[i] + (j - i) * longest + overhead_tokens, i) for i in range(j))
     buckets, j = [], n
     while j > 0:
-        buckets.append(order[cut[j]:j])
+        buckets.append(order[cut[j] : j])
         j = cut[j]
     return buckets[::-1]
 
 
 def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:
     """[B, width] float32 from ragged rows (each at most `width` long), zero padded."""
-    return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32).reshape(len(rows), width)
+    return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32).reshape(
+        len(rows), width
+    )

@@ -30,8 +30,9 @@ def fixed_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def all_reduce_sum(tensor: torch.Tensor, *, deterministic: bool = False,
-                   group: dist.ProcessGroup | None = None) -> None:
+def all_reduce_sum(
+    tensor: torch.Tensor, *, deterministic: bool = False, group: dist.ProcessGroup | None = None
+) -> None:
     """In-place SUM across `group` (default: the default process group); a no-op for a group of one.
     Deterministic: the parts are folded in the group's rank order."""
     if not dist.is_initialized() or dist.get_world_size(group) == 1:

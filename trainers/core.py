@@ -269,18 +269,25 @@ class TrainerCore(abc.ABC):
                         lp, ent = self._token_outputs(self.model, mb)
                         for i, s in enumerate(batch):
                             n = s.response_length
-                            rows[s.sample_index].update(log_probs=lp[i, :n].tolist(), entropy=ent[i, :n].tolist())
+                            rows[s.sample_index].update(
+                                log_probs=lp[i, :n].tolist(), entropy=ent[i, :n].tolist()
+                            )
                         if fuse and k == 0:
                             assert advantages is not None
-                            metrics = self._micro_step(batch, mb, advantages[positions], rows, use_rollout_lp,
-                                                       (lp, ent))
+                            metrics = self._micro_step(
+                                batch, mb, advantages[positions], rows, use_rollout_lp, (lp, ent)
+                            )
                             for key, v in metrics.items():
                                 sums[key] = sums[key] + v.cpu()
                     policy_s += time.perf_counter() - began
         if fuse and samples:
             first = [samples[p] for mb in self._my_micro_batches(samples)[0] for p in mb]
-            self._fused = FusedStep(rollout_ref.sha256, self.global_step, dict(sums),
-                                    {s.sample_index: rows[s.sample_index]["log_probs"] for s in first})
+            self._fused = FusedStep(
+                rollout_ref.sha256,
+                self.global_step,
+                dict(sums),
+                {s.sample_index: rows[s.sample_index]["log_probs"] for s in first},
+            )
         self._perf = {"perf/log_probs_time": policy_s, "perf/ref_log_probs_time": ref_s}
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, rows if self.replica_lead else {})
@@ -372,10 +379,16 @@ class TrainerCore(abc.ABC):
         """Per-sample advantages of the rollout, [N] in sample order."""
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
-        return get_advantage_estimator(self.s.advantage_estimator)(rewards, groups, normalize_std=self.s.normalize_std)
+        return get_advantage_estimator(self.s.advantage_estimator)(
+            rewards, groups, normalize_std=self.s.normalize_std
+        )
 
     def _train_rollout(
-        self, samples: list[Sample], lp_rows: list[dict], dump_template: str | None, fused: FusedStep | None = None
+        self,
+        samples: list[Sample],
+        lp_rows: list[dict],
+        dump_template: str | None,
+        fused: FusedStep | None = None,
     ) -> list[dict[str, float]]:
         """The optimizer steps of one rollout (no guard, no snapshot: see train_step); one record a step.
         `fused`: the first step's forward and backward already ran (its gradients are in .grad)."""
@@ -395,7 +408,9 @@ class TrainerCore(abc.ABC):
                 for positions in step:
                     batch = [samples[p] for p in positions]
                     mb = self._micro_batch(samples, positions)
-                    for key, v in self._micro_step(batch, mb, advantages[positions], old, use_rollout_lp).items():
+                    for key, v in self._micro_step(
+                        batch, mb, advantages[positions], old, use_rollout_lp
+                    ).items():
                         sums[key] = sums[key] + v.cpu()
             self.faults.reach("trainer_step_before_allreduce", rollout_id=samples[0].rollout_id)
             for p in self.params:

@@ -206,8 +206,9 @@ class _LinearLogProbs(torch.autograd.Function):
     those as a [N, V] tensor, and on a CPU every such pass costs as much as the output matmul itself)."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float,
-                chunk_rows: int) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any, hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float, chunk_rows: int
+    ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         log_probs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -226,8 +227,9 @@ class _LinearLogProbs(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_lp: Tensor | None, grad_ent: Tensor | None
-                 ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+    def backward(
+        ctx: Any, grad_lp: Tensor | None, grad_ent: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
         hidden, weight, tokens, entropy = ctx.saved_tensors
         grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
@@ -235,9 +237,13 @@ class _LinearLogProbs(torch.autograd.Function):
             return grad_h, grad_w, None, None, None
         for i, log_p in enumerate(ctx.log_p):
             rows = slice(i * ctx.chunk_rows, i * ctx.chunk_rows + log_p.shape[0])
-            g = _chunk_logits_grad(log_p, tokens[rows], entropy[rows],
-                                   None if grad_lp is None else grad_lp[rows],
-                                   None if grad_ent is None else grad_ent[rows])
+            g = _chunk_logits_grad(
+                log_p,
+                tokens[rows],
+                entropy[rows],
+                None if grad_lp is None else grad_lp[rows],
+                None if grad_ent is None else grad_ent[rows],
+            )
             if ctx.temperature != 1.0:
                 g.div_(ctx.temperature)
             g = g.to(hidden.dtype)
@@ -259,8 +265,9 @@ def _chunk_log_softmax(hidden: Tensor, weight: Tensor, temperature: float) -> Te
     return z.sub_(z.exp().sum(-1, keepdim=True).log_())
 
 
-def _chunk_logits_grad(log_p: Tensor, tokens: Tensor, entropy: Tensor, grad_lp: Tensor | None,
-                       grad_ent: Tensor | None) -> Tensor:
+def _chunk_logits_grad(
+    log_p: Tensor, tokens: Tensor, entropy: Tensor, grad_lp: Tensor | None, grad_ent: Tensor | None
+) -> Tensor:
     """d(loss)/d(logits / temperature) of one chunk, written over ``log_p`` (which is not needed after):
     d lp_i / dz_ij = [j = t_i] - p_ij and d H_i / dz_ij = -p_ij (log p_ij + H_i). [rows, V] float32."""
     p = log_p.exp()
@@ -277,8 +284,9 @@ def _chunk_logits_grad(log_p: Tensor, tokens: Tensor, entropy: Tensor, grad_lp: 
     return g
 
 
-def linear_log_probs_and_entropy(hidden: Tensor, weight: Tensor, tokens: Tensor, *, temperature: float = 1.0,
-                                 chunk_rows: int | None = None) -> tuple[Tensor, Tensor]:
+def linear_log_probs_and_entropy(
+    hidden: Tensor, weight: Tensor, tokens: Tensor, *, temperature: float = 1.0, chunk_rows: int | None = None
+) -> tuple[Tensor, Tensor]:
     """Log-probability of each target token and entropy of each distribution, straight from the hidden states
     and the output layer, without materialising [N, V] logits, log-softmax or their gradients.
 
@@ -292,9 +300,16 @@ def linear_log_probs_and_entropy(hidden: Tensor, weight: Tensor, tokens: Tensor,
     Shapes: hidden [N, H], weight [V, H], tokens [N] int -> (log_probs [N], entropy [N]).
     ``chunk_rows`` defaults to :func:`chunk_rows_for` of V.
     """
-    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1] or tokens.shape != hidden.shape[:1]:
-        raise ValueError(f"expected hidden [N, H], weight [V, H], tokens [N]; got {tuple(hidden.shape)}, "
-                         f"{tuple(weight.shape)}, {tuple(tokens.shape)}")
+    if (
+        hidden.dim() != 2
+        or weight.dim() != 2
+        or hidden.shape[1] != weight.shape[1]
+        or tokens.shape != hidden.shape[:1]
+    ):
+        raise ValueError(
+            f"expected hidden [N, H], weight [V, H], tokens [N]; got {tuple(hidden.shape)}, "
+            f"{tuple(weight.shape)}, {tuple(tokens.shape)}"
+        )
     rows = chunk_rows or chunk_rows_for(weight.shape[0])
     log_probs, entropy = _LinearLogProbs.apply(hidden, weight, tokens.long(), float(temperature), rows)
     return log_probs, entropy

@@ -26,5 +26,7 @@ def logprob_stats(samples: list[Sample], rows: list[dict]) -> dict[str, float]:
             if r.get(key) is not None:
                 out.setdefault(f"rollout/{key}", []).append(_masked_mean(r[key], s.loss_mask))
         if len(s.rollout_log_probs) == s.response_length:
-            out.setdefault("rollout/rollout_log_probs", []).append(_masked_mean(s.rollout_log_probs, s.loss_mask))
+            out.setdefault("rollout/rollout_log_probs", []).append(
+                _masked_mean(s.rollout_log_probs, s.loss_mask)
+            )
     return {k: mean(v) for k, v in out.items()}

@@ -84,7 +84,9 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         kl_loss_type=t.kl_loss_type,
         use_rollout_logprobs=t.use_rollout_logprobs,
         # the --ci-test KL checker compares the first step's log-probs with those of a separate forward
-        fuse_first_step=not (cfg.debug.debug_separate_logprob_pass or (ci.ci_test and not ci.ci_disable_kl_checker)),
+        fuse_first_step=not (
+            cfg.debug.debug_separate_logprob_pass or (ci.ci_test and not ci.ci_disable_kl_checker)
+        ),
         deterministic_collective=cfg.debug.debug_deterministic_collective,
         disable_optimizer=cfg.debug.debug_disable_optimizer,
         # the --ci-test log-prob checker compares with the reference model's log-probs

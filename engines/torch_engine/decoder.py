@@ -59,21 +59,34 @@ class FastWeights:
         self.lm_head: torch.Tensor = model.lm_head.weight
         # per layer: input norm, q|k|v weight, q|k|v bias (None for Llama), o weight, post-attention norm,
         # gate|up weight, down weight
-        self.layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor,
-                                torch.Tensor, torch.Tensor]] = []
+        self.layers: list[
+            tuple[
+                torch.Tensor,
+                torch.Tensor,
+                torch.Tensor | None,
+                torch.Tensor,
+                torch.Tensor,
+                torch.Tensor,
+                torch.Tensor,
+            ]
+        ] = []
         with torch.no_grad():
             for layer in inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 qkv_bias = None
                 if attn.q_proj.bias is not None:
                     qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-                self.layers.append((
-                    layer.input_layernorm.weight,
-                    torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), qkv_bias,
-                    attn.o_proj.weight,
-                    layer.post_attention_layernorm.weight,
-                    torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight,
-                ))
+                self.layers.append(
+                    (
+                        layer.input_layernorm.weight,
+                        torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                        qkv_bias,
+                        attn.o_proj.weight,
+                        layer.post_attention_layernorm.weight,
+                        torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                        mlp.down_proj.weight,
+                    )
+                )
             # HF's own rotary module, evaluated once for every position this engine can reach
             pos = torch.arange(max_positions, device=self.embed.device)[None, :]
             cos, sin = inner.rotary_emb(self.embed[:1], pos)
@@ -94,10 +107,15 @@ class FastDecoder:
         """Whether this class computes what `model`'s own forward computes."""
         cfg = model.config
         rope = getattr(cfg, "rope_parameters", None) or {}
-        return (cfg.model_type in _FAST_TYPES and getattr(cfg, "hidden_act", "silu") == "silu"
-                and not getattr(cfg, "use_sliding_window", False) and rope.get("rope_type", "default") == "default"
-                and not getattr(cfg, "mlp_bias", False) and getattr(cfg, "pretraining_tp", 1) == 1
-                and (cfg.model_type != "llama" or not getattr(cfg, "attention_bias", False)))
+        return (
+            cfg.model_type in _FAST_TYPES
+            and getattr(cfg, "hidden_act", "silu") == "silu"
+            and not getattr(cfg, "use_sliding_window", False)
+            and rope.get("rope_type", "default") == "default"
+            and not getattr(cfg, "mlp_bias", False)
+            and getattr(cfg, "pretraining_tp", 1) == 1
+            and (cfg.model_type != "llama" or not getattr(cfg, "attention_bias", False))
+        )
 
     def __init__(self, w: FastWeights, length: int) -> None:
         self.w, self.length = w, length
@@ -114,17 +132,19 @@ class FastDecoder:
         causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
         # a padding query attends to itself only: an all-False row would give NaN, and NaN values at
         # padding positions would poison real rows through 0 * NaN in attention's weighted sum
-        mask = (causal & key_mask[:, None, None, :width]) | torch.eye(width, dtype=torch.bool, device=ids.device)
+        mask = (causal & key_mask[:, None, None, :width]) | torch.eye(
+            width, dtype=torch.bool, device=ids.device
+        )
         return self._forward(ids, positions, mask)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         assert self.key_mask is not None
-        return self._forward(tokens[:, None], positions[:, None], self.key_mask[..., :self.filled + 1])
+        return self._forward(tokens[:, None], positions[:, None], self.key_mask[..., : self.filled + 1])
 
     def keep(self, rows: torch.Tensor) -> None:
         def select(cache: torch.Tensor) -> torch.Tensor:
             out = cache.new_empty((rows.numel(), *cache.shape[1:]))
-            out[:, :, :self.filled] = cache[rows, :, :self.filled]  # only the slots written so far
+            out[:, :, : self.filled] = cache[rows, :, : self.filled]  # only the slots written so far
             return out
 
         self.kv = [(select(k), select(v)) for k, v in self.kv]
@@ -141,12 +161,13 @@ class FastDecoder:
         x = F.embedding(ids, w.embed)
         for (ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w), (kc, vc) in zip(w.layers, self.kv, strict=True):
             qkv = F.linear(F.rms_norm(x, ln1.shape, ln1, w.eps), qkv_w, qkv_b).view(b, t, h + 2 * kvh, d)
-            qk = qkv[:, :, :h + kvh]
+            qk = qkv[:, :, : h + kvh]
             qk = qk * cos + (qk @ w.rot) * sin
             kc[:, :, start:end] = qk[:, :, h:].transpose(1, 2)
-            vc[:, :, start:end] = qkv[:, :, h + kvh:].transpose(1, 2)
-            att = F.scaled_dot_product_attention(qk[:, :, :h].transpose(1, 2), kc[:, :, :end], vc[:, :, :end],
-                                                 attn_mask=mask, enable_gqa=True)
+            vc[:, :, start:end] = qkv[:, :, h + kvh :].transpose(1, 2)
+            att = F.scaled_dot_product_attention(
+                qk[:, :, :h].transpose(1, 2), kc[:, :, :end], vc[:, :, :end], attn_mask=mask, enable_gqa=True
+            )
             x = x + F.linear(att.transpose(1, 2).reshape(b, t, h * d), o_w)
             gate, up = F.linear(F.rms_norm(x, ln2.shape, ln2, w.eps), gate_up_w).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, down_w)
@@ -167,15 +188,26 @@ class HFDecoder:
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         self.key_mask = key_mask.long()
         self.filled = ids.shape[1]
-        out = self.model(input_ids=ids, attention_mask=self.key_mask[:, :self.filled], position_ids=positions,
-                         cache=self.cache, use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.key_mask[:, : self.filled],
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         return out.logits[:, -1, :].float()
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         assert self.key_mask is not None
         self.filled += 1
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.key_mask[:, :self.filled],
-                         position_ids=positions[:, None], cache=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.key_mask[:, : self.filled],
+            position_ids=positions[:, None],
+            cache=self.cache,
+            use_cache=True,
+        )
         return out.logits[:, -1, :].float()
 
     def keep(self, rows: torch.Tensor) -> None:

@@ -21,17 +21,20 @@ from engines.torch_engine.decoder import Decoder, FastDecoder, FastWeights, HFDe
 class TorchEngine:
     """Implements `engines.base.Engine` with a plain torch forward pass."""
 
-    def __init__(self, checkpoint: str | Path, *, num_threads: int = 1, max_batch_size: int = 256,
-                 device: str = "cpu") -> None:
+    def __init__(
+        self, checkpoint: str | Path, *, num_threads: int = 1, max_batch_size: int = 256, device: str = "cpu"
+    ) -> None:
         torch.set_num_threads(num_threads)
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).to(self.device)  # type: ignore[arg-type]
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
+        self.model = model.to(self.device)  # type: ignore[arg-type]
         self.model.eval()
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.max_batch_size = max_batch_size
         self._version = 0
         self._sha256: str | None = None  # of the weights now held; None = not computed since the last change
-        self._tensor_hashes: dict[str, str] | None = None  # the same, per tensor (asked for only on a mismatch)
+        # the same, per tensor (asked for only on a mismatch)
+        self._tensor_hashes: dict[str, str] | None = None
         self._fast: FastWeights | None = None  # FastDecoder's view of the weights; None = rebuild before use
 
     # -- generation ----------------------------------------------------------------------------
@@ -40,7 +43,7 @@ class TorchEngine:
         """Complete every request; outputs are in request order."""
         outputs: list[GenerateOutput] = []
         for start in range(0, len(requests), self.max_batch_size):
-            outputs.extend(self._generate_batch(requests[start:start + self.max_batch_size]))
+            outputs.extend(self._generate_batch(requests[start : start + self.max_batch_size]))
         return outputs
 
     def _decoder(self, length: int) -> Decoder:
@@ -55,10 +58,19 @@ class TorchEngine:
         b, width = len(reqs), max(len(r.prompt_tokens) for r in reqs)
         steps = max(r.params.max_new_tokens for r in reqs)
         # left padding keeps every row's last prompt token at the end; built as lists, one tensor each
-        ids = torch.tensor([[self.pad_id] * (width - len(r.prompt_tokens)) + list(r.prompt_tokens) for r in reqs],
-                           dtype=torch.long, device=self.device)
-        key_mask = torch.tensor([[False] * (width - len(r.prompt_tokens)) + [True] * (len(r.prompt_tokens) + steps)
-                                 for r in reqs], dtype=torch.bool, device=self.device)
+        ids = torch.tensor(
+            [[self.pad_id] * (width - len(r.prompt_tokens)) + list(r.prompt_tokens) for r in reqs],
+            dtype=torch.long,
+            device=self.device,
+        )
+        key_mask = torch.tensor(
+            [
+                [False] * (width - len(r.prompt_tokens)) + [True] * (len(r.prompt_tokens) + steps)
+                for r in reqs
+            ],
+            dtype=torch.bool,
+            device=self.device,
+        )
         positions = (key_mask[:, :width].long().cumsum(-1) - 1).clamp(min=0)
         # per live row (these shrink as rows finish and are dropped from the batch)
         rows = torch.arange(b, device=self.device)  # each live row's index in `reqs`
@@ -66,8 +78,11 @@ class TorchEngine:
         seeds = torch.tensor([r.seed for r in reqs], dtype=torch.long, device=self.device)
         max_new = torch.tensor([r.params.max_new_tokens for r in reqs], device=self.device)
         n_stop = max(1, max(len(r.params.stop_token_ids) for r in reqs))
-        stops = torch.tensor([list(r.params.stop_token_ids) + [-1] * (n_stop - len(r.params.stop_token_ids))
-                              for r in reqs], dtype=torch.long, device=self.device)
+        stops = torch.tensor(
+            [list(r.params.stop_token_ids) + [-1] * (n_stop - len(r.params.stop_token_ids)) for r in reqs],
+            dtype=torch.long,
+            device=self.device,
+        )
         live = torch.ones(b, dtype=torch.bool, device=self.device)
         filters = _row_filters(reqs)
         # per request
@@ -110,15 +125,16 @@ class TorchEngine:
                 keep = live.nonzero().squeeze(1)
                 decoder.keep(keep)
                 rows, temps, seeds, max_new, stops, picked, next_pos = (
-                    t.index_select(0, keep) for t in (rows, temps, seeds, max_new, stops, picked, next_pos))
+                    t.index_select(0, keep) for t in (rows, temps, seeds, max_new, stops, picked, next_pos)
+                )
                 live = live[keep]
             logits = decoder.decode(picked, next_pos)
             next_pos = next_pos + 1
         tok_rows, lp_rows, lens = tokens.tolist(), logps.tolist(), lengths.tolist()
         return [
             GenerateOutput(
-                response_tokens=tuple(tok_rows[i][:lens[i]]),
-                log_probs=tuple(lp_rows[i][:lens[i]]),
+                response_tokens=tuple(tok_rows[i][: lens[i]]),
+                log_probs=tuple(lp_rows[i][: lens[i]]),
                 finish_reason="stop" if bool(stopped[i]) else "length",
                 weight_version=self._version,
             )
@@ -198,8 +214,12 @@ class TorchEngine:
 
     def health(self) -> dict:
         """Status of this engine."""
-        return {"backend": "torch", "device": str(self.device), "weight_version": self._version,
-                "threads": torch.get_num_threads()}
+        return {
+            "backend": "torch",
+            "device": str(self.device),
+            "weight_version": self._version,
+            "threads": torch.get_num_threads(),
+        }
 
     def shutdown(self) -> None:
         """Drop the model."""
@@ -235,7 +255,9 @@ def counter_uniform(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
     A counter-based generator (splitmix64 over the counter) instead of one torch.Generator per
     request: the same bits per request whatever the batch, but computed for the whole batch at once.
     """
-    return _uniform_at(seeds[:, None], step, vocab, torch.arange(vocab, dtype=torch.long, device=seeds.device)[None, :])
+    return _uniform_at(
+        seeds[:, None], step, vocab, torch.arange(vocab, dtype=torch.long, device=seeds.device)[None, :]
+    )
 
 
 def _uniform_at(seeds: torch.Tensor, step: int, vocab: int, index: torch.Tensor) -> torch.Tensor:
@@ -276,8 +298,9 @@ def _row_filters(reqs: list[GenerateRequest]) -> list[tuple[int, float]] | None:
     return [(r.params.top_k, r.params.top_p) for r in reqs]
 
 
-def _filter_top_k_top_p(logp: torch.Tensor, filters: list[tuple[int, float]] | None,
-                        rows: torch.Tensor) -> torch.Tensor:
+def _filter_top_k_top_p(
+    logp: torch.Tensor, filters: list[tuple[int, float]] | None, rows: torch.Tensor
+) -> torch.Tensor:
     """Set log-probs outside each row's top-k / top-p set to -inf. logp: [B, V]; rows: [B], each row's
     index into `filters`."""
     if filters is None:

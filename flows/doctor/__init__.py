@@ -46,8 +46,16 @@ def _apply(rule: Rule, run: RunData) -> list[Finding]:
     try:
         return rule(run)
     except Exception as e:  # one rule tripping over an odd run must not hide the others' findings
-        return [Finding("info", f"the {rule.__name__} check could not run on this run", f"{type(e).__name__}: {e}",
-                        "-", rule.__name__.replace("_", "-"), SYMPTOM)]
+        return [
+            Finding(
+                "info",
+                f"the {rule.__name__} check could not run on this run",
+                f"{type(e).__name__}: {e}",
+                "-",
+                rule.__name__.replace("_", "-"),
+                SYMPTOM,
+            )
+        ]
 
 
 def diagnose(run_dir: str | Path) -> list[Finding]:

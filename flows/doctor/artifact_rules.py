@@ -17,8 +17,10 @@ def _tokenizer(path: str) -> Any:
 
 
 def _first_difference(recorded: list[int], expected: list[int]) -> int:
-    return next((i for i, (a, b) in enumerate(zip(recorded, expected, strict=False)) if a != b),
-                min(len(recorded), len(expected)))
+    return next(
+        (i for i, (a, b) in enumerate(zip(recorded, expected, strict=False)) if a != b),
+        min(len(recorded), len(expected)),
+    )
 
 
 def prompt_tokens(run: RunData) -> list[Finding]:
@@ -31,14 +33,29 @@ def prompt_tokens(run: RunData) -> list[Finding]:
         return []
     hf = run.cfg("hf_checkpoint")
     if not hf:
-        return [Finding("info", "prompt tokens not checked: config.yaml names no hf_checkpoint", "-", "-",
-                        "prompt-tokens", SYMPTOM)]
+        return [
+            Finding(
+                "info",
+                "prompt tokens not checked: config.yaml names no hf_checkpoint",
+                "-",
+                "-",
+                "prompt-tokens",
+                SYMPTOM,
+            )
+        ]
     try:
         tokenizer = _tokenizer(str(hf))
     except Exception as e:  # any loader failure (missing dir, no tokenizer files) only means: cannot check
-        return [Finding("info", f"prompt tokens not checked: no tokenizer loads from {hf}",
-                        f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}", "-",
-                        "prompt-tokens", SYMPTOM)]
+        return [
+            Finding(
+                "info",
+                f"prompt tokens not checked: no tokenizer loads from {hf}",
+                f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}",
+                "-",
+                "prompt-tokens",
+                SYMPTOM,
+            )
+        ]
     where: dict[tuple[str, tuple[int, ...]], tuple[int, int]] = {}
     for rid in run.examined_ids:
         for s in run.samples(rid) or []:
@@ -55,16 +72,26 @@ def prompt_tokens(run: RunData) -> list[Finding]:
     pos = _first_difference(list(recorded), expected)
 
     def token(ids: list[int] | tuple[int, ...]) -> str:
-        return f"{ids[pos]} ({tokenizer.convert_ids_to_tokens(int(ids[pos]))!r})" if pos < len(ids) else "the end"
+        return (
+            f"{ids[pos]} ({tokenizer.convert_ids_to_tokens(int(ids[pos]))!r})"
+            if pos < len(ids)
+            else "the end"
+        )
 
-    return [Finding("error", "the recorded prompt tokens are not what the run's tokenizer makes of the prompt text: "
-                             "the recording was tokenized with another tokenizer or chat template",
-                    f"{len(wrong)} of {len(keys)} distinct prompts in {len(run.examined_ids)} examined rollout(s); "
-                    f"first: rollout {rid} sample_index {index}, prompt token {pos}: recorded {token(recorded)}, "
-                    f"{hf} gives {token(expected)} ({len(recorded)} vs {len(expected)} tokens)",
-                    f"rollflow check-template --hf-checkpoint {hf} --prompt-data FILE (renders and tokenizes prompts "
-                    f"as the engine gets them); rollflow inspect {run.paths.rollout(rid)} --fields prompt,prompt_tokens",
-                    "prompt-tokens", DIRECT)]
+    return [
+        Finding(
+            "error",
+            "the recorded prompt tokens are not what the run's tokenizer makes of the prompt text: "
+            "the recording was tokenized with another tokenizer or chat template",
+            f"{len(wrong)} of {len(keys)} distinct prompts in {len(run.examined_ids)} examined rollout(s); "
+            f"first: rollout {rid} sample_index {index}, prompt token {pos}: recorded {token(recorded)}, "
+            f"{hf} gives {token(expected)} ({len(recorded)} vs {len(expected)} tokens)",
+            f"rollflow check-template --hf-checkpoint {hf} --prompt-data FILE (renders and tokenizes prompts "
+            f"as the engine gets them); rollflow inspect {run.paths.rollout(rid)} --fields prompt,prompt_tokens",
+            "prompt-tokens",
+            DIRECT,
+        )
+    ]
 
 
 def _checkpoint_dirs(run: RunData) -> list[Path]:
@@ -100,19 +127,30 @@ def checkpoints(run: RunData) -> list[Finding]:
         if report.problems:
             shown = "; ".join(str(p) for p in report.problems[:5])
             more = f" (+{len(report.problems) - 5} more)" if len(report.problems) > 5 else ""
-            out.append(Finding("error", f"checkpoint {d} is inconsistent: {report.problems[0]}",
-                               f"{len(report.problems)} problem(s) in {report.files} file(s), {report.tensors} "
-                               f"tensors: {shown}{more}", f"rollflow lint-ckpt {d}", "checkpoint-lint", DIRECT))
+            out.append(
+                Finding(
+                    "error",
+                    f"checkpoint {d} is inconsistent: {report.problems[0]}",
+                    f"{len(report.problems)} problem(s) in {report.files} file(s), {report.tensors} "
+                    f"tensors: {shown}{more}",
+                    f"rollflow lint-ckpt {d}",
+                    "checkpoint-lint",
+                    DIRECT,
+                )
+            )
     return out
 
 
 _CHECKS = {
-    "check/weight_update_equal": ("the weight-update checker failed at the first sync: some engine tensors are not "
-                                  "the trainer's after the transfer (a dropped, renamed or mis-converted tensor)",
-                                  "rollflow run --check-weight-update-equal --num-rollout 1 names every differing "
-                                  "tensor, by layer"),
-    "check/metric_gate": ("the accuracy gate failed: no eval reached --ci-metric-checker-threshold",
-                          "the eval/* records of metrics.jsonl"),
+    "check/weight_update_equal": (
+        "the weight-update checker failed at the first sync: some engine tensors are not "
+        "the trainer's after the transfer (a dropped, renamed or mis-converted tensor)",
+        "rollflow run --check-weight-update-equal --num-rollout 1 names every differing tensor, by layer",
+    ),
+    "check/metric_gate": (
+        "the accuracy gate failed: no eval reached --ci-metric-checker-threshold",
+        "the eval/* records of metrics.jsonl",
+    ),
 }  # the checks that log their failure as a 0 (the others raise before logging: their violations are counted)
 
 
@@ -127,12 +165,21 @@ def checker_failures(run: RunData) -> list[Finding]:
         for key, value in r["metrics"].items():
             if key in _CHECKS and value == 0:
                 title, knife = _CHECKS[key]
-                out.append(Finding("error", title, f"{key} = {value} at rollout {rid}", knife, "checker", SYMPTOM))
+                out.append(
+                    Finding("error", title, f"{key} = {value} at rollout {rid}", knife, "checker", SYMPTOM)
+                )
             elif key == "check/violations" and isinstance(value, int | float) and value > 0:
-                out.append(Finding("error", f"{int(value)} --ci-test checker violation(s) at rollout {rid}",
-                                   f"{key} = {value} at rollout {rid}",
-                                   f"the run's error line names checker, metric, value and tolerance; rollflow replay "
-                                   f"{run.dir} --rollout-id {rid} --task check", "checker", SYMPTOM))
+                out.append(
+                    Finding(
+                        "error",
+                        f"{int(value)} --ci-test checker violation(s) at rollout {rid}",
+                        f"{key} = {value} at rollout {rid}",
+                        f"the run's error line names checker, metric, value and tolerance; rollflow replay "
+                        f"{run.dir} --rollout-id {rid} --task check",
+                        "checker",
+                        SYMPTOM,
+                    )
+                )
     return out
 
 
@@ -143,18 +190,41 @@ def run_extent(run: RunData) -> list[Finding]:
     n, ids = run.cfg("rollout.num_rollout"), run.rollout_ids
     if isinstance(n, int) and (not ids or ids[-1] + 1 < n):
         exit_after = run.cfg("debug.debug_exit_after_rollout")
-        why = (f"--debug-exit-after-rollout {exit_after}" if exit_after else
-               "a failure (the findings above, the run's last log line) or an interrupted run")
+        why = (
+            f"--debug-exit-after-rollout {exit_after}"
+            if exit_after
+            else "a failure (the findings above, the run's last log line) or an interrupted run"
+        )
         upto = f"rollouts up to {ids[-1]}" if ids else "no rollout"
-        out.append(Finding("info", f"the run recorded {upto} of --num-rollout {n}: it stopped early ({why})",
-                           f"{len(ids)} rollout recording(s) in {run.dir}/rollouts", "-", "run-extent", SYMPTOM))
+        out.append(
+            Finding(
+                "info",
+                f"the run recorded {upto} of --num-rollout {n}: it stopped early ({why})",
+                f"{len(ids)} rollout recording(s) in {run.dir}/rollouts",
+                "-",
+                "run-extent",
+                SYMPTOM,
+            )
+        )
     if run.unusable_lines:
-        out.append(Finding("info", f"metrics.jsonl has {run.unusable_lines} unusable line(s) (torn by a crash?)",
-                           str(run.paths.metrics), "-", "run-extent", SYMPTOM))
+        out.append(
+            Finding(
+                "info",
+                f"metrics.jsonl has {run.unusable_lines} unusable line(s) (torn by a crash?)",
+                str(run.paths.metrics),
+                "-",
+                "run-extent",
+                SYMPTOM,
+            )
+        )
     return out
 
 
 def unreadable(run: RunData) -> list[Finding]:
     """Recordings that failed their checksum or schema check while the other rules read them (run last)."""
-    return [Finding("error", f"{path} is corrupt or unreadable", why, f"rollflow inspect {path}", "artifact", DIRECT)
-            for path, why in sorted(run.unreadable.items())]
+    return [
+        Finding(
+            "error", f"{path} is corrupt or unreadable", why, f"rollflow inspect {path}", "artifact", DIRECT
+        )
+        for path, why in sorted(run.unreadable.items())
+    ]

@@ -9,9 +9,9 @@ Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 
 # How directly a finding's evidence implicates its cause; findings of one severity are ranked by it.
-DIRECT = 0  # the evidence is the broken part itself (a non-finite value, a missing shard, a label that is empty)
-POINTED = 1  # the evidence points at one cause (ppo_kl != 0 at a first step, a log-prob gap from rollout R on)
-SYMPTOM = 2  # a symptom that several causes share (a spike, entropy drift, a checker that only logged "failed")
+DIRECT = 0  # the evidence is the broken part itself (a non-finite value, a missing shard, an empty label)
+POINTED = 1  # the evidence points at one cause (ppo_kl != 0 at a first step, a log-prob gap from rollout R)
+SYMPTOM = 2  # a symptom several causes share (a spike, entropy drift, a checker that only logged "failed")
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,16 @@ def format_findings(findings: list[Finding], run_dir: str | None = None) -> str:
     head = f"rollflow doctor {run_dir}: " if run_dir else ""
     if not findings:
         return f"{head}no findings"
-    counts = ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s in SEVERITIES
-                       if (n := sum(f.severity == s for f in findings)))
-    lines = [f"{head}{len(findings)} finding{'s' if len(findings) > 1 else ''} ({counts}), most likely cause first"]
+    counts = ", ".join(
+        f"{n} {s}{'s' if n > 1 else ''}" for s in SEVERITIES if (n := sum(f.severity == s for f in findings))
+    )
+    lines = [
+        f"{head}{len(findings)} finding{'s' if len(findings) > 1 else ''} ({counts}), most likely cause first"
+    ]
     for i, f in enumerate(findings, start=1):
-        lines += [f"{i}. {f.severity.upper()} [{f.rule}] {f.title}",
-                  f"   evidence: {f.evidence}",
-                  f"   confirm:  {f.knife}"]
+        lines += [
+            f"{i}. {f.severity.upper()} [{f.rule}] {f.title}",
+            f"   evidence: {f.evidence}",
+            f"   confirm:  {f.knife}",
+        ]
     return "\n".join(lines)

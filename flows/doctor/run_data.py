@@ -51,10 +51,15 @@ def _load_records(path: Path) -> tuple[list[dict[str, Any]], int]:
             raw = read_metrics(path)
     except OSError as e:
         raise DoctorInputError(f"{path}: not readable ({type(e).__name__}: {e})") from None
-    records = [r for r in raw if isinstance(r.get("metrics"), dict) and isinstance(r.get("rollout_id"), int)
-               and isinstance(r.get("kind"), str)]
+    records = [
+        r
+        for r in raw
+        if isinstance(r.get("metrics"), dict)
+        and isinstance(r.get("rollout_id"), int)
+        and isinstance(r.get("kind"), str)
+    ]
     if lines and not records:
-        raise DoctorInputError(f"{path}: no line is a metrics record ({{\"kind\", \"rollout_id\", \"metrics\"}})")
+        raise DoctorInputError(f'{path}: no line is a metrics record ({{"kind", "rollout_id", "metrics"}})')
     return records, lines - len(records)
 
 
@@ -95,9 +100,13 @@ class RunData:
     # -- metrics ------------------------------------------------------------------------------------------
     def series(self, kind: str, key: str) -> list[tuple[int, int | None, float]]:
         """(rollout id, step, value) of every `kind` record holding a numeric `key`, in log order."""
-        return [(r["rollout_id"], r.get("step"), float(r["metrics"][key])) for r in self.records
-                if r["kind"] == kind and isinstance(r["metrics"].get(key), int | float)
-                and not isinstance(r["metrics"].get(key), bool)]
+        return [
+            (r["rollout_id"], r.get("step"), float(r["metrics"][key]))
+            for r in self.records
+            if r["kind"] == kind
+            and isinstance(r["metrics"].get(key), int | float)
+            and not isinstance(r["metrics"].get(key), bool)
+        ]
 
     def per_rollout(self, key: str) -> list[tuple[int, float]]:
         """(rollout id, value) of a `rollout`-kind metric, by rollout id (the last value logged wins)."""
@@ -105,8 +114,10 @@ class RunData:
 
     def steps(self, key: str) -> list[tuple[int, int, float]]:
         """(rollout id, step, value) of a `step`-kind metric, by step."""
-        return sorted(((rid, int(step), v) for rid, step, v in self.series("step", key) if step is not None),
-                      key=lambda x: x[1])
+        return sorted(
+            ((rid, int(step), v) for rid, step, v in self.series("step", key) if step is not None),
+            key=lambda x: x[1],
+        )
 
     def first_steps(self) -> set[int]:
         """The step number of the first optimizer step of every rollout."""
@@ -120,14 +131,20 @@ class RunData:
     @cached_property
     def rollout_ids(self) -> list[int]:
         """Ids of the rollouts recorded in rollouts/ (rollout_{id:06d}.parquet)."""
-        return sorted(int(p.stem.split("_")[1]) for p in (self.dir / "rollouts").glob("rollout_*.parquet")
-                      if p.stem.split("_")[1].isdigit())
+        return sorted(
+            int(p.stem.split("_")[1])
+            for p in (self.dir / "rollouts").glob("rollout_*.parquet")
+            if p.stem.split("_")[1].isdigit()
+        )
 
     @cached_property
     def eval_ids(self) -> list[int]:
         """Ids of the eval recordings in rollouts/ (eval_{id:06d}.parquet)."""
-        return sorted(int(p.stem.split("_")[1]) for p in (self.dir / "rollouts").glob("eval_*.parquet")
-                      if p.stem.split("_")[1].isdigit())
+        return sorted(
+            int(p.stem.split("_")[1])
+            for p in (self.dir / "rollouts").glob("eval_*.parquet")
+            if p.stem.split("_")[1].isdigit()
+        )
 
     @cached_property
     def examined_ids(self) -> list[int]:
@@ -183,8 +200,9 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
     return m, se
 
 
-def windows(values: list[tuple[int, float]], minimum: int = 8) -> tuple[list[tuple[int, float]],
-                                                                       list[tuple[int, float]]] | None:
+def windows(
+    values: list[tuple[int, float]], minimum: int = 8
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]] | None:
     """The first and last quarter (at least two points each) of a per-rollout series, None when it has fewer
     than `minimum` points: a trend is judged between them, with the spread inside each as its noise."""
     if len(values) < minimum:

@@ -17,10 +17,12 @@ from flows.doctor.run_data import RunData, ids, mean_and_se, windows
 
 
 def _replay_knife(run: RunData, rollout_id: int, flags: str = "") -> str:
-    return (f"train that rollout again from its recording: rollflow run --load-debug-rollout-data "
-            f"{run.dir}/rollouts/rollout_{{rollout_id}}.parquet{flags} (--load the checkpoint saved before rollout "
-            f"{rollout_id}), or rollflow replay {run.dir} --rollout-id {rollout_id} --task train-step (needs "
-            "--save-interval 1)")
+    return (
+        f"train that rollout again from its recording: rollflow run --load-debug-rollout-data "
+        f"{run.dir}/rollouts/rollout_{{rollout_id}}.parquet{flags} (--load the checkpoint saved before rollout "
+        f"{rollout_id}), or rollflow replay {run.dir} --rollout-id {rollout_id} --task train-step (needs "
+        "--save-interval 1)"
+    )
 
 
 def _inspect(run: RunData, rollout_id: int, fields: str = "prompt,response,label,reward,status") -> str:
@@ -31,9 +33,15 @@ def _inspect(run: RunData, rollout_id: int, fields: str = "prompt,response,label
 def non_finite(run: RunData) -> list[Finding]:
     """Any NaN or infinite metric, or reward in the examined recordings. No healthy run has one: the first
     is where the run broke, and everything after it is noise."""
-    bad = [(r, k, v) for r in run.records for k, v in r["metrics"].items()
-           if isinstance(v, float) and not math.isfinite(v)]
-    rewards = [(rid, s) for rid in run.examined_ids for s in (run.samples(rid) or []) if not math.isfinite(s.reward)]
+    bad = [
+        (r, k, v)
+        for r in run.records
+        for k, v in r["metrics"].items()
+        if isinstance(v, float) and not math.isfinite(v)
+    ]
+    rewards = [
+        (rid, s) for rid in run.examined_ids for s in (run.samples(rid) or []) if not math.isfinite(s.reward)
+    ]
     if not bad and not rewards:
         return []
     if bad:
@@ -41,17 +49,34 @@ def non_finite(run: RunData) -> list[Finding]:
         where = f"rollout {r['rollout_id']}" + (f" step {r['step']}" if r.get("step") is not None else "")
         keys = sorted({k for _, k, _ in bad})
         title = f"{key} is {value} at {where}: the first non-finite value of the run"
-        evidence = (f"{len(bad)} non-finite metric value(s) ({', '.join(keys[:6])}); the first in a "
-                    f"'{r['kind']}' record at {where}")
+        evidence = (
+            f"{len(bad)} non-finite metric value(s) ({', '.join(keys[:6])}); the first in a "
+            f"'{r['kind']}' record at {where}"
+        )
         if r["kind"] == "step" or key.startswith("rollout/log"):
-            return [Finding("error", title + " (training diverged: LR, loss scale, a bad sample)", evidence,
-                            _replay_knife(run, r["rollout_id"]), "non-finite", DIRECT)]
+            return [
+                Finding(
+                    "error",
+                    title + " (training diverged: LR, loss scale, a bad sample)",
+                    evidence,
+                    _replay_knife(run, r["rollout_id"]),
+                    "non-finite",
+                    DIRECT,
+                )
+            ]
         return [Finding("error", title, evidence, _inspect(run, r["rollout_id"]), "non-finite", DIRECT)]
     rid, s = rewards[0]
-    return [Finding("error", f"the reward is {s.reward} for sample_index {s.sample_index} of rollout {rid}: the "
-                             "reward function returned a non-finite number",
-                    f"{len(rewards)} sample(s) with a non-finite reward in the examined rollouts",
-                    _inspect(run, rid), "non-finite", DIRECT)]
+    return [
+        Finding(
+            "error",
+            f"the reward is {s.reward} for sample_index {s.sample_index} of rollout {rid}: the "
+            "reward function returned a non-finite number",
+            f"{len(rewards)} sample(s) with a non-finite reward in the examined rollouts",
+            _inspect(run, rid),
+            "non-finite",
+            DIRECT,
+        )
+    ]
 
 
 # -- rewards and gradient ----------------------------------------------------------------------------------
@@ -80,25 +105,43 @@ def constant_rewards(run: RunData) -> list[Finding]:
     grads = [v for _, _, v in run.steps("train/grad_norm")]
     grad_note = f"; train/grad_norm = 0 at all {len(grads)} step(s)" if grads and not any(grads) else ""
     values = ", ".join(f"{r}: {n}" for r, n in rewards.most_common(3))
-    evidence = (f"{constant} of {groups} groups in {len(run.examined_ids)} examined rollout(s) have identical "
-                f"rewards (reward: samples = {values}); {labels} of {total} labels empty{grad_note}")
-    knife = (f"{_inspect(run, run.examined_ids[0])}, call the reward on one row, then check the fix with "
-             "rollflow run --debug-rollout-only --num-rollout 1 (rollout/zero_std/count_* must fall below the "
-             "number of groups)")
+    evidence = (
+        f"{constant} of {groups} groups in {len(run.examined_ids)} examined rollout(s) have identical "
+        f"rewards (reward: samples = {values}); {labels} of {total} labels empty{grad_note}"
+    )
+    knife = (
+        f"{_inspect(run, run.examined_ids[0])}, call the reward on one row, then check the fix with "
+        "rollflow run --debug-rollout-only --num-rollout 1 (rollout/zero_std/count_* must fall below the "
+        "number of groups)"
+    )
     if labels == total:
         title = "every label is empty, so every reward is the same: the label key is wrong (--label-key)"
         return [Finding("error", title, evidence, knife, "constant-reward", DIRECT)]
     if len(rewards) == 1:
-        title = (f"every sample gets reward {next(iter(rewards))}: the reward function ignores the response "
-                 "(--rm-type / --custom-rm-path / --reward-key, or labels that never match: --label-key)")
+        title = (
+            f"every sample gets reward {next(iter(rewards))}: the reward function ignores the response "
+            "(--rm-type / --custom-rm-path / --reward-key, or labels that never match: --label-key)"
+        )
         return [Finding("error", title, evidence, knife, "constant-reward", POINTED)]
     if identical == groups:
-        title = ("the samples of every group are identical, so rewards are too: sampling is greedy or seeded "
-                 "alike (--rollout-temperature, --rollout-top-k)")
-        return [Finding("error", title, evidence, _inspect(run, run.examined_ids[0], "group_index,response,reward"),
-                        "constant-reward", POINTED)]
-    title = ("rewards are identical within every group (they differ only between prompts): the reward depends on "
-             "the prompt, not the response (reward function, --label-key)")
+        title = (
+            "the samples of every group are identical, so rewards are too: sampling is greedy or seeded "
+            "alike (--rollout-temperature, --rollout-top-k)"
+        )
+        return [
+            Finding(
+                "error",
+                title,
+                evidence,
+                _inspect(run, run.examined_ids[0], "group_index,response,reward"),
+                "constant-reward",
+                POINTED,
+            )
+        ]
+    title = (
+        "rewards are identical within every group (they differ only between prompts): the reward depends on "
+        "the prompt, not the response (reward function, --label-key)"
+    )
     return [Finding("error", title, evidence, knife, "constant-reward", POINTED)]
 
 
@@ -114,14 +157,29 @@ def zero_gradient(run: RunData) -> list[Finding]:
     empty = sum(1 for s in masks if not any(s.loss_mask))
     evidence = f"train/grad_norm = 0 at all {len(grads)} step(s) (rollouts {grads[0][0]}-{grads[-1][0]})"
     if masks and empty == len(masks):
-        return [Finding("error", "every sample's loss_mask is all zeros: no token is trained on (loss mask / chat "
-                                 "template: rollflow check-template prints the mask)",
-                        evidence + f"; loss_mask all zero in {empty} of {len(masks)} samples",
-                        "rollflow check-template --hf-checkpoint HF_DIR --prompt-data FILE", "zero-gradient", DIRECT)]
-    return [Finding("error", "the gradient is exactly zero although rewards vary: advantages or the loss are "
-                             "zeroed before the backward pass",
-                    evidence, "rollflow run --dump-details DIR writes each rank's batch as trained (advantages, "
-                              "loss mask) under DIR/train_data/", "zero-gradient", POINTED)]
+        return [
+            Finding(
+                "error",
+                "every sample's loss_mask is all zeros: no token is trained on (loss mask / chat "
+                "template: rollflow check-template prints the mask)",
+                evidence + f"; loss_mask all zero in {empty} of {len(masks)} samples",
+                "rollflow check-template --hf-checkpoint HF_DIR --prompt-data FILE",
+                "zero-gradient",
+                DIRECT,
+            )
+        ]
+    return [
+        Finding(
+            "error",
+            "the gradient is exactly zero although rewards vary: advantages or the loss are "
+            "zeroed before the backward pass",
+            evidence,
+            "rollflow run --dump-details DIR writes each rank's batch as trained (advantages, "
+            "loss mask) under DIR/train_data/",
+            "zero-gradient",
+            POINTED,
+        )
+    ]
 
 
 # -- trainer vs engine: precision, template, weights -------------------------------------------------------
@@ -137,8 +195,11 @@ def _worst_token(run: RunData, rollout_id: int) -> str:
             continue
         for pos, (a, b, m) in enumerate(zip(lp, s.rollout_log_probs, s.loss_mask, strict=False)):
             if m and abs(a - b) > worst[0]:
-                worst = (abs(a - b), f"; worst token: sample_index {s.sample_index}, response position {pos} "
-                                     f"(id {s.response_tokens[pos]}): trainer {a:.4f}, engine {b:.4f}")
+                worst = (
+                    abs(a - b),
+                    f"; worst token: sample_index {s.sample_index}, response position {pos} "
+                    f"(id {s.response_tokens[pos]}): trainer {a:.4f}, engine {b:.4f}",
+                )
     return worst[1]
 
 
@@ -152,44 +213,64 @@ def logprob_gap(run: RunData) -> list[Finding]:
     checkpoint, means the two compute differently (dtype, kernels, tokens or template); agreeing first and
     drifting apart later means the engines stopped getting the trainer's weights."""
     tol = float(run.cfg("ci.ci_logprobs_checker_abs_tol", 0.03))
-    trainer, engine = dict(run.per_rollout("rollout/log_probs")), dict(run.per_rollout("rollout/rollout_log_probs"))
+    trainer, engine = (
+        dict(run.per_rollout("rollout/log_probs")),
+        dict(run.per_rollout("rollout/rollout_log_probs")),
+    )
     firsts = run.first_steps()
-    abs_diff = {rid: v for rid, step, v in run.steps("train/train_rollout_logprob_abs_diff") if step in firsts}
+    abs_diff = {
+        rid: v for rid, step, v in run.steps("train/train_rollout_logprob_abs_diff") if step in firsts
+    }
     gaps = {rid: abs(trainer[rid] - engine[rid]) for rid in trainer.keys() & engine.keys()}
     rollouts = sorted(gaps.keys() | abs_diff.keys())
     bad = [rid for rid in rollouts if gaps.get(rid, 0.0) >= tol or abs_diff.get(rid, 0.0) >= 0.1]
     if not bad:
         return []
     first = bad[0]
-    evidence = (f"|rollout/log_probs - rollout/rollout_log_probs| = {gaps.get(first, float('nan')):.4g} at rollout "
-                f"{first} (tolerance {tol}, --ci-logprobs-checker-abs-tol); first-step "
-                f"train/train_rollout_logprob_abs_diff = {abs_diff.get(first, float('nan')):.4g} (slime: < 0.1); off in "
-                f"{len(bad)} of {len(rollouts)} rollouts{_worst_token(run, first)}")
+    evidence = (
+        f"|rollout/log_probs - rollout/rollout_log_probs| = {gaps.get(first, float('nan')):.4g} at rollout "
+        f"{first} (tolerance {tol}, --ci-logprobs-checker-abs-tol); first-step "
+        f"train/train_rollout_logprob_abs_diff = {abs_diff.get(first, float('nan')):.4g} (slime: < 0.1); off in "
+        f"{len(bad)} of {len(rollouts)} rollouts{_worst_token(run, first)}"
+    )
     check = "rollflow run --check-weight-update-equal --num-rollout 1"
     recording = run.cfg("debug.load_debug_rollout_data")
-    if recording and first == rollouts[0]:  # train-only: the "engine" side is whatever generated the recording
-        title = (f"the trainer's log-probs disagree with the recording's from rollout {first} on: the recording "
-                 f"({recording}) was generated by other weights than the trainer starts from (--load, --ref-load, "
-                 "--hf-checkpoint), or with another tokenizer or template")
+    if (
+        recording and first == rollouts[0]
+    ):  # train-only: the "engine" side is whatever generated the recording
+        title = (
+            f"the trainer's log-probs disagree with the recording's from rollout {first} on: the recording "
+            f"({recording}) was generated by other weights than the trainer starts from (--load, --ref-load, "
+            "--hf-checkpoint), or with another tokenizer or template"
+        )
         knife = f"rollflow inspect {recording.replace('{rollout_id}', str(first))} --fields weight_version,seed,prompt"
         return [Finding("error", title, evidence, knife, "logprob-gap", POINTED)]
     if first == rollouts[0]:
-        title = (f"trainer and engine log-probs disagree from the first rollout ({first}) on, before any weight "
-                 "update: they compute differently (precision/dtype, kernels), see other tokens (chat template, "
-                 "tokenizer), or the engine loaded other weights")
-        knife = (f"{check} proves the engine holds the trainer's weights bitwise; if it passes, compare dtypes and "
-                 "the template: rollflow check-template --hf-checkpoint HF_DIR")
+        title = (
+            f"trainer and engine log-probs disagree from the first rollout ({first}) on, before any weight "
+            "update: they compute differently (precision/dtype, kernels), see other tokens (chat template, "
+            "tokenizer), or the engine loaded other weights"
+        )
+        knife = (
+            f"{check} proves the engine holds the trainer's weights bitwise; if it passes, compare dtypes and "
+            "the template: rollflow check-template --hf-checkpoint HF_DIR"
+        )
         return [Finding("error", title, evidence, knife, "logprob-gap", POINTED)]
-    title = (f"trainer and engine log-probs agree at rollout {rollouts[0]} but not from rollout {first} on: the "
-             "engines stop receiving the trainer's weights (the weight sync is broken or skipped)")
+    title = (
+        f"trainer and engine log-probs agree at rollout {rollouts[0]} but not from rollout {first} on: the "
+        "engines stop receiving the trainer's weights (the weight sync is broken or skipped)"
+    )
     knife = f"{check} (or --ci-test) compares every engine tensor with the trainer's after a sync, by layer"
     return [Finding("error", title, evidence, knife, "logprob-gap", POINTED)]
 
 
 def _dropout(run: RunData) -> str:
     """`attention_dropout = 0.3` when the model config turns a dropout on ('' otherwise)."""
-    on = [(k, v) for k, v in sorted(run.model_config.items())
-          if "dropout" in k and isinstance(v, int | float) and not isinstance(v, bool) and v > 0]
+    on = [
+        (k, v)
+        for k, v in sorted(run.model_config.items())
+        if "dropout" in k and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+    ]
     return ", ".join(f"{k} = {v}" for k, v in on)
 
 
@@ -203,28 +284,47 @@ def first_step_precision(run: RunData) -> list[Finding]:
         return []
     firsts = run.first_steps()
     kl = [(rid, step, v) for rid, step, v in run.steps("train/ppo_kl") if step in firsts and abs(v) >= 1e-9]
-    clip = [(rid, step, v) for rid, step, v in run.steps("train/pg_clipfrac") if step in firsts and abs(v) >= 1e-10]
+    clip = [
+        (rid, step, v)
+        for rid, step, v in run.steps("train/pg_clipfrac")
+        if step in firsts and abs(v) >= 1e-10
+    ]
     out = []
     dropout = _dropout(run)
-    cause = (f"dropout is on in the model ({dropout} in {run.cfg('hf_checkpoint')}/config.json)" if dropout else
-             "the trainer's forward is not deterministic (dropout, batch-dependent kernels)")
+    cause = (
+        f"dropout is on in the model ({dropout} in {run.cfg('hf_checkpoint')}/config.json)"
+        if dropout
+        else "the trainer's forward is not deterministic (dropout, batch-dependent kernels)"
+    )
     if kl or clip:
         rid, step, v = (kl or clip)[0]
         metric = "train/ppo_kl" if kl else "train/pg_clipfrac"
-        out.append(Finding("error", f"{metric} is not 0 at the first step of rollout {rid}: {cause}",
-                           f"{metric} = {v:.3g} at rollout {rid} step {step} (must be 0: |x| < 1e-9); "
-                           f"{len(kl)} first step(s) with ppo_kl != 0 of {len(firsts)}",
-                           f"rollflow replay {run.dir} --rollout-id {rid} --task log-prob (twice the same? then "
-                           "the forward is deterministic); rollflow run --ci-test checks every first step",
-                           "first-step-kl", DIRECT if dropout else POINTED))
+        out.append(
+            Finding(
+                "error",
+                f"{metric} is not 0 at the first step of rollout {rid}: {cause}",
+                f"{metric} = {v:.3g} at rollout {rid} step {step} (must be 0: |x| < 1e-9); "
+                f"{len(kl)} first step(s) with ppo_kl != 0 of {len(firsts)}",
+                f"rollflow replay {run.dir} --rollout-id {rid} --task log-prob (twice the same? then "
+                "the forward is deterministic); rollflow run --ci-test checks every first step",
+                "first-step-kl",
+                DIRECT if dropout else POINTED,
+            )
+        )
     lp, ref = dict(run.per_rollout("rollout/log_probs")), dict(run.per_rollout("rollout/ref_log_probs"))
     fresh_start = not run.cfg("checkpoint.load") and not run.cfg("ref_load")
     if fresh_start and 0 in lp and 0 in ref and abs(lp[0] - ref[0]) >= 1e-8:
-        out.append(Finding("error", f"actor and reference log-probs differ before any training: {cause}",
-                           f"rollout/log_probs = {lp[0]:.6g}, rollout/ref_log_probs = {ref[0]:.6g} at rollout 0 "
-                           "(same weights: must agree within 1e-8)",
-                           "rollflow run --ci-test --num-rollout 1 (the log-probs checker)", "first-step-kl",
-                           DIRECT if dropout else POINTED))
+        out.append(
+            Finding(
+                "error",
+                f"actor and reference log-probs differ before any training: {cause}",
+                f"rollout/log_probs = {lp[0]:.6g}, rollout/ref_log_probs = {ref[0]:.6g} at rollout 0 "
+                "(same weights: must agree within 1e-8)",
+                "rollflow run --ci-test --num-rollout 1 (the log-probs checker)",
+                "first-step-kl",
+                DIRECT if dropout else POINTED,
+            )
+        )
     return out
 
 
@@ -237,23 +337,42 @@ def entropy(run: RunData) -> list[Finding]:
     values = run.per_rollout("rollout/entropy")
     if len(values) < 2 or values[0][1] <= 0:
         return []
-    (r0, e0), (r_min, e_min), (r_max, e_max) = values[0], min(values, key=lambda x: x[1]), max(values,
-                                                                                                key=lambda x: x[1])
-    knife = ("plot rollout/entropy with train/ppo_kl and train/grad_norm from metrics.jsonl; "
-             + _replay_knife(run, r_min if e_min < e0 / 10 else r_max, " --lr LOWER"))
+    (r0, e0), (r_min, e_min), (r_max, e_max) = (
+        values[0],
+        min(values, key=lambda x: x[1]),
+        max(values, key=lambda x: x[1]),
+    )
+    knife = "plot rollout/entropy with train/ppo_kl and train/grad_norm from metrics.jsonl; " + _replay_knife(
+        run, r_min if e_min < e0 / 10 else r_max, " --lr LOWER"
+    )
     out = []
     if e_min < e0 / 10:
-        out.append(Finding("warning", f"entropy collapsed from {e0:.3g} to {e_min:.3g}: the policy became "
-                                      "near-deterministic (LR too high, no entropy bonus, reward hacking)",
-                           f"rollout/entropy = {e0:.4g} at rollout {r0}, {e_min:.4g} at rollout {r_min} "
-                           f"(below a tenth of the start)", knife, "entropy", SYMPTOM))
+        out.append(
+            Finding(
+                "warning",
+                f"entropy collapsed from {e0:.3g} to {e_min:.3g}: the policy became "
+                "near-deterministic (LR too high, no entropy bonus, reward hacking)",
+                f"rollout/entropy = {e0:.4g} at rollout {r0}, {e_min:.4g} at rollout {r_min} "
+                f"(below a tenth of the start)",
+                knife,
+                "entropy",
+                SYMPTOM,
+            )
+        )
     vocab = run.model_config.get("vocab_size")
     if isinstance(vocab, int) and vocab > 1 and e_max > e0 + (math.log(vocab) - e0) / 2:
-        out.append(Finding("warning", f"entropy blew up from {e0:.3g} to {e_max:.3g}, more than halfway to random "
-                                      f"tokens (ln {vocab} = {math.log(vocab):.3g}): LR too high, or the engines sample "
-                                      "from wrong weights",
-                           f"rollout/entropy = {e0:.4g} at rollout {r0}, {e_max:.4g} at rollout {r_max}", knife,
-                           "entropy", SYMPTOM))
+        out.append(
+            Finding(
+                "warning",
+                f"entropy blew up from {e0:.3g} to {e_max:.3g}, more than halfway to random "
+                f"tokens (ln {vocab} = {math.log(vocab):.3g}): LR too high, or the engines sample "
+                "from wrong weights",
+                f"rollout/entropy = {e0:.4g} at rollout {r0}, {e_max:.4g} at rollout {r_max}",
+                knife,
+                "entropy",
+                SYMPTOM,
+            )
+        )
     return out
 
 
@@ -262,12 +381,14 @@ _SPIKE_HISTORY = 8  # steps needed before a step can be judged
 _SPIKE_WINDOW = 64  # steps the median is taken over
 
 
-def _spike(values: list[tuple[int, int, float]], floor: float) -> tuple[int, int, float, float, int, int] | None:
+def _spike(
+    values: list[tuple[int, int, float]], floor: float
+) -> tuple[int, int, float, float, int, int] | None:
     """(rollout, step, value, median before it, steps that median is over, number of spikes) of the first
     spike, or None."""
     found, count = None, 0
     for i in range(_SPIKE_HISTORY, len(values)):
-        before = values[max(0, i - _SPIKE_WINDOW):i]
+        before = values[max(0, i - _SPIKE_WINDOW) : i]
         median = statistics.median(abs(v) for _, _, v in before)
         rid, step, v = values[i]
         if median > 0 and abs(v) >= _SPIKE_FACTOR * median and abs(v) >= floor:
@@ -287,24 +408,37 @@ def spikes(run: RunData) -> list[Finding]:
     floor = float(run.cfg("train.eps_clip", 0.2)) / 100
     out = []
     for key, min_value in (("train/grad_norm", 0.0), ("train/ppo_kl", floor), ("train/kl_loss", floor)):
-        values = [x for x in run.steps(key) if math.isfinite(x[2]) and not (key == "train/ppo_kl" and x[1] in firsts)]
+        values = [
+            x
+            for x in run.steps(key)
+            if math.isfinite(x[2]) and not (key == "train/ppo_kl" and x[1] in firsts)
+        ]
         hit = _spike(values, min_value)
         if hit is None:
             continue
         rid, step, v, median, window, count = hit
-        out.append(Finding("warning", f"{key} spikes to {v:.3g} at rollout {rid} step {step}, "
-                                      f"{abs(v) / median:.0f}x the median of the steps before it: a bad batch or "
-                                      "an unstable update (LR, clipping, a sample far off-policy)",
-                           f"{key} = {v:.4g} at step {step}, median {median:.4g} over the {window} steps "
-                           f"before; {count} such step(s)",
-                           f"{_inspect(run, rid)}; {_replay_knife(run, rid)}", "spike", SYMPTOM))
+        out.append(
+            Finding(
+                "warning",
+                f"{key} spikes to {v:.3g} at rollout {rid} step {step}, "
+                f"{abs(v) / median:.0f}x the median of the steps before it: a bad batch or "
+                "an unstable update (LR, clipping, a sample far off-policy)",
+                f"{key} = {v:.4g} at step {step}, median {median:.4g} over the {window} steps "
+                f"before; {count} such step(s)",
+                f"{_inspect(run, rid)}; {_replay_knife(run, rid)}",
+                "spike",
+                SYMPTOM,
+            )
+        )
     return out
 
 
 # -- lengths and truncation --------------------------------------------------------------------------------
-def _truncation_cause(run: RunData, stops: list[int] | None, max_len: object,
-                      high: set[int]) -> tuple[str, int]:
+def _truncation_cause(
+    run: RunData, stops: list[int] | None, max_len: object, high: set[int]
+) -> tuple[str, int]:
     """Why responses run into the max length, told apart by the examined recordings, and how directly."""
+
     def emitted(rollouts: list[int]) -> set[int]:
         return {t for i in rollouts for s in (run.samples(i) or []) for t in s.response_tokens}
 
@@ -313,11 +447,15 @@ def _truncation_cause(run: RunData, stops: list[int] | None, max_len: object,
     if stops:
         before = [i for i in run.examined_ids if i not in high and i < min(high, default=0)]
         if not emitted(run.examined_ids) & set(stops):
-            return (f"the model never produces the stop token(s) {stops}: it ends its turns with another token "
-                    "(the chat template's end-of-turn? --rollout-stop-token-ids)"), POINTED
+            return (
+                f"the model never produces the stop token(s) {stops}: it ends its turns with another token "
+                "(the chat template's end-of-turn? --rollout-stop-token-ids)"
+            ), POINTED
         if high and before and emitted(before) & set(stops) and not emitted(sorted(high)) & set(stops):
-            return (f"the model stopped producing the stop token(s) {stops} at rollout {min(high)} (it did before): "
-                    "training unlearned the end of a turn (LR too high, a reward that favours long answers)"), POINTED
+            return (
+                f"the model stopped producing the stop token(s) {stops} at rollout {min(high)} (it did before): "
+                "training unlearned the end of a turn (LR too high, a reward that favours long answers)"
+            ), POINTED
     return f"the answers need more than --rollout-max-response-len {max_len} tokens", POINTED
 
 
@@ -328,8 +466,13 @@ def truncation(run: RunData) -> list[Finding]:
     never produces (its end-of-turn is another token), stop ids it produced and then unlearned (training
     broke it), or a max length too short for the answers."""
     values = run.per_rollout("rollout/truncated_ratio")
-    evals = [(r["rollout_id"], k, float(v)) for r in run.records if r["kind"] == "eval"
-             for k, v in r["metrics"].items() if k.endswith("-truncated_ratio") and isinstance(v, int | float)]
+    evals = [
+        (r["rollout_id"], k, float(v))
+        for r in run.records
+        if r["kind"] == "eval"
+        for k, v in r["metrics"].items()
+        if k.endswith("-truncated_ratio") and isinstance(v, int | float)
+    ]
     high = [(rid, v) for rid, v in values if v > 0.9]
     high_evals = [(rid, k, v) for rid, k, v in evals if v > 0.9]
     if not high and not high_evals:
@@ -340,17 +483,27 @@ def truncation(run: RunData) -> list[Finding]:
     stops = sampling.get("stop_token_ids")
     max_len = sampling.get("max_new_tokens", run.cfg("rollout.rollout_max_response_len"))
     cause, direct = _truncation_cause(run, stops, max_len, {r for r, _ in high})
-    shown = ([f"rollout/truncated_ratio > 0.9 in {len(high)} of {len(values)} rollouts (first: {high[0][1]:.3g} at "
-              f"rollout {high[0][0]})"] if high else [])
+    shown = (
+        [
+            f"rollout/truncated_ratio > 0.9 in {len(high)} of {len(values)} rollouts (first: {high[0][1]:.3g} at "
+            f"rollout {high[0][0]})"
+        ]
+        if high
+        else []
+    )
     shown += [f"{k} = {v:.3g} at eval {r}" for r, k, v in high_evals[:2]]
     evidence = "; ".join(shown) + f"; stop ids {stops}, max length {max_len}"
     title = f"responses are cut at the max length instead of stopping: {cause}"
-    knife = (f"{_inspect(run, rid, 'response,response_tokens,status')}; rollflow check-template --hf-checkpoint "
-             "HF_DIR prints the stop ids the engine uses")
+    knife = (
+        f"{_inspect(run, rid, 'response,response_tokens,status')}; rollflow check-template --hf-checkpoint "
+        "HF_DIR prints the stop ids the engine uses"
+    )
     return [Finding("error" if most else "warning", title, evidence, knife, "truncation", direct)]
 
 
-def _trend(values: list[tuple[int, float]]) -> tuple[tuple[float, float], tuple[float, float], str, str] | None:
+def _trend(
+    values: list[tuple[int, float]],
+) -> tuple[tuple[float, float], tuple[float, float], str, str] | None:
     """((mean, se) of the first quarter, (mean, se) of the last quarter, their rollout ranges), or None."""
     w = windows(values)
     if w is None:
@@ -376,14 +529,22 @@ def length_drift(run: RunData) -> list[Finding]:
     if m1 <= 0 or not (m2 >= 2 * m1 or m2 <= m1 / 2) or not _significant((m1, se1), (m2, se2)):
         return []
     if m2 > m1:
-        what = ("doubled: verbosity or repetition is rewarded, and responses head for the max length "
-                "(truncation follows)")
+        what = (
+            "doubled: verbosity or repetition is rewarded, and responses head for the max length "
+            "(truncation follows)"
+        )
     else:
         what = "halved: the reward favours short answers, or the stop token became too likely"
-    return [Finding("warning", f"response lengths {what}",
-                    f"rollout/response_lengths: mean {m1:.3g} in {w1}, {m2:.3g} in {w2}",
-                    _inspect(run, run.rollout_ids[-1] if run.rollout_ids else 0, "response,response_length,reward"),
-                    "length-drift", SYMPTOM)]
+    return [
+        Finding(
+            "warning",
+            f"response lengths {what}",
+            f"rollout/response_lengths: mean {m1:.3g} in {w1}, {m2:.3g} in {w2}",
+            _inspect(run, run.rollout_ids[-1] if run.rollout_ids else 0, "response,response_length,reward"),
+            "length-drift",
+            SYMPTOM,
+        )
+    ]
 
 
 # -- eval vs reward ----------------------------------------------------------------------------------------
@@ -405,8 +566,14 @@ def eval_vs_reward(run: RunData) -> list[Finding]:
         return []
     out = []
     evals = [r for r in run.records if r["kind"] == "eval"]
-    names = sorted({k for r in evals for k in r["metrics"] if k.startswith("eval/") and k != "eval/step"
-                    and not k.endswith("-truncated_ratio")})
+    names = sorted(
+        {
+            k
+            for r in evals
+            for k in r["metrics"]
+            if k.startswith("eval/") and k != "eval/step" and not k.endswith("-truncated_ratio")
+        }
+    )
     for key in names:
         points = sorted((r["rollout_id"], float(r["metrics"][key])) for r in evals if key in r["metrics"])
         if len(points) < 2:
@@ -415,11 +582,17 @@ def eval_vs_reward(run: RunData) -> list[Finding]:
         first, last = _eval_point(run, i0, key[5:], v0), _eval_point(run, i1, key[5:], v1)
         if first is None or last is None or not (v1 < v0 and _significant(first, last)):
             continue
-        out.append(Finding("warning", f"{key} falls while the training reward rises: reward hacking or overfitting "
-                                      "to the training prompts",
-                           f"{key} {v0:.3g} at eval {i0} -> {v1:.3g} at eval {i1} (se {first[1]:.2g}, {last[1]:.2g}); "
-                           f"rollout/raw_reward {t[0][0]:.3g} in {t[2]} -> {t[1][0]:.3g} in {t[3]}",
-                           f"{_inspect(run, run.rollout_ids[-1] if run.rollout_ids else 0)} (the high-reward "
-                           f"answers: do they solve the task?) vs rollflow inspect {run.paths.eval_rollout(i1)}",
-                           "eval-vs-reward", SYMPTOM))
+        out.append(
+            Finding(
+                "warning",
+                f"{key} falls while the training reward rises: reward hacking or overfitting "
+                "to the training prompts",
+                f"{key} {v0:.3g} at eval {i0} -> {v1:.3g} at eval {i1} (se {first[1]:.2g}, {last[1]:.2g}); "
+                f"rollout/raw_reward {t[0][0]:.3g} in {t[2]} -> {t[1][0]:.3g} in {t[3]}",
+                f"{_inspect(run, run.rollout_ids[-1] if run.rollout_ids else 0)} (the high-reward "
+                f"answers: do they solve the task?) vs rollflow inspect {run.paths.eval_rollout(i1)}",
+                "eval-vs-reward",
+                SYMPTOM,
+            )
+        )
     return out

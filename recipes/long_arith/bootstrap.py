@@ -43,24 +43,39 @@ from recipes.warmup import build_once, cli, generate_responses, save_checkpoint,
 LOCK_FILE = "long-arith.lock"
 
 
-def score(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerBase, problems: Sequence[dict[str, str]],
-          temperature: float, seed: int) -> tuple[float, float]:
+def score(
+    model: Qwen2ForCausalLM,
+    tok: PreTrainedTokenizerBase,
+    problems: Sequence[dict[str, str]],
+    temperature: float,
+    seed: int,
+) -> tuple[float, float]:
     """(mean reward, exact-answer fraction) of one response per problem (greedy when ``temperature <= 0``)."""
-    responses = generate_responses(model, tok, [p["question"] for p in problems], temperature, seed,
-                                   max_new_tokens=MAX_RESPONSE_TOKENS, batch_size=64)
+    responses = generate_responses(
+        model,
+        tok,
+        [p["question"] for p in problems],
+        temperature,
+        seed,
+        max_new_tokens=MAX_RESPONSE_TOKENS,
+        batch_size=64,
+    )
     labels = [p["label"] for p in problems]
     exact = sum(reward(r, y) == 1.0 for r, y in zip(responses, labels, strict=True)) / max(1, len(labels))
     return mean_reward(responses, labels), exact
 
 
-def train_warmup(tok: PreTrainedTokenizerBase, settings: WarmupSettings,
-                 log: Callable[[str], None] = print) -> tuple[Qwen2ForCausalLM, dict[str, object]]:
+def train_warmup(
+    tok: PreTrainedTokenizerBase, settings: WarmupSettings, log: Callable[[str], None] = print
+) -> tuple[Qwen2ForCausalLM, dict[str, object]]:
     """SFT for ``settings.steps`` steps in float32 (linear warm-up, then cosine decay to a tenth); returns the
     model and a summary. The caller owns RNG/thread bookkeeping."""
     val = make_problems(settings.val_size, seed=1, split="eval")
     model = build_model(model_config(len(tok), settings), settings.model_seed)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, betas=(0.9, 0.98), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=settings.learning_rate, betas=(0.9, 0.98), weight_decay=0.0
+    )
 
     def lr_factor(step: int) -> float:
         if step < settings.warmup_steps:
@@ -72,8 +87,12 @@ def train_warmup(tok: PreTrainedTokenizerBase, settings: WarmupSettings,
     rng = random.Random(settings.data_seed)
     val_reward, val_exact, running = 0.0, 0.0, 0.0
     for step in range(1, settings.steps + 1):
-        batch = make_problems(settings.batch_size, seed=settings.data_seed * 1_000_000 + step, split="train",
-                              digits=rng.choice(DIGITS))
+        batch = make_problems(
+            settings.batch_size,
+            seed=settings.data_seed * 1_000_000 + step,
+            split="train",
+            digits=rng.choice(DIGITS),
+        )
         input_ids, attention_mask, labels = sft_tensors(tok, batch)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
@@ -84,16 +103,24 @@ def train_warmup(tok: PreTrainedTokenizerBase, settings: WarmupSettings,
         running += loss.item()
         if step % settings.log_every == 0 or step == settings.steps:
             val_reward, val_exact = score(model, tok, val, settings.temperature, settings.sample_seed)
-            log(f"[long-arith warm-up] step {step:4d}/{settings.steps}  loss "
+            log(
+                f"[long-arith warm-up] step {step:4d}/{settings.steps}  loss "
                 f"{running / ((step - 1) % settings.log_every + 1):.3f}  sampled val reward {val_reward:.3f} "
-                f"(exact {val_exact:.3f})")
+                f"(exact {val_exact:.3f})"
+            )
             running = 0.0
     model.eval()
     return model, {"steps": settings.steps, "val_sampled_reward": val_reward, "val_sampled_exact": val_exact}
 
 
-def _build(target: pathlib.Path, tok: PreTrainedTokenizerBase, settings: WarmupSettings, fingerprint: str,
-           log: Callable[[str], None], eval_size: int | None) -> None:
+def _build(
+    target: pathlib.Path,
+    tok: PreTrainedTokenizerBase,
+    settings: WarmupSettings,
+    fingerprint: str,
+    log: Callable[[str], None],
+    eval_size: int | None,
+) -> None:
     """Train and write a complete checkpoint (with ``DONE``) into ``target``."""
     started = time.perf_counter()
     model, summary = train_warmup(tok, settings, log)
@@ -101,16 +128,32 @@ def _build(target: pathlib.Path, tok: PreTrainedTokenizerBase, settings: WarmupS
     evals = eval_problems()[:eval_size]
     sampled, exact = score(model, tok, evals, settings.temperature, settings.sample_seed)
     seconds = time.perf_counter() - started
-    info = {"recipe_version": RECIPE_VERSION, "fingerprint": fingerprint, "settings": dataclasses.asdict(settings),
-            **summary, "eval_set_size": len(evals), "eval_sampled_reward": sampled, "eval_sampled_exact": exact,
-            "train_seconds": round(trained, 2), "seconds": round(seconds, 2)}
+    info = {
+        "recipe_version": RECIPE_VERSION,
+        "fingerprint": fingerprint,
+        "settings": dataclasses.asdict(settings),
+        **summary,
+        "eval_set_size": len(evals),
+        "eval_sampled_reward": sampled,
+        "eval_sampled_exact": exact,
+        "train_seconds": round(trained, 2),
+        "seconds": round(seconds, 2),
+    }
     save_checkpoint(target, model, tok, info, fingerprint)
-    log(f"[long-arith warm-up] done: {settings.steps} steps in {trained:.1f}s ({seconds:.1f}s with the eval), "
-        f"eval sampled reward {sampled:.3f}, exact {exact:.3f}")
+    log(
+        f"[long-arith warm-up] done: {settings.steps} steps in {trained:.1f}s ({seconds:.1f}s with the eval), "
+        f"eval sampled reward {sampled:.3f}, exact {exact:.3f}"
+    )
 
 
-def ensure_checkpoint(cache_dir: str | os.PathLike[str] | None = None, settings: WarmupSettings | None = None, *,
-                      num_threads: int = 1, verbose: bool = True, eval_size: int | None = None) -> pathlib.Path:
+def ensure_checkpoint(
+    cache_dir: str | os.PathLike[str] | None = None,
+    settings: WarmupSettings | None = None,
+    *,
+    num_threads: int = 1,
+    verbose: bool = True,
+    eval_size: int | None = None,
+) -> pathlib.Path:
     """Return the warm-up checkpoint directory, building it first if needed (see the module doc).
 
     ``num_threads`` defaults to 1. Measured on the 2-core dev box (one step: forward, backward and AdamW on 16 x
@@ -130,9 +173,14 @@ def ensure_checkpoint(cache_dir: str | os.PathLike[str] | None = None, settings:
         if verbose:
             print(message, flush=True)
 
-    return build_once(checkpoint_path(cache, settings), cache / LOCK_FILE,
-                      lambda tmp: _build(tmp, tok, settings, fingerprint, log, eval_size),
-                      num_threads=num_threads, log=log, tag="long-arith")
+    return build_once(
+        checkpoint_path(cache, settings),
+        cache / LOCK_FILE,
+        lambda tmp: _build(tmp, tok, settings, fingerprint, log, eval_size),
+        num_threads=num_threads,
+        log=log,
+        tag="long-arith",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

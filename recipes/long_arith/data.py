@@ -76,6 +76,7 @@ def ensure_prompt_files(cache_dir: str | None = None) -> tuple[Path, Path]:
     from recipes.common import default_cache_dir, write_prompt_files
 
     root = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"long-arith-data-v{DATA_VERSION}"
-    files = write_prompt_files(root, {"train": lambda: make_problems(TRAIN_POOL_SIZE, seed=0, split="train"),
-                                      "eval": eval_problems})
+    files = write_prompt_files(
+        root, {"train": lambda: make_problems(TRAIN_POOL_SIZE, seed=0, split="train"), "eval": eval_problems}
+    )
     return files["train"], files["eval"]

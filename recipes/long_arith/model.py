@@ -16,7 +16,13 @@ if TYPE_CHECKING:
 
 def model_config(vocab_size: int, settings: WarmupSettings) -> Qwen2Config:
     """The architecture named by ``settings`` (tests inject a smaller one)."""
-    return qwen2_config(vocab_size, hidden_size=settings.hidden_size, intermediate_size=settings.intermediate_size,
-                        num_hidden_layers=settings.num_hidden_layers, num_attention_heads=settings.num_attention_heads,
-                        num_key_value_heads=settings.num_key_value_heads, max_position_embeddings=512,
-                        tie_word_embeddings=False)
+    return qwen2_config(
+        vocab_size,
+        hidden_size=settings.hidden_size,
+        intermediate_size=settings.intermediate_size,
+        num_hidden_layers=settings.num_hidden_layers,
+        num_attention_heads=settings.num_attention_heads,
+        num_key_value_heads=settings.num_key_value_heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )

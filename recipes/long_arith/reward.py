@@ -49,4 +49,8 @@ def mean_reward(responses: Sequence[str], labels: Sequence[str]) -> float:
     """Mean reward; 0.0 for empty input. Lengths must match."""
     if len(responses) != len(labels):
         raise ValueError(f"{len(responses)} responses but {len(labels)} labels")
-    return sum(reward(r, y) for r, y in zip(responses, labels, strict=True)) / len(responses) if responses else 0.0
+    return (
+        sum(reward(r, y) for r, y in zip(responses, labels, strict=True)) / len(responses)
+        if responses
+        else 0.0
+    )

@@ -118,8 +118,10 @@ def train_warmup(
         running += loss.item()
         if step % settings.log_every == 0 or step == settings.steps:
             val_acc = sample_accuracy(model, tok, val, settings.temperature, settings.sample_seed)
-            log(f"[tiny-arith warm-up] step {step:4d}/{settings.steps}  loss {running / ((step - 1) % settings.log_every + 1):.3f}  "
-                f"sampled val acc {val_acc:.3f}")
+            log(
+                f"[tiny-arith warm-up] step {step:4d}/{settings.steps}  loss {running / ((step - 1) % settings.log_every + 1):.3f}  "
+                f"sampled val acc {val_acc:.3f}"
+            )
             running = 0.0
     model = model.to(torch.float32)  # the only rounding: see the module docstring  # type: ignore[arg-type]
     model.eval()
@@ -186,8 +188,14 @@ def ensure_checkpoint(
         if verbose:
             print(message, flush=True)
 
-    return build_once(final, cache / LOCK_FILE, lambda tmp: _build(tmp, tok, settings, fingerprint, log),
-                      num_threads=num_threads, log=log, tag="tiny-arith")
+    return build_once(
+        final,
+        cache / LOCK_FILE,
+        lambda tmp: _build(tmp, tok, settings, fingerprint, log),
+        num_threads=num_threads,
+        log=log,
+        tag="tiny-arith",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,7 +23,6 @@ EVAL_FRACTION = 0.10
 SPLITS = ("train", "eval")
 
 
-
 def _split_of(a: int, b: int) -> str:
     # sha256 rather than hash(): Python's str hashing is salted per process.
     digest = hashlib.sha256(f"tiny-arith:{a}+{b}".encode()).digest()
@@ -87,6 +86,7 @@ def ensure_prompt_files(cache_dir: str | None = None) -> tuple[Path, Path]:
     from recipes.common import default_cache_dir, write_prompt_files
 
     root = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"tiny-arith-data-v{DATA_VERSION}"
-    files = write_prompt_files(root, {"train": lambda: make_problems(TRAIN_POOL_SIZE, seed=0, split="train"),
-                                      "eval": eval_problems})
+    files = write_prompt_files(
+        root, {"train": lambda: make_problems(TRAIN_POOL_SIZE, seed=0, split="train"), "eval": eval_problems}
+    )
     return files["train"], files["eval"]

@@ -15,5 +15,13 @@ from recipes.common import ATTN_IMPLEMENTATION, build_model, qwen2_config  # noq
 
 def model_config(vocab_size: int) -> Qwen2Config:
     """Config of the tiny Qwen2: hidden 96, 3 layers, 4 heads (2 kv), MLP 256, tied embeddings."""
-    return qwen2_config(vocab_size, hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    return qwen2_config(
+        vocab_size,
+        hidden_size=96,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )

@@ -44,7 +44,9 @@ def recipe_fingerprint(settings: WarmupSettings, tok: PreTrainedTokenizerBase) -
     return checkpoint_fingerprint(RECIPE_VERSION, settings, model_config(len(tok)).to_dict(), tok)  # type: ignore[arg-type]
 
 
-def checkpoint_path(cache_dir: str | os.PathLike[str] | None = None, settings: WarmupSettings | None = None) -> pathlib.Path:
+def checkpoint_path(
+    cache_dir: str | os.PathLike[str] | None = None, settings: WarmupSettings | None = None
+) -> pathlib.Path:
     """Where `ensure_checkpoint` puts (or finds) the checkpoint for `settings`, without building it."""
     cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return cache / f"tiny-arith-{recipe_fingerprint(settings or WarmupSettings(), build_tokenizer())}"

@@ -18,7 +18,6 @@ from tests.e2e.test_loop import small_config
 pytestmark = pytest.mark.e2e
 
 
-
 def ci_flags(checkpoint: str) -> dict:
     """--ci-test with the entropy bound at ln(vocab size), the most entropy any distribution over the
     vocabulary can have. The anchors' 0.7 is an LLM-scale bound; the tiny model's sampled entropy depends
@@ -47,62 +46,121 @@ def _copy_checkpoint(base, dest, *, config=None, perturb=None):
 
 
 def test_clean_run_passes_every_checker(tmp_path, ray_session, prefect_server, base_checkpoint):
-    cfg = small_config(tmp_path, base_checkpoint, ci={**ci_flags(base_checkpoint), "ci_metric_checker_key": "eval/tiny-arith",
-                                                        "ci_metric_checker_threshold": 0.0,
-                                                        "ci_save_grad_norm": str(tmp_path / "gn" / "{role}_{rollout_id}_{step_id}.json")})
+    cfg = small_config(
+        tmp_path,
+        base_checkpoint,
+        ci={
+            **ci_flags(base_checkpoint),
+            "ci_metric_checker_key": "eval/tiny-arith",
+            "ci_metric_checker_threshold": 0.0,
+            "ci_save_grad_norm": str(tmp_path / "gn" / "{role}_{rollout_id}_{step_id}.json"),
+        },
+    )
     _run(cfg)
-    checks = [r["metrics"] for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics) if r["kind"] == "check"]
+    checks = [
+        r["metrics"] for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics) if r["kind"] == "check"
+    ]
     assert {"check/weight_update_equal": 1.0} in checks and {"check/metric_gate": 1.0} in checks
     assert not [c for c in checks if "check/violations" in c]
     assert (tmp_path / "gn" / "actor_1_3.json").is_file()
-    again = small_config(tmp_path / "again", base_checkpoint,
-                         ci={**ci_flags(base_checkpoint), "ci_load_grad_norm": str(tmp_path / "gn" / "{role}_{rollout_id}_{step_id}.json")})
+    again = small_config(
+        tmp_path / "again",
+        base_checkpoint,
+        ci={
+            **ci_flags(base_checkpoint),
+            "ci_load_grad_norm": str(tmp_path / "gn" / "{role}_{rollout_id}_{step_id}.json"),
+        },
+    )
     _run(again)  # the same config reproduces its grad norms
 
 
 def test_kl_checker_catches_dropout_left_on(tmp_path, ray_session, prefect_server, base_checkpoint):
     ckpt = _copy_checkpoint(base_checkpoint, tmp_path / "dropout", config={"attention_dropout": 0.3})
-    cfg = small_config(tmp_path, ckpt, rollout={"num_rollout": 1}, eval={"eval_interval": None}, ci=ci_flags(ckpt))
-    with pytest.raises(Exception, match=r"\[KL checker\] train/ppo_kl = .* violates \|x\| < 1e-9 at rollout 0 step 0"):
+    cfg = small_config(
+        tmp_path, ckpt, rollout={"num_rollout": 1}, eval={"eval_interval": None}, ci=ci_flags(ckpt)
+    )
+    with pytest.raises(
+        Exception, match=r"\[KL checker\] train/ppo_kl = .* violates \|x\| < 1e-9 at rollout 0 step 0"
+    ):
         _run(cfg)
 
 
-def test_logprob_checker_catches_a_reference_model_that_differs(tmp_path, ray_session, prefect_server,
-                                                                base_checkpoint):
+def test_logprob_checker_catches_a_reference_model_that_differs(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
     # slime's meanings: the actor starts from --load (an HF dir here), the reference is --ref-load
     ref = _copy_checkpoint(base_checkpoint, tmp_path / "ref", perturb="layers.1.mlp")
-    cfg = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
-                       ci=ci_flags(base_checkpoint), ref_load=ref, checkpoint={"load": base_checkpoint})
-    with pytest.raises(Exception, match=r"\[log-probs checker\] rollout/log_probs - rollout/ref_log_probs = .* "
-                                        r"violates \|x\| < 1e-8 at rollout 0"):
+    cfg = small_config(
+        tmp_path,
+        base_checkpoint,
+        rollout={"num_rollout": 1},
+        eval={"eval_interval": None},
+        ci=ci_flags(base_checkpoint),
+        ref_load=ref,
+        checkpoint={"load": base_checkpoint},
+    )
+    with pytest.raises(
+        Exception,
+        match=r"\[log-probs checker\] rollout/log_probs - rollout/ref_log_probs = .* "
+        r"violates \|x\| < 1e-8 at rollout 0",
+    ):
         _run(cfg)
 
 
-def test_weight_update_checker_catches_a_sync_that_drops_a_tensor(tmp_path, ray_session, prefect_server,
-                                                                  base_checkpoint):
+def test_weight_update_checker_catches_a_sync_that_drops_a_tensor(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
     dropped = "model.layers.0.mlp.up_proj.weight"
-    cfg = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
-                       ci={**ci_flags(base_checkpoint), "ci_fault_drop_weight": dropped})
-    with pytest.raises(Exception, match=rf"\[weight-update checker\] engine 0: 1 tensor\(s\) differ.*{dropped}"):
+    cfg = small_config(
+        tmp_path,
+        base_checkpoint,
+        rollout={"num_rollout": 1},
+        eval={"eval_interval": None},
+        ci={**ci_flags(base_checkpoint), "ci_fault_drop_weight": dropped},
+    )
+    with pytest.raises(
+        Exception, match=rf"\[weight-update checker\] engine 0: 1 tensor\(s\) differ.*{dropped}"
+    ):
         _run(cfg)
 
 
-def test_metric_gate_fails_below_threshold_and_without_eval(tmp_path, ray_session, prefect_server, base_checkpoint):
+def test_metric_gate_fails_below_threshold_and_without_eval(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
     gate = {"ci_metric_checker_key": "eval/tiny-arith", "ci_metric_checker_threshold": 1.01}
     cfg = small_config(tmp_path / "low", base_checkpoint, rollout={"num_rollout": 1}, ci=gate)
     with pytest.raises(Exception, match=r"\[metric checker\] eval/tiny-arith = .* violates >= 1.01"):
         _run(cfg)
-    none = small_config(tmp_path / "none", base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
-                        ci={**gate, "ci_metric_checker_threshold": 0.0})
+    none = small_config(
+        tmp_path / "none",
+        base_checkpoint,
+        rollout={"num_rollout": 1},
+        eval={"eval_interval": None},
+        ci={**gate, "ci_metric_checker_threshold": 0.0},
+    )
     with pytest.raises(Exception, match="no eval ran"):
         _run(none)
 
 
 def test_grad_norm_from_another_config_is_caught(tmp_path, ray_session, prefect_server, base_checkpoint):
     tpl = str(tmp_path / "gn" / "{role}_{rollout_id}_{step_id}.json")
-    _run(small_config(tmp_path / "a", base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
-                      ci={"ci_save_grad_norm": tpl}))
-    other = small_config(tmp_path / "b", base_checkpoint, rollout={"num_rollout": 1, "rollout_seed": 7},
-                         eval={"eval_interval": None}, ci={"ci_load_grad_norm": tpl})
-    with pytest.raises(Exception, match=r"\[grad-norm checker\] train/grad_norm = .* violates isclose to recorded"):
+    _run(
+        small_config(
+            tmp_path / "a",
+            base_checkpoint,
+            rollout={"num_rollout": 1},
+            eval={"eval_interval": None},
+            ci={"ci_save_grad_norm": tpl},
+        )
+    )
+    other = small_config(
+        tmp_path / "b",
+        base_checkpoint,
+        rollout={"num_rollout": 1, "rollout_seed": 7},
+        eval={"eval_interval": None},
+        ci={"ci_load_grad_norm": tpl},
+    )
+    with pytest.raises(
+        Exception, match=r"\[grad-norm checker\] train/grad_norm = .* violates isclose to recorded"
+    ):
         _run(other)

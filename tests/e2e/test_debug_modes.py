@@ -27,30 +27,49 @@ def _forbid(monkeypatch, name):
     monkeypatch.setattr(actors, name, refuse)
 
 
-def test_record_rollout_only_then_train_only_from_slime_pt(tmp_path, ray_session, prefect_server, base_checkpoint,
-                                                          monkeypatch):
+def test_record_rollout_only_then_train_only_from_slime_pt(
+    tmp_path, ray_session, prefect_server, base_checkpoint, monkeypatch
+):
     from flows.run import run_flow
 
     template = str(tmp_path / "rec" / "rollout_{rollout_id}.pt")
-    record = small_config(tmp_path / "a", base_checkpoint, rollout={"num_rollout": 3}, eval={"eval_interval": None},
-                          debug={"debug_rollout_only": True, "save_debug_rollout_data": template}, checkpoint={})
+    record = small_config(
+        tmp_path / "a",
+        base_checkpoint,
+        rollout={"num_rollout": 3},
+        eval={"eval_interval": None},
+        debug={"debug_rollout_only": True, "save_debug_rollout_data": template},
+        checkpoint={},
+    )
     with monkeypatch.context() as m:
         _forbid(m, "start_trainers")  # no trainer actor, not even a placeholder
         asyncio.run(run_flow(record))
     assert len(_records(record, "rollout")) == 3 and not _records(record, "step")
     recorded = [read_any(template.format(rollout_id=i)) for i in range(3)]
-    assert [s.response_tokens for s in recorded[1]] == [s.response_tokens for s in read_rollout(
-        RunPaths(record.resolved_run_dir).rollout(1))]
+    assert [s.response_tokens for s in recorded[1]] == [
+        s.response_tokens for s in read_rollout(RunPaths(record.resolved_run_dir).rollout(1))
+    ]
 
-    train = small_config(tmp_path / "b", base_checkpoint, rollout={"num_rollout": 3}, eval={"eval_interval": None},
-                         train={"global_batch_size": 8},
-                         debug={"load_debug_rollout_data": template, "load_debug_rollout_data_subsample": 0.5,
-                                "dump_details": str(tmp_path / "dump")}, checkpoint={})
+    train = small_config(
+        tmp_path / "b",
+        base_checkpoint,
+        rollout={"num_rollout": 3},
+        eval={"eval_interval": None},
+        train={"global_batch_size": 8},
+        debug={
+            "load_debug_rollout_data": template,
+            "load_debug_rollout_data_subsample": 0.5,
+            "dump_details": str(tmp_path / "dump"),
+        },
+        checkpoint={},
+    )
     with monkeypatch.context() as m:
         _forbid(m, "start_engines")  # no engine process during training from recordings
         asyncio.run(run_flow(train))
     assert len(_records(train, "step")) == 3  # subsample 0.5 keeps 8 of 16 samples: one step of 8 per rollout
-    assert not [r for r in _records(train, "rollout") if "rollout/raw_reward" in r["metrics"]]  # loaded: no rollout metrics
+    assert not [
+        r for r in _records(train, "rollout") if "rollout/raw_reward" in r["metrics"]
+    ]  # loaded: no rollout metrics
     from artifacts.store import read_table
 
     dumped = read_table(tmp_path / "dump" / "train_data" / "2_0.parquet").to_pylist()
@@ -75,23 +94,42 @@ def test_replay_of_train_step_and_generate_is_bitwise(tmp_path, ray_session, pre
 
 
 def test_injection_passes_on_a_healthy_run_and_names_the_ratio_when_weights_are_stale(
-        tmp_path, ray_session, prefect_server, base_checkpoint):
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
     from flows.run import run_flow
 
     template = str(tmp_path / "rec" / "rollout_{rollout_id}.parquet")
-    source = small_config(tmp_path / "src", base_checkpoint, eval={"eval_interval": None},
-                          rollout={"num_rollout": 3}, debug={"save_debug_rollout_data": template})
+    source = small_config(
+        tmp_path / "src",
+        base_checkpoint,
+        eval={"eval_interval": None},
+        rollout={"num_rollout": 3},
+        debug={"save_debug_rollout_data": template},
+    )
     asyncio.run(run_flow(source))
     inject = {"ci_inject_rollout_data_path": template, "ci_inject_rollout_data_start_rollout_id": 1}
-    healthy = small_config(tmp_path / "ok", base_checkpoint, eval={"eval_interval": None},
-                           rollout={"num_rollout": 3}, debug=inject)
+    healthy = small_config(
+        tmp_path / "ok",
+        base_checkpoint,
+        eval={"eval_interval": None},
+        rollout={"num_rollout": 3},
+        debug=inject,
+    )
     asyncio.run(run_flow(healthy))
-    ratios = [r["metrics"]["check/inject_mean_match_ratio"] for r in _records(healthy, "check")
-              if "check/inject_mean_match_ratio" in r["metrics"]]
+    ratios = [
+        r["metrics"]["check/inject_mean_match_ratio"]
+        for r in _records(healthy, "check")
+        if "check/inject_mean_match_ratio" in r["metrics"]
+    ]
     assert len(ratios) == 2 and min(ratios) > 0.9
 
-    stale = small_config(tmp_path / "stale", base_checkpoint, eval={"eval_interval": None},
-                         rollout={"num_rollout": 3}, debug={**inject, "debug_skip_weight_update": True})
+    stale = small_config(
+        tmp_path / "stale",
+        base_checkpoint,
+        eval={"eval_interval": None},
+        rollout={"num_rollout": 3},
+        debug={**inject, "debug_skip_weight_update": True},
+    )
     with pytest.raises(Exception, match=r"(?s)on average.*threshold 0\.9.*wrong weights"):
         asyncio.run(run_flow(stale))
 
@@ -100,11 +138,23 @@ def test_forge_replay_keeps_engines_syncing(tmp_path, ray_session, prefect_serve
     from flows.run import run_flow
 
     template = str(tmp_path / "rec" / "rollout_{rollout_id}.parquet")
-    source = small_config(tmp_path / "src", base_checkpoint, eval={"eval_interval": None},
-                          rollout={"num_rollout": 1}, debug={"save_debug_rollout_data": template}, checkpoint={})
+    source = small_config(
+        tmp_path / "src",
+        base_checkpoint,
+        eval={"eval_interval": None},
+        rollout={"num_rollout": 1},
+        debug={"save_debug_rollout_data": template},
+        checkpoint={},
+    )
     asyncio.run(run_flow(source))
-    forge = small_config(tmp_path / "forge", base_checkpoint, eval={"eval_interval": None},
-                         rollout={"num_rollout": 2}, debug={"load_forge_rollout_data": template}, checkpoint={})
+    forge = small_config(
+        tmp_path / "forge",
+        base_checkpoint,
+        eval={"eval_interval": None},
+        rollout={"num_rollout": 2},
+        debug={"load_forge_rollout_data": template},
+        checkpoint={},
+    )
     asyncio.run(run_flow(forge))  # rollout 1 has no recording: falls back to rollout 0's
     versions = [r["metrics"]["check/weight_version"] for r in _records(forge, "check")]
     assert versions == [1, 2]  # weights kept syncing to the live engines

@@ -38,7 +38,10 @@ def test_readme_deploy_steps_work_on_a_fresh_server(prefect_server):
     from prefect.client.orchestration import get_client
 
     readme = (ROOT / "README.md").read_text()
-    steps = [".venv/bin/prefect work-pool create rollflow --type process --overwrite", ".venv/bin/prefect deploy --all"]
+    steps = [
+        ".venv/bin/prefect work-pool create rollflow --type process --overwrite",
+        ".venv/bin/prefect deploy --all",
+    ]
     for step in steps:
         assert step in readme  # the test runs what the README says
         done = _prefect(*step.split()[1:])
@@ -61,8 +64,9 @@ def test_readme_deploy_steps_work_on_a_fresh_server(prefect_server):
     assert schema["properties"]["task"]["enum"] == ["generate", "log-prob", "train-step", "sync", "check"]
 
 
-def test_partial_parameters_merge_over_served_defaults(tmp_path, ray_session, prefect_server, base_checkpoint,
-                                                      monkeypatch):
+def test_partial_parameters_merge_over_served_defaults(
+    tmp_path, ray_session, prefect_server, base_checkpoint, monkeypatch
+):
     from prefect.client.orchestration import get_client
     from prefect.flow_engine import run_flow as run_in_engine
 
@@ -70,12 +74,24 @@ def test_partial_parameters_merge_over_served_defaults(tmp_path, ray_session, pr
     from flows.run import run_flow
 
     monkeypatch.chdir(tmp_path)  # tensorboard_log/ lands here
-    served = RunConfig.model_validate({
-        "name": "served", "run_dir": str(tmp_path / "run"), "hf_checkpoint": base_checkpoint,
-        "rollout": {"num_rollout": 3, "rollout_batch_size": 4, "n_samples_per_prompt": 4},
-        "eval": {"eval_interval": None}, "train": {"global_batch_size": 8, "lr": 1e-2},
-        "logging": {"use_tensorboard": True, "tb_project_name": "p", "tb_experiment_name": "served",
-                    "use_wandb": True, "wandb_mode": "offline", "wandb_dir": str(tmp_path / "wb")}})
+    served = RunConfig.model_validate(
+        {
+            "name": "served",
+            "run_dir": str(tmp_path / "run"),
+            "hf_checkpoint": base_checkpoint,
+            "rollout": {"num_rollout": 3, "rollout_batch_size": 4, "n_samples_per_prompt": 4},
+            "eval": {"eval_interval": None},
+            "train": {"global_batch_size": 8, "lr": 1e-2},
+            "logging": {
+                "use_tensorboard": True,
+                "tb_project_name": "p",
+                "tb_experiment_name": "served",
+                "use_wandb": True,
+                "wandb_mode": "offline",
+                "wandb_dir": str(tmp_path / "wb"),
+            },
+        }
+    )
     run_deployment, replay_deployment = deployments(served)
 
     async def go() -> tuple:
@@ -83,8 +99,11 @@ def test_partial_parameters_merge_over_served_defaults(tmp_path, ray_session, pr
             deployment_id = await run_deployment.aapply()
             await replay_deployment.aapply()
             flow_run = await client.create_flow_run_from_deployment(
-                deployment_id, parameters={"cfg": {"rollout": {"num_rollout": 1}}})
-            assert flow_run.parameters == {"cfg": {"rollout": {"num_rollout": 1}}}  # Prefect's merge is shallow
+                deployment_id, parameters={"cfg": {"rollout": {"num_rollout": 1}}}
+            )
+            assert flow_run.parameters == {
+                "cfg": {"rollout": {"num_rollout": 1}}
+            }  # Prefect's merge is shallow
             state = await run_in_engine(run_flow, flow_run=flow_run, return_type="state")  # type: ignore[misc]
             return state, await client.read_flow_run(flow_run.id)
 

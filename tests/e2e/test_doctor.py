@@ -37,13 +37,16 @@ def clean_run(tmp_path_factory, ray_session, prefect_server, base_checkpoint) ->
 def test_doctor_reports_nothing_above_info_on_a_clean_run(clean_run, capsys):
     findings = diagnose(clean_run.resolved_run_dir)
     assert [f for f in findings if f.severity != "info"] == [], findings
-    assert lint_checkpoint(str(clean_run.checkpoint.save)).problems == []  # the trainer's own checkpoints lint clean
+    assert (
+        lint_checkpoint(str(clean_run.checkpoint.save)).problems == []
+    )  # the trainer's own checkpoints lint clean
     assert main(["doctor", str(clean_run.resolved_run_dir)]) == 0
     assert capsys.readouterr().out.startswith(f"rollflow doctor {clean_run.resolved_run_dir}: no findings")
 
 
-def test_diff_against_a_run_stopped_at_a_checker_names_the_first_differing_column(clean_run, tmp_path,
-                                                                                 base_checkpoint):
+def test_diff_against_a_run_stopped_at_a_checker_names_the_first_differing_column(
+    clean_run, tmp_path, base_checkpoint
+):
     # planted: dropout left on (the KL checker stops the run at rollout 0) and another prompt order
     ckpt = _copy_checkpoint(base_checkpoint, tmp_path / "dropout", config={"attention_dropout": 0.3})
     stopped = small_config(tmp_path, ckpt, train={"lr": 2e-4}, rollout={"rollout_seed": 7}, ci=ci_flags(ckpt))
@@ -57,29 +60,49 @@ def test_diff_against_a_run_stopped_at_a_checker_names_the_first_differing_colum
     assert "attention_dropout = 0.3" in first.title
 
 
-def test_a_sync_bug_in_several_layers_lists_every_layer(tmp_path, ray_session, prefect_server, base_checkpoint):
-    cfg = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
-                       ci={**ci_flags(base_checkpoint), "ci_fault_drop_weight": "model.layers.*.mlp.up_proj.weight"})
+def test_a_sync_bug_in_several_layers_lists_every_layer(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
+    cfg = small_config(
+        tmp_path,
+        base_checkpoint,
+        rollout={"num_rollout": 1},
+        eval={"eval_interval": None},
+        ci={**ci_flags(base_checkpoint), "ci_fault_drop_weight": "model.layers.*.mlp.up_proj.weight"},
+    )
     names = "; ".join(f"layer_000{i}: model.layers.{i}.mlp.up_proj.weight" for i in range(3))
-    with pytest.raises(Exception, match=rf"\[weight-update checker\] engine 0: 3 tensor\(s\) differ .*in 3 layer "
-                                        rf"group\(s\): {names}$"):
+    with pytest.raises(
+        Exception,
+        match=rf"\[weight-update checker\] engine 0: 3 tensor\(s\) differ .*in 3 layer "
+        rf"group\(s\): {names}$",
+    ):
         _run(cfg)
     first = diagnose(cfg.resolved_run_dir)[0]
     assert (first.rule, first.evidence) == ("checker", "check/weight_update_equal = 0.0 at rollout 0")
 
 
-def test_engines_out_of_sync_name_both_hashes_and_the_first_differing_tensor(tmp_path, ray_session, prefect_server,
-                                                                            base_checkpoint):
+def test_engines_out_of_sync_name_both_hashes_and_the_first_differing_tensor(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
     # planted without --ci-test: the engines silently keep their own copy of layer 1's MLP at every sync
-    cfg = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
-                       ci={"ci_fault_drop_weight": "model.layers.1.mlp.*"})
+    cfg = small_config(
+        tmp_path,
+        base_checkpoint,
+        rollout={"num_rollout": 1},
+        eval={"eval_interval": None},
+        ci={"ci_fault_drop_weight": "model.layers.1.mlp.*"},
+    )
     with pytest.raises(Exception) as info:
         _run(cfg)
     message = str(info.value)
-    assert "rollout 0: engines [0] do not hold the trainer's weights after the sync: engine 0: holds weight " \
-           "version 1 as expected but its weights hash to " in message
-    assert "first differing tensor model.layers.1.mlp.down_proj.weight; 3 tensor(s) differ: layer_0001: " \
-           "model.layers.1.mlp.down_proj.weight, model.layers.1.mlp.gate_proj.weight, " \
-           "model.layers.1.mlp.up_proj.weight" in message
+    assert (
+        "rollout 0: engines [0] do not hold the trainer's weights after the sync: engine 0: holds weight "
+        "version 1 as expected but its weights hash to " in message
+    )
+    assert (
+        "first differing tensor model.layers.1.mlp.down_proj.weight; 3 tensor(s) differ: layer_0001: "
+        "model.layers.1.mlp.down_proj.weight, model.layers.1.mlp.gate_proj.weight, "
+        "model.layers.1.mlp.up_proj.weight" in message
+    )
     engine_sha, trainer_sha = message.split("hash to ")[1].split(", the trainer's to ")
     assert len(engine_sha) == 64 and trainer_sha[:64] != engine_sha

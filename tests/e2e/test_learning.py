@@ -33,11 +33,22 @@ def test_default_recipe_learns_on_a_short_run(tmp_path, ray_session, prefect_ser
     from flows.run import run_flow
 
     rollouts = 12
-    cfg = RunConfig.model_validate({"name": "learn", "run_dir": str(tmp_path / "run"), "hf_checkpoint": base_checkpoint,
-                                    "rollout": {"num_rollout": rollouts}, "eval": {"eval_interval": rollouts}})
+    cfg = RunConfig.model_validate(
+        {
+            "name": "learn",
+            "run_dir": str(tmp_path / "run"),
+            "hf_checkpoint": base_checkpoint,
+            "rollout": {"num_rollout": rollouts},
+            "eval": {"eval_interval": rollouts},
+        }
+    )
     asyncio.run(run_flow(cfg))
     paths = RunPaths(cfg.resolved_run_dir)
-    (first, se_first), (last, se_last) = accuracy_and_se(paths.eval_rollout(0)), accuracy_and_se(
-        paths.eval_rollout(rollouts))
+    (first, se_first), (last, se_last) = (
+        accuracy_and_se(paths.eval_rollout(0)),
+        accuracy_and_se(paths.eval_rollout(rollouts)),
+    )
     margin = 4 * math.hypot(se_first, se_last)
-    assert last - first > margin, f"eval {first:.3f} -> {last:.3f}: gain below 4 standard errors ({margin:.3f})"
+    assert last - first > margin, (
+        f"eval {first:.3f} -> {last:.3f}: gain below 4 standard errors ({margin:.3f})"
+    )

@@ -50,8 +50,11 @@ async def _metric_tables(client, flow_runs) -> dict[str, tuple[str, list[dict]]]
 
     out = {}
     for run in flow_runs:
-        arts = await client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]), type=ArtifactFilterType(any_=["table"])))
+        arts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]), type=ArtifactFilterType(any_=["table"])
+            )
+        )
         assert len(arts) == 1, f"{run.name}: {len(arts)} table artifacts"
         data = arts[0].data
         out[run.name] = (arts[0].key, json.loads(data) if isinstance(data, str) else data)
@@ -85,7 +88,9 @@ def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_s
     steps = [r for r in records if r["kind"] == "step"]
     assert len(steps) == 4  # 2 rollouts x (16 samples / gbs 8)
     for r in steps:
-        assert {"train/loss", "train/pg_loss", "train/ppo_kl", "train/pg_clipfrac", "train/grad_norm"} <= set(r["metrics"])
+        assert {"train/loss", "train/pg_loss", "train/ppo_kl", "train/pg_clipfrac", "train/grad_norm"} <= set(
+            r["metrics"]
+        )
         assert all(math.isfinite(v) for v in r["metrics"].values())
     assert steps[0]["metrics"]["train/ppo_kl"] == 0.0  # first step: new == old log-probs bitwise
     kinds = {r["kind"] for r in records}
@@ -108,8 +113,11 @@ def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_s
             rollout_runs = [r for r in runs if r.name.startswith("rollout-")]
             latest = sorted(rollout_runs, key=lambda r: r.start_time)[-2:]
             assert sorted(r.name for r in latest) == ["rollout-0", "rollout-1"]
-            return await _task_states(client, [r.id for r in latest]), await _metric_tables(client, latest), \
-                {r.name: r.id for r in latest}
+            return (
+                await _task_states(client, [r.id for r in latest]),
+                await _metric_tables(client, latest),
+                {r.name: r.id for r in latest},
+            )
 
     got, tables, ids = asyncio.run(states())
     # each rollout-<id> flow run carries its metrics table artifact (the parent attaches it)
@@ -123,15 +131,24 @@ def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_s
     # just for those already recorded: rollout-0 ran eval 0 and eval 1, rollout-1 eval 2
     from flows.runtime import settle as _settle
 
-    assert asyncio.run(_settle(8, flow_run_id=ids["rollout-0"])) and asyncio.run(_settle(7, flow_run_id=ids["rollout-1"]))
+    assert asyncio.run(_settle(8, flow_run_id=ids["rollout-0"])) and asyncio.run(
+        _settle(7, flow_run_id=ids["rollout-1"])
+    )
     assert not asyncio.run(_settle(9, flow_run_id=ids["rollout-0"], timeout=0.3))
 
 
-def test_two_data_parallel_ranks_train_in_one_gloo_group(tmp_path, ray_session, prefect_server, base_checkpoint):
+def test_two_data_parallel_ranks_train_in_one_gloo_group(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
     from flows.run import run_flow
 
-    cfg = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
-                       train={"data_parallel_size": 2})
+    cfg = small_config(
+        tmp_path,
+        base_checkpoint,
+        rollout={"num_rollout": 1},
+        eval={"eval_interval": None},
+        train={"data_parallel_size": 2},
+    )
     asyncio.run(run_flow(cfg))
     steps = [r for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics) if r["kind"] == "step"]
     assert len(steps) == 2 and all(math.isfinite(v) for r in steps for v in r["metrics"].values())

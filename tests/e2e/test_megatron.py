@@ -60,11 +60,15 @@ def test_megatron_tp2_run_passes_every_checker_and_saves_both_formats(
     assert result["identical"], result["difference"]
 
     # resume: the TP=2 trainers load the distributed checkpoint (and check its per-rank hashes), train on
-    resumed = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 3}, eval={"eval_interval": None},
-                           train={"train_backend": "megatron", "tensor_model_parallel_size": 2},
-                           checkpoint={"load": str(tmp_path / "ckpt"), "ci_save_model_hash": True,
-                                       "ci_check_model_hash": True},
-                           ci=ci_flags(base_checkpoint))
+    resumed = small_config(
+        tmp_path,
+        base_checkpoint,
+        rollout={"num_rollout": 3},
+        eval={"eval_interval": None},
+        train={"train_backend": "megatron", "tensor_model_parallel_size": 2},
+        checkpoint={"load": str(tmp_path / "ckpt"), "ci_save_model_hash": True, "ci_check_model_hash": True},
+        ci=ci_flags(base_checkpoint),
+    )
     asyncio.run(run_flow(resumed))
     steps = [r for r in read_metrics(RunPaths(resumed.resolved_run_dir).metrics) if r["kind"] == "step"]
     assert [r["rollout_id"] for r in steps][-2:] == [2, 2] and [r["step"] for r in steps][-2:] == [4, 5]

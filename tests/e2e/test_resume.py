@@ -23,24 +23,58 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "PREFECT_API"))}
-    return {**env, "PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": str(ROOT), "PREFECT_LOGGING_LEVEL": "INFO"}
+    return {
+        **env,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PYTHONPATH": str(ROOT),
+        "PREFECT_LOGGING_LEVEL": "INFO",
+    }
 
 
 def _flags(base_checkpoint: str, run_dir: Path) -> list[str]:
-    return ["--hf-checkpoint", base_checkpoint, "--run-dir", str(run_dir), "--num-rollout", "4",
-            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "8", "--lr", "1e-2",
-            "--eval-interval", "2", "--n-samples-per-eval-prompt", "1", "--save", str(run_dir / "ckpt"),
-            "--save-interval", "1"]
+    return [
+        "--hf-checkpoint",
+        base_checkpoint,
+        "--run-dir",
+        str(run_dir),
+        "--num-rollout",
+        "4",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--global-batch-size",
+        "8",
+        "--lr",
+        "1e-2",
+        "--eval-interval",
+        "2",
+        "--n-samples-per-eval-prompt",
+        "1",
+        "--save",
+        str(run_dir / "ckpt"),
+        "--save-interval",
+        "1",
+    ]
 
 
 def _rollflow(args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 def _records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    )
 
 
 def test_killed_driver_leaves_nothing_and_resume_matches_a_straight_run(tmp_path, base_checkpoint):
@@ -54,14 +88,20 @@ def test_killed_driver_leaves_nothing_and_resume_matches_a_straight_run(tmp_path
     driver = _rollflow(["--name", "cut", *_flags(base_checkpoint, cut)], env)
     deadline = time.monotonic() + 600
     while not any(r["kind"] == "step" and r["rollout_id"] == 2 for r in _records(cut)):  # inside rollout 2
-        assert driver.poll() is None and time.monotonic() < deadline, driver.stdout.read() if driver.stdout else ""
+        assert driver.poll() is None and time.monotonic() < deadline, (
+            driver.stdout.read() if driver.stdout else ""
+        )
         time.sleep(0.05)
     tree = _descendants(driver.pid)
     assert len(tree) >= 3  # the Prefect server and Ray's processes
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait(timeout=30)
     time.sleep(10)
-    left = [pid for pid, start in tree.items() if (st := _stat(pid)) is not None and st[1] == start and st[2] != "Z"]
+    left = [
+        pid
+        for pid, start in tree.items()
+        if (st := _stat(pid)) is not None and st[1] == start and st[2] != "Z"
+    ]
     assert not left, f"processes of the killed run still alive after 10 s: {left}"
 
     resumed = _rollflow(["--resume", str(cut)], env)

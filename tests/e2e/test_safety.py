@@ -25,7 +25,9 @@ LOOPBACK = ("127.0.0.1", "[::1]", "::1")
 def _listeners(pids: set[int]) -> dict[int, list[str]]:
     """{pid: [local address:port of each listening TCP socket]} of `pids`, read from `ss -ltnp`."""
     out: dict[int, list[str]] = {}
-    for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines():
+    for line in subprocess.run(
+        ["ss", "-ltnpH"], capture_output=True, text=True, check=True
+    ).stdout.splitlines():
         fields = line.split()
         for pid in map(int, re.findall(r"pid=(\d+)", line)):
             if pid in pids:
@@ -40,11 +42,36 @@ def _cmdline(pid: int) -> str:
 def test_loopback_servers_ray_token_and_one_run_per_dir(tmp_path, base_checkpoint):
     env = _env(tmp_path)
     run_dir = tmp_path / "paused"
-    pause = [{"request_id": "pause", "hook_name": "trainer_step_before_allreduce", "action": {"kind": "sleep",
-              "seconds": 300.0}, "rollout_id": 1}]
-    flags = ["--name", "paused", "--run-dir", str(run_dir), "--hf-checkpoint", base_checkpoint, "--num-rollout", "2",
-             "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "8",
-             "--data-parallel-size", "2", "--eval-interval", "none", "--ci-fault-hooks", json.dumps(pause)]
+    pause = [
+        {
+            "request_id": "pause",
+            "hook_name": "trainer_step_before_allreduce",
+            "action": {"kind": "sleep", "seconds": 300.0},
+            "rollout_id": 1,
+        }
+    ]
+    flags = [
+        "--name",
+        "paused",
+        "--run-dir",
+        str(run_dir),
+        "--hf-checkpoint",
+        base_checkpoint,
+        "--num-rollout",
+        "2",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--global-batch-size",
+        "8",
+        "--data-parallel-size",
+        "2",
+        "--eval-interval",
+        "none",
+        "--ci-fault-hooks",
+        json.dumps(pause),
+    ]
     run = _rollflow(flags, env)
     deadline = time.monotonic() + 300
     log = run_dir / "faults.jsonl"
@@ -60,7 +87,9 @@ def test_loopback_servers_ray_token_and_one_run_per_dir(tmp_path, base_checkpoin
         assert prefect and all(a.startswith(LOOPBACK) for pid in prefect for a in listeners[pid])
         # a Ray worker has one listener of Ray's own on every interface (its core worker port; the token guards
         # it); anything a trainer opens itself (the rendezvous, gloo's connections) must be on loopback
-        workers = [pid for pid, cmd in names.items() if cmd.startswith(("ray::TrainerActor", "ray::EngineActor"))]
+        workers = [
+            pid for pid, cmd in names.items() if cmd.startswith(("ray::TrainerActor", "ray::EngineActor"))
+        ]
         assert len(workers) >= 3  # two trainer ranks and an engine
         for pid in workers:
             wide = [a for a in listeners[pid] if not a.startswith(LOOPBACK)]
@@ -72,18 +101,28 @@ def test_loopback_servers_ray_token_and_one_run_per_dir(tmp_path, base_checkpoin
         assert found
         address = found.group(1)
         probe = f"import ray; ray.init(address={address!r}, log_to_driver=False); print('CONNECTED')"
-        for token_env in ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}, {"RAY_AUTH_MODE": "disabled"}):
+        for token_env in (
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+            {"RAY_AUTH_MODE": "disabled"},
+        ):
             intruder = {k: v for k, v in env.items() if not k.startswith("RAY_")}
             intruder.update({**token_env, "HOME": str(tmp_path / "home")})
-            done = subprocess.run([sys.executable, "-c", probe], env=intruder, capture_output=True, text=True,
-                                  timeout=120)
+            done = subprocess.run(
+                [sys.executable, "-c", probe], env=intruder, capture_output=True, text=True, timeout=120
+            )
             assert "CONNECTED" not in done.stdout and done.returncode != 0
             assert "Authentication" in done.stderr or "auth" in done.stderr.lower(), done.stderr[-1500:]
 
         # a second run into the same run dir fails at once, naming the first
         began = time.monotonic()
-        second = subprocess.run([sys.executable, "-m", "flows.cli", "run", *flags], cwd=ROOT, env=env,
-                                capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "run", *flags],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 2 and time.monotonic() - began < 60
         assert f"in use by pid {run.pid}" in second.stderr
     finally:
@@ -97,7 +136,8 @@ def test_the_gate_never_reads_another_runs_evals(tmp_path, ray_session, prefect_
     gate = {"ci_metric_checker_key": "eval/tiny-arith", "ci_metric_checker_threshold": 0.0}
     first = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, ci=gate)
     asyncio.run(run_flow(first))  # evals at 0 and 1: the gate passes
-    no_eval = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None},
-                           ci=gate)
+    no_eval = small_config(
+        tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None}, ci=gate
+    )
     with pytest.raises(Exception, match="no eval ran"):
         asyncio.run(run_flow(no_eval, overwrite=True))

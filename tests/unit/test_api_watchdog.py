@@ -20,10 +20,14 @@ def _closed_port() -> int:
 
 def test_an_api_that_stops_answering_ends_the_process_with_a_message(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/api"
-    script = ("import time; from pathlib import Path; from flows.runtime import start_api_watchdog; "
-              f"start_api_watchdog({url!r}, 0.8, Path({str(tmp_path)!r})); time.sleep(30)")
+    script = (
+        "import time; from pathlib import Path; from flows.runtime import start_api_watchdog; "
+        f"start_api_watchdog({url!r}, 0.8, Path({str(tmp_path)!r})); time.sleep(30)"
+    )
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 75 and time.monotonic() - began < 20
     assert f"the Prefect API at {url} has not answered for 0.8 s (--prefect-timeout)" in done.stderr
     assert f"rollflow run --resume {tmp_path}" in done.stderr
@@ -31,8 +35,12 @@ def test_an_api_that_stops_answering_ends_the_process_with_a_message(tmp_path):
 
 def test_a_stopped_watchdog_never_fires(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/api"
-    script = ("import time; from pathlib import Path; from flows.runtime import start_api_watchdog; "
-              f"stop = start_api_watchdog({url!r}, 0.8, Path({str(tmp_path)!r})); stop.set(); time.sleep(2.5); "
-              "print('alive')")
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    script = (
+        "import time; from pathlib import Path; from flows.runtime import start_api_watchdog; "
+        f"stop = start_api_watchdog({url!r}, 0.8, Path({str(tmp_path)!r})); stop.set(); time.sleep(2.5); "
+        "print('alive')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and "alive" in done.stdout, done.stderr[-500:]

@@ -62,9 +62,7 @@ def _edge_samples() -> list[Sample]:
             weight_version=-1,
             metadata={"ключ": ["ü", {"nested": None}], "f": 0.1, "big": 2**62},
         ),
-        make_sample(
-            2, n=0, prompt="", prompt_tokens=[], rollout_log_probs=[], status="aborted", metadata={}
-        ),
+        make_sample(2, n=0, prompt="", prompt_tokens=[], rollout_log_probs=[], status="aborted", metadata={}),
         make_sample(3, rollout_log_probs=[], status="truncated", seed=-(2**63), reward=-0.5),
     ]
 
@@ -339,9 +337,7 @@ def test_data_not_matching_its_checksum_is_detected(tmp_path: Path) -> None:
     path = tmp_path / "r.parquet"
     write_rollout(path, [make_sample(0)])
     original = pq.read_table(path)
-    edited = samples_to_table([make_sample(0, reward=42.0)]).replace_schema_metadata(
-        original.schema.metadata
-    )
+    edited = samples_to_table([make_sample(0, reward=42.0)]).replace_schema_metadata(original.schema.metadata)
     pq.write_table(edited, path)
 
     with pytest.raises(ArtifactError, match=r"r\.parquet: content checksum mismatch"):

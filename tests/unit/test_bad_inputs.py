@@ -24,7 +24,7 @@ def run_case(case: Case, tmp_path, monkeypatch) -> tuple[int, str]:
     import flows.reaper
     from flows.cli import main
 
-    monkeypatch.setattr(flows.reaper, "start_reaper", refuse)   # `run`: called right after validation
+    monkeypatch.setattr(flows.reaper, "start_reaper", refuse)  # `run`: called right after validation
     monkeypatch.setattr(deployments.serve, "serve_run", refuse)
     monkeypatch.setattr("flows.cli._start_replay", refuse)
     out, err = io.StringIO(), io.StringIO()

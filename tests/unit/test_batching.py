@@ -13,7 +13,10 @@ SHAPES = [(5, 4), (9, 1), (3, 7), (7, 6)]  # (prompt, response) lengths: every r
 
 
 def _samples() -> list:
-    return [make_sample(i, n=n, vocab=VOCAB, prompt_tokens=list(range(1, 1 + p))) for i, (p, n) in enumerate(SHAPES)]
+    return [
+        make_sample(i, n=n, vocab=VOCAB, prompt_tokens=list(range(1, 1 + p)))
+        for i, (p, n) in enumerate(SHAPES)
+    ]
 
 
 def test_micro_batch_is_right_padded_and_points_at_response_tokens():
@@ -21,8 +24,8 @@ def test_micro_batch_is_right_padded_and_points_at_response_tokens():
     mb = make_micro_batch(samples, PAD)
     assert mb.input_ids.shape == (4, 13) and mb.response_tokens.shape == (4, 7)
     for row, (s, (p, n)) in enumerate(zip(samples, SHAPES, strict=True)):
-        assert mb.input_ids[row, :p + n].tolist() == s.prompt_tokens + s.response_tokens
-        assert mb.input_ids[row, p + n:].eq(PAD).all()
+        assert mb.input_ids[row, : p + n].tolist() == s.prompt_tokens + s.response_tokens
+        assert mb.input_ids[row, p + n :].eq(PAD).all()
         # logits at position p-1+t predict response token t
         assert mb.response_index[row, :n].tolist() == list(range(p - 1, p - 1 + n))
         assert mb.input_ids[row, mb.response_index[row, :n] + 1].tolist() == s.response_tokens

@@ -29,11 +29,15 @@ def _busy_then_ok(busy: int, waits: list[float], monkeypatch, sync: bool) -> tup
     monkeypatch.setattr(client_base.time, "sleep", waits.append)  # the sync client's wait (the test's only)
     url = "http://prefect.test/api"
     if sync:
-        with client_base.PrefectHttpxSyncClient(transport=httpx.MockTransport(handler), base_url=url) as client:
+        with client_base.PrefectHttpxSyncClient(
+            transport=httpx.MockTransport(handler), base_url=url
+        ) as client:
             return client.get("/health").status_code, answers
 
     async def send() -> int:
-        async with client_base.PrefectHttpxAsyncClient(transport=httpx.MockTransport(handler), base_url=url) as client:
+        async with client_base.PrefectHttpxAsyncClient(
+            transport=httpx.MockTransport(handler), base_url=url
+        ) as client:
             return (await client.get("/health")).status_code
 
     return asyncio.run(send()), answers

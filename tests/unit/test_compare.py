@@ -20,10 +20,13 @@ def test_table_difference_names_column_sample_and_max_abs_diff():
 
 def test_metric_and_layer_differences():
     assert first_metric_difference([{"train/loss": 1.0}], [{"train/loss": 1.0}]) is None
-    diff = first_metric_difference([{"train/loss": 1.0, "train/kl": 0.0}], [{"train/loss": 1.0, "train/kl": 1e-9}])
+    diff = first_metric_difference(
+        [{"train/loss": 1.0, "train/kl": 0.0}], [{"train/loss": 1.0, "train/kl": 1e-9}]
+    )
     assert diff is not None and "'train/kl'" in diff
-    assert first_layer_difference({"layer_0000": "a", "layer_0001": "b"}, {"layer_0000": "a", "layer_0001": "c"}) \
-        .startswith("layer 'layer_0001'")
+    assert first_layer_difference(
+        {"layer_0000": "a", "layer_0001": "b"}, {"layer_0000": "a", "layer_0001": "c"}
+    ).startswith("layer 'layer_0001'")
 
 
 def test_fixed_order_fold_is_a_pairwise_tree_for_powers_of_two():
@@ -32,6 +35,8 @@ def test_fixed_order_fold_is_a_pairwise_tree_for_powers_of_two():
     parts = [torch.tensor([1e8]), torch.tensor([1.0]), torch.tensor([-1e8]), torch.tensor([1.0])]
     tree = (parts[0] + parts[1]) + (parts[2] + parts[3])
     ascending = ((parts[0] + parts[1]) + parts[2]) + parts[3]
-    assert torch.equal(fixed_order_sum(parts), tree) and not torch.equal(tree, ascending)  # order matters in fp32
+    assert torch.equal(fixed_order_sum(parts), tree) and not torch.equal(
+        tree, ascending
+    )  # order matters in fp32
     three = [torch.tensor([1.0]), torch.tensor([2.0]), torch.tensor([3.0])]
     assert fixed_order_sum(three).item() == 6.0

@@ -21,31 +21,57 @@ def test_defaults_and_derived_values():
 
 
 def test_slime_flag_names_map_to_sections():
-    cfg = parse("--num-rollout", "3", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
-                "--global-batch-size", "4", "--lr", "1e-4", "--use-kl-loss", "--kl-loss-coef", "0.1",
-                "--kl-loss-type", "k3", "--eval-interval", "none", "--save", "/tmp/x", "--save-interval", "2")
+    cfg = parse(
+        "--num-rollout",
+        "3",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--lr",
+        "1e-4",
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.1",
+        "--kl-loss-type",
+        "k3",
+        "--eval-interval",
+        "none",
+        "--save",
+        "/tmp/x",
+        "--save-interval",
+        "2",
+    )
     assert cfg.rollout.num_rollout == 3 and cfg.rollout.n_samples_per_prompt == 2
     assert cfg.train.lr == 1e-4 and cfg.train.use_kl_loss and cfg.train.kl_loss_type == "k3"
     assert cfg.eval.eval_interval is None and cfg.checkpoint.save_interval == 2
     assert cfg.steps_per_rollout == 2
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--rollout-batch-size", "0"], "--rollout-batch-size"),
-    (["--rollout-temperature", "-1"], "--rollout-temperature"),
-    (["--global-batch-size", "7"], "--global-batch-size 7 must divide"),
-    (["--data-parallel-size", "3"], "--data-parallel-size 3"),
-    (["--micro-batch-size", "5"], "--micro-batch-size 5"),
-    (["--kl-loss-coef", "0.1"], "--use-kl-loss"),
-    (["--save-interval", "2"], "--save DIR"),
-    (["--ci-save-model-hash"], "--ci-save-model-hash needs --save"),
-    (["--ci-check-model-hash"], "--ci-check-model-hash needs --load"),
-    (["--debug-exit-after-rollout", "0"], "--debug-exit-after-rollout"),
-    (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size 2 needs --train-backend megatron"),
-    (["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size 2: not supported yet"),
-    (["--context-parallel-size", "2"], "--context-parallel-size 2: not supported yet"),
-    (["--sequence-parallel"], "--sequence-parallel: not supported yet"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--rollout-batch-size", "0"], "--rollout-batch-size"),
+        (["--rollout-temperature", "-1"], "--rollout-temperature"),
+        (["--global-batch-size", "7"], "--global-batch-size 7 must divide"),
+        (["--data-parallel-size", "3"], "--data-parallel-size 3"),
+        (["--micro-batch-size", "5"], "--micro-batch-size 5"),
+        (["--kl-loss-coef", "0.1"], "--use-kl-loss"),
+        (["--save-interval", "2"], "--save DIR"),
+        (["--ci-save-model-hash"], "--ci-save-model-hash needs --save"),
+        (["--ci-check-model-hash"], "--ci-check-model-hash needs --load"),
+        (["--debug-exit-after-rollout", "0"], "--debug-exit-after-rollout"),
+        (
+            ["--tensor-model-parallel-size", "2"],
+            "--tensor-model-parallel-size 2 needs --train-backend megatron",
+        ),
+        (["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size 2: not supported yet"),
+        (["--context-parallel-size", "2"], "--context-parallel-size 2: not supported yet"),
+        (["--sequence-parallel"], "--sequence-parallel: not supported yet"),
+    ],
+)
 def test_invalid_values_name_the_flag(argv, needle):
     with pytest.raises(ValueError, match=needle.replace("-", r"\-")):
         parse(*argv)
@@ -101,7 +127,10 @@ def test_prefect_env_batches_event_writes_and_keeps_user_values(monkeypatch):
     assert (persister.batch_size, persister.flush_interval) == (1000, 60)
     recorder = settings.server.services.task_run_recorder
     assert (recorder.batch_size, recorder.flush_interval) == (1000, 1)
-    assert settings.server.analytics_enabled is False and settings.server.ephemeral.startup_timeout_seconds == 120
+    assert (
+        settings.server.analytics_enabled is False
+        and settings.server.ephemeral.startup_timeout_seconds == 120
+    )
     # the run's own temporary server: no automations services
     services = settings.server.services
     assert services.triggers.enabled is False  # triggers and the actions they fire
@@ -147,32 +176,71 @@ def test_server_command_runs_without_the_venv_on_path(monkeypatch, tmp_path):
     with pytest.raises(SystemExit):
         main(["server", "--port", "4321"])
     [(path, argv)] = execs
-    assert path == sys.executable and argv[:6] == [sys.executable, "-m", "prefect", "server", "start", "--port"]
+    assert path == sys.executable and argv[:6] == [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--port",
+    ]
     assert argv[6] == "4321"
-    done = subprocess.run([*argv, "--help"], env={"PATH": "/nonexistent", "HOME": str(tmp_path),
-                                                     "PREFECT_HOME": str(tmp_path / "prefect")}, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [*argv, "--help"],
+        env={"PATH": "/nonexistent", "HOME": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "--port" in done.stdout, done.stderr[-2000:]
 
 
 # -- slime's data, reward and eval flags (issue 04) ------------------------------------------------------------
 def test_data_reward_and_list_flags_parse():
-    cfg = parse("--prompt-data", "/d/train.jsonl", "--input-key", "messages", "--label-key", "answer",
-                "--apply-chat-template", "--apply-chat-template-kwargs", '{"enable_thinking": false}',
-                "--eval-prompt-data", "aime", "/d/aime.jsonl", "gsm8k", "/d/gsm8k.parquet",
-                "--rollout-stop", "</answer>", "--rollout-stop-token-ids", "7", "8", "--rm-type", "math",
-                "--eval-top-p", "0.9", "--eval-max-response-len", "16", "--rollout-shuffle")
+    cfg = parse(
+        "--prompt-data",
+        "/d/train.jsonl",
+        "--input-key",
+        "messages",
+        "--label-key",
+        "answer",
+        "--apply-chat-template",
+        "--apply-chat-template-kwargs",
+        '{"enable_thinking": false}',
+        "--eval-prompt-data",
+        "aime",
+        "/d/aime.jsonl",
+        "gsm8k",
+        "/d/gsm8k.parquet",
+        "--rollout-stop",
+        "</answer>",
+        "--rollout-stop-token-ids",
+        "7",
+        "8",
+        "--rm-type",
+        "math",
+        "--eval-top-p",
+        "0.9",
+        "--eval-max-response-len",
+        "16",
+        "--rollout-shuffle",
+    )
     assert cfg.data.eval_datasets == [("aime", "/d/aime.jsonl"), ("gsm8k", "/d/gsm8k.parquet")]
     assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False} and cfg.data.rollout_shuffle
     assert cfg.rollout.rollout_stop == ["</answer>"] and cfg.rollout.rollout_stop_token_ids == [7, 8]
-    assert cfg.reward.rm_type == "math" and cfg.eval.eval_top_p == 0.9 and cfg.eval.eval_max_response_len == 16
+    assert (
+        cfg.reward.rm_type == "math" and cfg.eval.eval_top_p == 0.9 and cfg.eval.eval_max_response_len == 16
+    )
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--eval-prompt-data", "a", "/x", "a", "/y"], "duplicate eval dataset name"),
-    (["--eval-prompt-data", "a", "/x", "b"], "expected NAME PATH pairs"),
-    (["--eval-prompt-data", "a/b", "/x"], "contain no '/'"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--eval-prompt-data", "a", "/x", "a", "/y"], "duplicate eval dataset name"),
+        (["--eval-prompt-data", "a", "/x", "b"], "expected NAME PATH pairs"),
+        (["--eval-prompt-data", "a/b", "/x"], "contain no '/'"),
+    ],
+)
 def test_bad_eval_data_flags(argv, needle):
     with pytest.raises(ValueError, match=needle):
         parse(*argv)

@@ -29,22 +29,38 @@ from tests.report_records import Clock, records_of, report_of
 
 def test_numbers_durations_and_sparklines():
     assert [duration(s) for s in (None, 0.04, 59.94, 185, 7440)] == ["-", "0.0 s", "59.9 s", "3m05s", "2h04m"]
-    assert [number(None), number(0.52349), number(4.7123, "sig"), number(0.00312, "sci"), number(0.0, "sci")] == \
-        ["-", "0.523", "4.71", "3.1e-03", "0"]
+    assert [
+        number(None),
+        number(0.52349),
+        number(4.7123, "sig"),
+        number(0.00312, "sci"),
+        number(0.0, "sci"),
+    ] == ["-", "0.523", "4.71", "3.1e-03", "0"]
     assert sparkline([0.4, 0.5, 0.7]) == "▁▃█" and sparkline([1.0, 1.0]) == "▄▄" and sparkline([]) == ""
 
 
 def test_report_numbers_of_a_rollout(tmp_path):
     report = report_of(tmp_path, 3, 10, {1: 0.45})
     one = report.rollout(1)
-    assert (one.reward, one.kl, one.grad_norm, one.entropy, one.length, one.seconds) == (0.31, 0.001, 5.0, 0.5, 4.25,
-                                                                                         2.0)
+    assert (one.reward, one.kl, one.grad_norm, one.entropy, one.length, one.seconds) == (
+        0.31,
+        0.001,
+        5.0,
+        0.5,
+        4.25,
+        2.0,
+    )
     assert one.evals == [(2, {"eval/tiny-arith": 0.45})]  # eval 2 runs in rollout 1's flow, on its weights
     assert report.rollout(0).evals == [(0, {"eval/tiny-arith": 0.4})]
     assert report.done == 3 and report.eta() == pytest.approx(7 * 2.0)
-    assert report.best_eval("eval/tiny-arith") == (2, 0.45) and report.last_eval() == (2, {"eval/tiny-arith": 0.45})
-    assert [(c.name, c.passed, c.failed_at) for c in report.checks()] == [("check/finite_metrics", 3, []),
-                                                                          ("check/engines_in_sync", 3, [])]
+    assert report.best_eval("eval/tiny-arith") == (2, 0.45) and report.last_eval() == (
+        2,
+        {"eval/tiny-arith": 0.45},
+    )
+    assert [(c.name, c.passed, c.failed_at) for c in report.checks()] == [
+        ("check/finite_metrics", 3, []),
+        ("check/engines_in_sync", 3, []),
+    ]
 
 
 def test_report_keeps_only_its_run_dirs_records(tmp_path):
@@ -59,7 +75,8 @@ def test_rollout_line_is_one_concise_line(tmp_path):
     report = report_of(tmp_path, 2, 100, {1: 0.45})
     assert rollout_line(report.rollout(1), report.total, report.eta()) == (
         "rollout   2/100  reward 0.310  kl 1.0e-03  entropy 0.500  grad 5  len 4.25  2.0 s  ETA 3m16s  "
-        "eval@2 0.450")
+        "eval@2 0.450"
+    )
 
 
 def test_a_long_run_prints_at_most_about_max_lines_and_every_eval(tmp_path):
@@ -92,17 +109,26 @@ def test_summary_table_of_a_completed_and_a_failed_run(tmp_path):
     assert "  wall time   40.0 s (rollouts 6.0 s, 2.0 s each; start-up and shut-down 34.0 s)" in lines
     assert "  best eval   eval/tiny-arith 0.470 at rollout 3 (first 0.400, last 0.470)" in lines
     assert "  curve       eval/tiny-arith ▁▃█" in lines and "  doctor      no findings" in lines
-    assert lines[-1] == f"  run dir     {report.cfg.resolved_run_dir} (metrics.jsonl, plots/curves.png, logs/)"
+    assert (
+        lines[-1] == f"  run dir     {report.cfg.resolved_run_dir} (metrics.jsonl, plots/curves.png, logs/)"
+    )
 
     failed = report_of(tmp_path, 1, 3, {})
-    failed.findings = [Finding("error", "the KL is not 0 at a first step", "ppo_kl = 0.1", "rollflow replay ...",
-                               "first-step-kl")]
-    failed.finish("failed", "CheckFailed: [KL checker] train/ppo_kl = 0.1 violates |x| < 1e-9 (rollout 1, stage check)")
+    failed.findings = [
+        Finding(
+            "error", "the KL is not 0 at a first step", "ppo_kl = 0.1", "rollflow replay ...", "first-step-kl"
+        )
+    ]
+    failed.finish(
+        "failed", "CheckFailed: [KL checker] train/ppo_kl = 0.1 violates |x| < 1e-9 (rollout 1, stage check)"
+    )
     lines = summary(failed, wall=12.0)
     assert lines[0] == "run t FAILED: 1/3 rollouts in 12.0 s"
     assert "  doctor      1. ERROR [first-step-kl] the KL is not 0 at a first step" in lines
-    assert "  cause       CheckFailed: [KL checker] train/ppo_kl = 0.1 violates |x| < 1e-9 (rollout 1, stage check)" \
+    assert (
+        "  cause       CheckFailed: [KL checker] train/ppo_kl = 0.1 violates |x| < 1e-9 (rollout 1, stage check)"
         in lines
+    )
 
 
 def test_plain_console_prints_lines_notices_and_the_summary(tmp_path):
@@ -116,16 +142,24 @@ def test_plain_console_prints_lines_notices_and_the_summary(tmp_path):
             report.records.extend(records_of(rid, 0.5, 0.6 if rid == 1 else None))
             report.rollout_done(rid, 1.5)
             console.rollout_done(report, rid)
-        notify.notice("generate 1: no answer within 600 s; replaced engines [0]; the stage will be retried",
-                      logging.WARNING)
+        notify.notice(
+            "generate 1: no answer within 600 s; replaced engines [0]; the stage will be retried",
+            logging.WARNING,
+        )
         report.finish("completed")
         console.finished(report)
     notify.notice("after the console closed")  # no longer shown: the console unsubscribed
     lines = out.getvalue().splitlines()
     assert lines[0] == "resuming run abc in runs/t at rollout 0"
     assert lines[1].startswith("rollout 1/2  reward 0.500") and lines[2].endswith("eval@2 0.600")
-    assert lines[3] == "warning: generate 1: no answer within 600 s; replaced engines [0]; the stage will be retried"
-    assert lines[4].startswith("run t completed: 2/2 rollouts in ") and "after the console closed" not in out.getvalue()
+    assert (
+        lines[3]
+        == "warning: generate 1: no answer within 600 s; replaced engines [0]; the stage will be retried"
+    )
+    assert (
+        lines[4].startswith("run t completed: 2/2 rollouts in ")
+        and "after the console closed" not in out.getvalue()
+    )
 
 
 class _Terminal(io.StringIO):
@@ -144,7 +178,10 @@ def test_terminal_console_shows_a_bar_and_the_same_lines(tmp_path, monkeypatch):
             report.records.extend(records_of(rid, 0.5))
             report.rollout_done(rid, 1.0)
             console.rollout_done(report, rid)
-        assert console.progress.tasks[0].completed == 3 and "reward 0.500" in console.progress.tasks[0].fields["status"]
+        assert (
+            console.progress.tasks[0].completed == 3
+            and "reward 0.500" in console.progress.tasks[0].fields["status"]
+        )
         report.finish("completed")
         console.finished(report)
     text = out.getvalue()
@@ -170,10 +207,14 @@ def test_quiet_filter_keeps_warnings_of_libraries_only():
         return logging.LogRecord(name, level, __file__, 1, "x", None, None)
 
     quiet = _QuietFilter()
-    assert not quiet.filter(record("prefect.task_runs", logging.ERROR))  # a failed task's traceback: in run.log
+    assert not quiet.filter(
+        record("prefect.task_runs", logging.ERROR)
+    )  # a failed task's traceback: in run.log
     assert not quiet.filter(record("prefect.flow_runs", logging.INFO))  # "Finished in state Completed()"
     assert not quiet.filter(record("prefect", logging.INFO))  # "Starting temporary server ..."
-    assert quiet.filter(record("prefect.client", logging.WARNING)) and quiet.filter(record("ray", logging.ERROR))
+    assert quiet.filter(record("prefect.client", logging.WARNING)) and quiet.filter(
+        record("ray", logging.ERROR)
+    )
 
 
 def test_quiet_console_filters_prefects_console_handler_while_open():

@@ -16,16 +16,26 @@ def _as_prefect_passes_it(cfg: dict) -> RunConfig:
 
 
 def test_deep_merge_replaces_leaves_and_merges_dicts():
-    base = {"name": "a", "rollout": {"num_rollout": 5, "rollout_batch_size": 4}, "data": {"eval_prompt_data": ["x", "y"]}}
+    base = {
+        "name": "a",
+        "rollout": {"num_rollout": 5, "rollout_batch_size": 4},
+        "data": {"eval_prompt_data": ["x", "y"]},
+    }
     over = {"rollout": {"num_rollout": 3}, "data": {"eval_prompt_data": ["z", "w"]}}
-    assert deep_merge(base, over) == {"name": "a", "rollout": {"num_rollout": 3, "rollout_batch_size": 4},
-                                      "data": {"eval_prompt_data": ["z", "w"]}}
+    assert deep_merge(base, over) == {
+        "name": "a",
+        "rollout": {"num_rollout": 3, "rollout_batch_size": 4},
+        "data": {"eval_prompt_data": ["z", "w"]},
+    }
     assert base["rollout"] == {"num_rollout": 5, "rollout_batch_size": 4}  # inputs untouched
 
 
 def test_partial_run_parameters_keep_the_other_served_defaults():
-    served = {"name": "nightly", "rollout": {"num_rollout": 5, "rollout_batch_size": 4},
-              "train": {"global_batch_size": 8, "lr": 1e-3}}
+    served = {
+        "name": "nightly",
+        "rollout": {"num_rollout": 5, "rollout_batch_size": 4},
+        "train": {"global_batch_size": 8, "lr": 1e-3},
+    }
     cfg = merge_over_defaults(served, _as_prefect_passes_it({"rollout": {"num_rollout": 3}}))
     assert cfg.name == "nightly" and cfg.rollout.num_rollout == 3 and cfg.rollout.rollout_batch_size == 4
     assert cfg.train.global_batch_size == 8 and cfg.train.lr == 1e-3

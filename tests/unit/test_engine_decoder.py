@@ -27,8 +27,16 @@ def test_gumbel_argmax_equals_the_full_computation(scale):
 
 
 def _llama(tmp_path):
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama")
     return str(tmp_path / "llama")
@@ -47,7 +55,9 @@ def test_fast_decoder_matches_the_hf_forward(checkpoint):
     positions = (key_mask[:, :5].long().cumsum(-1) - 1).clamp(min=0)
     fast, hf = FastDecoder(FastWeights(eng.model, 64), 8), HFDecoder(eng.model)
     with torch.inference_mode():
-        assert torch.allclose(fast.prefill(ids, positions, key_mask), hf.prefill(ids, positions, key_mask), atol=1e-5)
+        assert torch.allclose(
+            fast.prefill(ids, positions, key_mask), hf.prefill(ids, positions, key_mask), atol=1e-5
+        )
         pos, tok = positions[:, -1] + 1, torch.tensor([9, 10])
         for _ in range(2):
             assert torch.allclose(fast.decode(tok, pos), hf.decode(tok, pos), atol=1e-5)
@@ -61,9 +71,14 @@ def test_dropping_finished_rows_changes_no_output(checkpoint, monkeypatch):
     """Rows that stop early leave the batch; every row's tokens are still those it gets alone, and those the
     HF forward gives."""
     eng = TorchEngine(checkpoint)
-    reqs = [GenerateRequest((2, 7, 11, 14, 8)[: 3 + i % 3], seed=i,
-                            params=SamplingParams(max_new_tokens=1 + (i * 5) % 12, stop_token_ids=(1,)))
-            for i in range(16)]
+    reqs = [
+        GenerateRequest(
+            (2, 7, 11, 14, 8)[: 3 + i % 3],
+            seed=i,
+            params=SamplingParams(max_new_tokens=1 + (i * 5) % 12, stop_token_ids=(1,)),
+        )
+        for i in range(16)
+    ]
     together = eng.generate(reqs)
     # rows leave the batch at different steps (max_new_tokens 1..12, and the stop token); how many distinct
     # lengths there are depends on the tiny-arith model this machine trained (3 here, 4+ elsewhere)
@@ -73,8 +88,14 @@ def test_dropping_finished_rows_changes_no_output(checkpoint, monkeypatch):
     monkeypatch.setattr(engine_mod.FastDecoder, "supports", staticmethod(lambda model: False))
     hf = eng.generate(reqs)
     assert [o.response_tokens for o in hf] == [o.response_tokens for o in together]
-    assert max(abs(a - b) for x, y in zip(hf, together, strict=True)
-               for a, b in zip(x.log_probs, y.log_probs, strict=True)) < 1e-5
+    assert (
+        max(
+            abs(a - b)
+            for x, y in zip(hf, together, strict=True)
+            for a, b in zip(x.log_probs, y.log_probs, strict=True)
+        )
+        < 1e-5
+    )
 
 
 def test_fast_weights_follow_a_weight_update(base_checkpoint):
@@ -84,6 +105,8 @@ def test_fast_weights_follow_a_weight_update(base_checkpoint):
     w = eng.get_weights()
     eng.update_weights({k: v * 0.0 for k, v in w.items()}, version=1)  # all logits equal: log-prob -log(V)
     zeroed = eng.generate(req)[0]
-    assert zeroed.log_probs[0] == pytest.approx(-torch.log(torch.tensor(float(eng.model.config.vocab_size))).item())
+    assert zeroed.log_probs[0] == pytest.approx(
+        -torch.log(torch.tensor(float(eng.model.config.vocab_size))).item()
+    )
     eng.update_weights(w, version=2)
     assert eng.generate(req)[0].response_tokens == before.response_tokens

@@ -33,7 +33,9 @@ def engine(base_checkpoint):
 def _rollout(engine, cfg, tmp_path):
     cfg, src = resolve(cfg)
     r = cfg.rollout
-    prompts = prompts_for_rollout(src.train.prompts, r.rollout_batch_size, 0, r.rollout_seed, cfg.data.rollout_shuffle)
+    prompts = prompts_for_rollout(
+        src.train.prompts, r.rollout_batch_size, 0, r.rollout_seed, cfg.data.rollout_shuffle
+    )
     entries = build_requests(prompts, r.rollout_seed, 0, r.n_samples_per_prompt, train_params(cfg, src.stops))
     outputs = engine.generate([e.request for e in entries])
     samples = asyncio.run(to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, 0))
@@ -41,8 +43,10 @@ def _rollout(engine, cfg, tmp_path):
 
 
 def test_seeded_sampling_is_independent_of_batch_layout(engine):
-    reqs = [GenerateRequest((2, 7, 11, 14, 8, 7, 16, 3), seed=s, params=SamplingParams(max_new_tokens=6))
-            for s in range(12)]
+    reqs = [
+        GenerateRequest((2, 7, 11, 14, 8, 7, 16, 3), seed=s, params=SamplingParams(max_new_tokens=6))
+        for s in range(12)
+    ]
     together = engine.generate(reqs)
     alone = [engine.generate([r])[0] for r in reqs[:3]]
     shuffled = engine.generate(list(reversed(reqs)))[::-1]
@@ -53,10 +57,16 @@ def test_seeded_sampling_is_independent_of_batch_layout(engine):
 
 def test_stop_tokens_max_tokens_and_top_k(engine):
     eos = 1
-    outs = engine.generate([GenerateRequest((2, 7, 11, 14, 8, 7, 16, 3), seed=s,
-                                            params=SamplingParams(max_new_tokens=3, stop_token_ids=(eos,),
-                                                                  top_k=1))
-                            for s in range(4)])
+    outs = engine.generate(
+        [
+            GenerateRequest(
+                (2, 7, 11, 14, 8, 7, 16, 3),
+                seed=s,
+                params=SamplingParams(max_new_tokens=3, stop_token_ids=(eos,), top_k=1),
+            )
+            for s in range(4)
+        ]
+    )
     for o in outs:
         assert len(o.response_tokens) <= 3 and len(o.log_probs) == len(o.response_tokens)
         assert o.finish_reason == ("stop" if o.response_tokens[-1] == eos else "length")
@@ -90,17 +100,24 @@ def test_engine_tensor_hashes_follow_its_weights_and_name_what_changed(engine):
 def test_trainer_logprobs_match_engine_and_step_is_applied_once(engine, base_checkpoint, tmp_path):
     from trainers.torch_trainer.trainer import TorchTrainer
 
-    cfg = RunConfig.model_validate({
-        "hf_checkpoint": base_checkpoint, "run_dir": str(tmp_path),
-        "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
-        "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3}})
+    cfg = RunConfig.model_validate(
+        {
+            "hf_checkpoint": base_checkpoint,
+            "run_dir": str(tmp_path),
+            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
+            "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3},
+        }
+    )
     samples, ref = _rollout(engine, cfg, tmp_path)
     trainer = TorchTrainer(trainer_settings(cfg), base_checkpoint, rank=0, world_size=1)
     trainer.setup("127.0.0.1", _free_port())
     lp_ref = trainer.compute_log_probs(ref, str(tmp_path / "lp.parquet"))
     rows = {r["sample_index"]: r for r in read_table(lp_ref).to_pylist()}
-    diff = max(abs(a - b) for s in samples for a, b in zip(s.rollout_log_probs, rows[s.sample_index]["log_probs"],
-                                                          strict=True))
+    diff = max(
+        abs(a - b)
+        for s in samples
+        for a, b in zip(s.rollout_log_probs, rows[s.sample_index]["log_probs"], strict=True)
+    )
     assert diff < 1e-4  # engine and trainer agree on the same weights
 
     before = {k: v.clone() for k, v in trainer.export_weights().items()}
@@ -124,10 +141,14 @@ def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkp
     from artifacts.store import read_rollout
     from trainers.rollout_stats import logprob_stats
 
-    cfg = RunConfig.model_validate({
-        "hf_checkpoint": base_checkpoint, "run_dir": str(tmp_path), "rollout": {"rollout_batch_size": 4,
-                                                                             "n_samples_per_prompt": 4},
-        "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3, "lr_decay_style": "cosine"}})
+    cfg = RunConfig.model_validate(
+        {
+            "hf_checkpoint": base_checkpoint,
+            "run_dir": str(tmp_path),
+            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
+            "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3, "lr_decay_style": "cosine"},
+        }
+    )
     _, ref = _rollout(engine, cfg, tmp_path)
     clean = _trainer(cfg, base_checkpoint)
     expected = clean.train_step(ref, clean.compute_log_probs(ref, str(tmp_path / "lp0.parquet")))
@@ -135,7 +156,9 @@ def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkp
     trainer = _trainer(cfg, base_checkpoint)
     lp_ref = trainer.compute_log_probs(ref, str(tmp_path / "lp.parquet"))
     # the trainer-side rollout stats come from memory and equal the ones computed from the files
-    assert trainer.rollout_stats(ref, lp_ref) == logprob_stats(read_rollout(ref), read_table(lp_ref).to_pylist())
+    assert trainer.rollout_stats(ref, lp_ref) == logprob_stats(
+        read_rollout(ref), read_table(lp_ref).to_pylist()
+    )
     initial = {k: v.clone() for k, v in trainer.export_weights().items()}
     real_step, calls = trainer.scheduler.step, []
 
@@ -162,12 +185,17 @@ def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkp
 def test_wire_format_round_trips_bits(dtype):
     from artifacts.wire import from_wire, to_wire
 
-    named = {"a": (torch.randn(3, 5) * 100).to(dtype), "b.weight": torch.arange(7).to(dtype).reshape(7, 1)[::2]}
+    named = {
+        "a": (torch.randn(3, 5) * 100).to(dtype),
+        "b.weight": torch.arange(7).to(dtype).reshape(7, 1)[::2],
+    }
     back = from_wire(to_wire(named))
     for name, t in named.items():
         assert back[name].dtype == dtype and back[name].shape == t.shape
-        assert torch.equal(back[name].view(torch.uint8) if dtype != torch.int64 else back[name],
-                           t.contiguous().view(torch.uint8) if dtype != torch.int64 else t)
+        assert torch.equal(
+            back[name].view(torch.uint8) if dtype != torch.int64 else back[name],
+            t.contiguous().view(torch.uint8) if dtype != torch.int64 else t,
+        )
         assert back[name].is_contiguous()
 
 
@@ -175,11 +203,20 @@ def test_use_rollout_logprobs_trains_on_the_engine_log_probs(engine, base_checkp
     from artifacts.store import read_rollout
 
     def cfg_for(flag: bool) -> RunConfig:
-        return RunConfig.model_validate({
-            "hf_checkpoint": base_checkpoint, "run_dir": str(tmp_path),
-            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
-            "train": {"global_batch_size": 16, "lr": 1e-3, "use_kl_loss": True, "kl_loss_coef": 0.01,
-                      "use_rollout_logprobs": flag}})
+        return RunConfig.model_validate(
+            {
+                "hf_checkpoint": base_checkpoint,
+                "run_dir": str(tmp_path),
+                "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
+                "train": {
+                    "global_batch_size": 16,
+                    "lr": 1e-3,
+                    "use_kl_loss": True,
+                    "kl_loss_coef": 0.01,
+                    "use_rollout_logprobs": flag,
+                },
+            }
+        )
 
     samples, ref = _rollout(engine, cfg_for(True), tmp_path)
     trainer = _trainer(cfg_for(True), base_checkpoint)
@@ -187,7 +224,9 @@ def test_use_rollout_logprobs_trains_on_the_engine_log_probs(engine, base_checkp
     assert read_table(lp_ref).column_names == ["sample_index", "ref_log_probs"]  # no actor forward ran
     before = trainer.export_weights()
     trainer.train_step(ref, lp_ref, str(tmp_path / "train_{rollout_id}_{rank}.parquet"))
-    dumped = {r["sample_index"]: r["log_probs"] for r in read_table(tmp_path / "train_0_0.parquet").to_pylist()}
+    dumped = {
+        r["sample_index"]: r["log_probs"] for r in read_table(tmp_path / "train_0_0.parquet").to_pylist()
+    }
     assert all(dumped[s.sample_index] == s.rollout_log_probs for s in read_rollout(ref))
     assert any(not torch.equal(before[k], v) for k, v in trainer.export_weights().items())
 
@@ -197,22 +236,31 @@ def test_use_rollout_logprobs_trains_on_the_engine_log_probs(engine, base_checkp
 
 
 @pytest.mark.parametrize("train", [{}, {"use_kl_loss": True, "kl_loss_coef": 0.01, "entropy_coef": 0.01}])
-def test_fused_first_step_trains_bitwise_as_a_separate_log_prob_pass(engine, base_checkpoint, tmp_path, train):
+def test_fused_first_step_trains_bitwise_as_a_separate_log_prob_pass(
+    engine, base_checkpoint, tmp_path, train
+):
     """The log-prob pass runs the first step's forward and backward by default; training, metrics and the
     log-prob artifact are bitwise those of a separate log-prob forward (--debug-separate-logprob-pass)."""
+
     def cfg_for(separate: bool) -> RunConfig:
-        return RunConfig.model_validate({
-            "hf_checkpoint": base_checkpoint, "run_dir": str(tmp_path),
-            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
-            "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3, **train},
-            "debug": {"debug_separate_logprob_pass": separate}})
+        return RunConfig.model_validate(
+            {
+                "hf_checkpoint": base_checkpoint,
+                "run_dir": str(tmp_path),
+                "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
+                "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3, **train},
+                "debug": {"debug_separate_logprob_pass": separate},
+            }
+        )
 
     fused, separate = _trainer(cfg_for(False), base_checkpoint), _trainer(cfg_for(True), base_checkpoint)
     assert fused.s.fuse_first_step and not separate.s.fuse_first_step
     for rollout in range(2):
         _, ref = _rollout(engine, cfg_for(False), tmp_path / f"r{rollout}")
-        lp = [t.compute_log_probs(ref, str(tmp_path / f"lp{rollout}-{i}.parquet"))
-              for i, t in enumerate((fused, separate))]
+        lp = [
+            t.compute_log_probs(ref, str(tmp_path / f"lp{rollout}-{i}.parquet"))
+            for i, t in enumerate((fused, separate))
+        ]
         assert lp[0].sha256 == lp[1].sha256
         assert fused._fused is not None and separate._fused is None
         assert fused.train_step(ref, lp[0]) == separate.train_step(ref, lp[1])
@@ -221,14 +269,21 @@ def test_fused_first_step_trains_bitwise_as_a_separate_log_prob_pass(engine, bas
 
 
 def test_a_fused_step_is_used_only_for_its_own_rollout_and_weights(engine, base_checkpoint, tmp_path):
-    cfg = RunConfig.model_validate({
-        "hf_checkpoint": base_checkpoint, "run_dir": str(tmp_path),
-        "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
-        "train": {"global_batch_size": 16, "lr": 1e-3}})
+    cfg = RunConfig.model_validate(
+        {
+            "hf_checkpoint": base_checkpoint,
+            "run_dir": str(tmp_path),
+            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
+            "train": {"global_batch_size": 16, "lr": 1e-3},
+        }
+    )
     trainer, clean = _trainer(cfg, base_checkpoint), _trainer(cfg, base_checkpoint)
     _, ref = _rollout(engine, cfg, tmp_path)
-    _, other = _rollout(engine, cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"rollout_seed": 7})}),
-                        tmp_path / "other")
+    _, other = _rollout(
+        engine,
+        cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"rollout_seed": 7})}),
+        tmp_path / "other",
+    )
     trainer.compute_log_probs(other, str(tmp_path / "lp-other.parquet"))  # leaves a fused step for `other`
     lp = clean.compute_log_probs(ref, str(tmp_path / "lp.parquet"))
     clean._fused = None  # train this one from the artifact alone, as `rollflow replay ... train-step` does

@@ -34,8 +34,15 @@ def ray_error(cause: BaseException, function: str = "EngineActor.generate") -> R
     """The exception the driver gets for `cause` raised in an actor method: Ray's dual `RayTaskError(X)`."""
     cause = _raised(cause)
     tb = "".join(traceback.format_exception(cause))
-    return RayTaskError(function, tb, cause, proctitle=f"ray::{function}", pid=4242, ip="10.1.2.3",
-                        actor_repr="<engines.actor.EngineActor object at 0x7f00>").as_instanceof_cause()
+    return RayTaskError(
+        function,
+        tb,
+        cause,
+        proctitle=f"ray::{function}",
+        pid=4242,
+        ip="10.1.2.3",
+        actor_repr="<engines.actor.EngineActor object at 0x7f00>",
+    ).as_instanceof_cause()
 
 
 def test_ray_wrapper_is_unwrapped_to_the_actors_exception():
@@ -47,8 +54,9 @@ def test_ray_wrapper_is_unwrapped_to_the_actors_exception():
 
 def test_nested_ray_wrappers_unwrap_to_the_innermost_cause():
     """An engine that waited for the trainer's export: the trainer's error inside the engine's."""
-    inner = ray_error(ValueError("tensor model.norm.weight has shape (8,), expected (16,)"),
-                      "TrainerActor.export_weights")
+    inner = ray_error(
+        ValueError("tensor model.norm.weight has shape (8,), expected (16,)"), "TrainerActor.export_weights"
+    )
     outer = ray_error(inner, "EngineActor.update_weights")
     assert describe(outer) == "ValueError: tensor model.norm.weight has shape (8,), expected (16,)"
 
@@ -59,8 +67,10 @@ def test_stage_note_names_rollout_and_stage_once():
     note_stage(err, 1, "rollout")  # an outer layer does not overwrite the stage the exception came from
     assert failure_line(err) == f"rollflow: run failed at rollout 1, stage generate: FiredFault: {FAULT}"
     assert explain(err) == f"FiredFault: {FAULT} (rollout 1, stage generate)"
-    assert failure_line(CheckFailed("[metric checker] eval/x = [] violates >= 0.5")) == \
-        "rollflow: run failed: CheckFailed: [metric checker] eval/x = [] violates >= 0.5"
+    assert (
+        failure_line(CheckFailed("[metric checker] eval/x = [] violates >= 0.5"))
+        == "rollflow: run failed: CheckFailed: [metric checker] eval/x = [] violates >= 0.5"
+    )
 
 
 def test_failed_state_with_its_exception_gives_the_exception_itself():
@@ -72,18 +82,26 @@ def test_failed_state_with_its_exception_gives_the_exception_itself():
 
     got = asyncio.run(exception())
     assert got is check
-    assert describe(got) == "CheckFailed: [KL checker] train/ppo_kl = 0.0123 violates |x| < 1e-9 at rollout 0 step 0"
+    assert (
+        describe(got)
+        == "CheckFailed: [KL checker] train/ppo_kl = 0.0123 violates |x| < 1e-9 at rollout 0 step 0"
+    )
 
 
 def test_failed_state_read_back_as_text_loses_prefect_and_ray_wrappers():
     """A state read back from the API holds only its message: Prefect's prefix, Ray's header, the remote
     traceback and colour codes around the actor's exception."""
+
     async def exception() -> BaseException:
-        state = await exception_to_failed_state(ray_error(FiredFault(FAULT)), message="Flow run encountered an exception:")
+        state = await exception_to_failed_state(
+            ray_error(FiredFault(FAULT)), message="Flow run encountered an exception:"
+        )
         return await aget_state_exception(Failed(message=state.message))  # no data: as read from the server
 
     got = asyncio.run(exception())
-    assert isinstance(got, FailedRun) and str(got).startswith("Flow run encountered an exception: RayTaskError(")
+    assert isinstance(got, FailedRun) and str(got).startswith(
+        "Flow run encountered an exception: RayTaskError("
+    )
     assert "\x1b[36mray::EngineActor.generate" in str(got)
     assert describe(got) == f"FiredFault: {FAULT}"
 
@@ -98,10 +116,15 @@ def test_crashed_state_message_is_unwrapped():
 
 
 def test_text_without_ray_keeps_its_message_and_collapses_whitespace():
-    assert unwrap_text("Task run encountered an exception CheckFailed: [log-probs checker] x") == \
-        "CheckFailed: [log-probs checker] x"
+    assert (
+        unwrap_text("Task run encountered an exception CheckFailed: [log-probs checker] x")
+        == "CheckFailed: [log-probs checker] x"
+    )
     multi = RuntimeError("rollout 3: engines [0] do not hold the trainer's weights\n\tafter the sync")
-    assert describe(multi) == "RuntimeError: rollout 3: engines [0] do not hold the trainer's weights after the sync"
+    assert (
+        describe(multi)
+        == "RuntimeError: rollout 3: engines [0] do not hold the trainer's weights after the sync"
+    )
 
 
 def test_exception_group_of_one_is_unwrapped():

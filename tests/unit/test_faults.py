@@ -30,20 +30,23 @@ def test_every_hook_and_action_parses():
             assert r.action.kind == kind and r.owner == HOOKS[hook]
 
 
-@pytest.mark.parametrize("request_, needle", [
-    (req(hook_name="nope"), "unknown hook 'nope'"),
-    (req(action={"kind": "explode"}), "action"),
-    (req(action={"kind": "sleep"}), "seconds"),
-    (req(target={"trainer_rank": 0}), "reached by the engine, so a trainer target can never match"),
-    (req(target={"engine": 0, "trainer_rank": 0}), "exactly one process"),
-    (req(hook_name="orchestrator_rollout_end", target={"engine": 0}), "reached by the orchestrator"),
-    (req(action={"kind": "deadlock_thread"}, delay_ms=5), "needs delay_ms 0"),
-    (req(delay_ms=-1), "delay_ms"),
-    (req(rollout_id=-1), "rollout_id"),
-    (req(request_id=""), "request_id"),
-    (req(extra=1), "extra"),
-    (req(rollout_id="1"), "rollout_id"),  # strict: no string-to-int coercion
-])
+@pytest.mark.parametrize(
+    "request_, needle",
+    [
+        (req(hook_name="nope"), "unknown hook 'nope'"),
+        (req(action={"kind": "explode"}), "action"),
+        (req(action={"kind": "sleep"}), "seconds"),
+        (req(target={"trainer_rank": 0}), "reached by the engine, so a trainer target can never match"),
+        (req(target={"engine": 0, "trainer_rank": 0}), "exactly one process"),
+        (req(hook_name="orchestrator_rollout_end", target={"engine": 0}), "reached by the orchestrator"),
+        (req(action={"kind": "deadlock_thread"}, delay_ms=5), "needs delay_ms 0"),
+        (req(delay_ms=-1), "delay_ms"),
+        (req(rollout_id=-1), "rollout_id"),
+        (req(request_id=""), "request_id"),
+        (req(extra=1), "extra"),
+        (req(rollout_id="1"), "rollout_id"),  # strict: no string-to-int coercion
+    ],
+)
 def test_bad_requests_are_refused_naming_the_field(request_, needle):
     with pytest.raises(ValueError, match=needle):
         parse(request_)
@@ -70,16 +73,18 @@ def test_json_and_path_are_mutually_exclusive_and_checked(tmp_path):
 
 
 def test_filters_targets_and_fire_once_across_processes(tmp_path):
-    [r] = parse(req(action={"kind": "raise", "message": "boom"}, target={"engine": 1}, rollout_id=2, attempt=0))
+    [r] = parse(
+        req(action={"kind": "raise", "message": "boom"}, target={"engine": 1}, rollout_id=2, attempt=0)
+    )
     assert FaultInjector([r], "engine", 0, str(tmp_path)).pending == []  # another engine: never armed
     first = FaultInjector([r], "engine", 1, str(tmp_path))
-    first.reach("engine_generate_start", rollout_id=1, attempt=0)        # filter does not match: nothing
+    first.reach("engine_generate_start", rollout_id=1, attempt=0)  # filter does not match: nothing
     first.reach("engine_update_weights_before_receive", rollout_id=2, attempt=0)  # another hook
     with pytest.raises(FiredFault, match="fault hook r1: raise at engine_generate_start in engine-1 .*boom"):
         first.reach("engine_generate_start", rollout_id=2, attempt=0)
-    first.reach("engine_generate_start", rollout_id=2, attempt=0)        # fired once: nothing more
-    restarted = FaultInjector([r], "engine", 1, str(tmp_path))           # same requests, a new process
-    restarted.reach("engine_generate_start", rollout_id=2, attempt=0)    # the claim on disk holds
+    first.reach("engine_generate_start", rollout_id=2, attempt=0)  # fired once: nothing more
+    restarted = FaultInjector([r], "engine", 1, str(tmp_path))  # same requests, a new process
+    restarted.reach("engine_generate_start", rollout_id=2, attempt=0)  # the claim on disk holds
     log = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert [e["status"] for e in log] == ["reached", "fired"]
     assert log[1]["context"] == {"rollout_id": 2, "attempt": 0} and log[1]["process"] == "engine-1"
@@ -87,7 +92,7 @@ def test_filters_targets_and_fire_once_across_processes(tmp_path):
 
 def test_expired_and_pending_lines(tmp_path):
     [r] = parse(req(lifetime_seconds=1.0))
-    inj = FaultInjector([r], "engine", 0, str(tmp_path), epoch=0.0)   # started long ago: expired
+    inj = FaultInjector([r], "engine", 0, str(tmp_path), epoch=0.0)  # started long ago: expired
     inj.log_pending()
     inj.reach("engine_generate_start")
     orchestrator = FaultInjector([r], "orchestrator", None, str(tmp_path))
@@ -96,12 +101,15 @@ def test_expired_and_pending_lines(tmp_path):
     assert statuses == ["pending", "expired"]
 
 
-@pytest.mark.parametrize("kind, check", [
-    ("exit_process", lambda rc, out: rc == 1),
-    ("kill_process", lambda rc, out: rc == -9),
-    ("segfault_process", lambda rc, out: rc == -11),
-    ("sleep", lambda rc, out: rc == 0 and "after" in out),
-])
+@pytest.mark.parametrize(
+    "kind, check",
+    [
+        ("exit_process", lambda rc, out: rc == 1),
+        ("kill_process", lambda rc, out: rc == -9),
+        ("segfault_process", lambda rc, out: rc == -11),
+        ("sleep", lambda rc, out: rc == 0 and "after" in out),
+    ],
+)
 def test_process_actions_do_what_they_say(tmp_path, kind, check):
     action = {"kind": kind, **({"seconds": 0.2} if kind == "sleep" else {})}
     script = textwrap.dedent(f"""
@@ -112,8 +120,13 @@ def test_process_actions_do_what_they_say(tmp_path, kind, check):
         FaultInjector(reqs, "trainer", 0, {str(tmp_path)!r}).reach("trainer_save_before_rename")
         print("after", flush=True)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]),
+    )
     assert check(done.returncode, done.stdout), (done.returncode, done.stdout, done.stderr[-500:])
     fired = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert fired[-1]["status"] == "fired"  # written before the action, so it survives the process
@@ -129,8 +142,12 @@ def test_hang_actions_hang(tmp_path, kind):
         FaultInjector(reqs, "engine", 0, {str(tmp_path)!r}).reach("engine_generate_start")
         print("after", flush=True)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]),
+    )
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
     proc.kill()

@@ -12,29 +12,51 @@ from safetensors.torch import save_file
 from artifacts.lint import CheckpointNotFound, lint_checkpoint
 from flows.cli import main
 
-CONFIG = {"model_type": "qwen2", "vocab_size": 16, "hidden_size": 8, "num_attention_heads": 2,
-          "num_key_value_heads": 1, "head_dim": 4, "intermediate_size": 12, "num_hidden_layers": 3,
-          "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+CONFIG = {
+    "model_type": "qwen2",
+    "vocab_size": 16,
+    "hidden_size": 8,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 4,
+    "intermediate_size": 12,
+    "num_hidden_layers": 3,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
 
 
 def tensors(config: dict = CONFIG) -> dict[str, torch.Tensor]:
     """A Qwen2-shaped state dict for `config` (bfloat16, deterministic values)."""
     h, v, i = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
-    q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
+    q, kv = (
+        config["num_attention_heads"] * config["head_dim"],
+        config["num_key_value_heads"] * config["head_dim"],
+    )
     shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
     for n in range(config["num_hidden_layers"]):
         p = f"model.layers.{n}."
-        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                       p + "self_attn.q_proj.weight": (q, h), p + "self_attn.q_proj.bias": (q,),
-                       p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.v_proj.weight": (kv, h),
-                       p + "self_attn.o_proj.weight": (h, q), p + "mlp.gate_proj.weight": (i, h),
-                       p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.q_proj.bias": (q,),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+            }
+        )
     gen = torch.Generator().manual_seed(0)
     return {k: torch.randn(s, generator=gen).to(torch.bfloat16) for k, s in shapes.items()}
 
 
-def write_checkpoint(d: Path, shards: int = 1, config: dict = CONFIG, named: dict | None = None,
-                     index: dict | None = None) -> Path:
+def write_checkpoint(
+    d: Path, shards: int = 1, config: dict = CONFIG, named: dict | None = None, index: dict | None = None
+) -> Path:
     """An HF checkpoint dir: config.json plus model.safetensors, or `shards` shards (split by name order) with
     model.safetensors.index.json; `index` overrides the index's weight_map entries."""
     d.mkdir(parents=True, exist_ok=True)
@@ -47,7 +69,7 @@ def write_checkpoint(d: Path, shards: int = 1, config: dict = CONFIG, named: dic
     weight_map = {}
     for k in range(shards):
         shard = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        part = names[k * len(names) // shards:(k + 1) * len(names) // shards]
+        part = names[k * len(names) // shards : (k + 1) * len(names) // shards]
         save_file({n: named[n] for n in part}, str(d / shard))
         weight_map.update({n: shard for n in part})
     weight_map.update(index or {})
@@ -69,25 +91,35 @@ def test_a_missing_shard_is_named(tmp_path):
     d = write_checkpoint(tmp_path, shards=3)
     (d / "model-00002-of-00003.safetensors").unlink()
     problems = _problems(d)
-    assert problems[0].startswith("model-00002-of-00003.safetensors: missing: model.safetensors.index.json lists "
-                                  "it for 11 tensor(s) in layer(s) 0, 1, e.g. model.layers.0.")
+    assert problems[0].startswith(
+        "model-00002-of-00003.safetensors: missing: model.safetensors.index.json lists "
+        "it for 11 tensor(s) in layer(s) 0, 1, e.g. model.layers.0."
+    )
     assert len(problems) == 1  # its tensors and layers are not reported again one by one
 
 
 def test_a_tensor_in_the_wrong_shard_is_named(tmp_path):
     d = write_checkpoint(tmp_path, shards=2, index={"model.norm.weight": "model-00001-of-00002.safetensors"})
-    assert _problems(d) == ["model.norm.weight: in the wrong shard: model.safetensors.index.json lists it in "
-                            "model-00001-of-00002.safetensors, it is stored in model-00002-of-00002.safetensors"]
+    assert _problems(d) == [
+        "model.norm.weight: in the wrong shard: model.safetensors.index.json lists it in "
+        "model-00001-of-00002.safetensors, it is stored in model-00002-of-00002.safetensors"
+    ]
 
 
 def test_a_tensor_no_shard_holds_and_an_unlisted_tensor_are_named(tmp_path):
     named = tensors()
     extra = named.pop("model.layers.1.mlp.up_proj.weight")
-    d = write_checkpoint(tmp_path, shards=2, named=named,
-                         index={"model.layers.1.mlp.up_proj.weight": "model-00001-of-00002.safetensors"})
+    d = write_checkpoint(
+        tmp_path,
+        shards=2,
+        named=named,
+        index={"model.layers.1.mlp.up_proj.weight": "model-00001-of-00002.safetensors"},
+    )
     problems = _problems(d)
-    assert problems == ["model.layers.1.mlp.up_proj.weight: listed in model-00001-of-00002.safetensors by "
-                        "model.safetensors.index.json, but no shard holds it"]
+    assert problems == [
+        "model.layers.1.mlp.up_proj.weight: listed in model-00001-of-00002.safetensors by "
+        "model.safetensors.index.json, but no shard holds it"
+    ]
     save_file({"stray.weight": extra}, str(d / "model-00003-of-00002.safetensors"))
     assert any(p.startswith("model-00003-of-00002.safetensors: not listed in") for p in _problems(d))
 
@@ -96,7 +128,8 @@ def test_a_wrong_dtype_is_named(tmp_path):
     named = tensors()
     named["model.layers.2.self_attn.k_proj.weight"] = named["model.layers.2.self_attn.k_proj.weight"].float()
     assert _problems(write_checkpoint(tmp_path, named=named)) == [
-        "model.layers.2.self_attn.k_proj.weight: dtype F32, config.json says BF16 (bfloat16)"]
+        "model.layers.2.self_attn.k_proj.weight: dtype F32, config.json says BF16 (bfloat16)"
+    ]
 
 
 def test_a_wrong_shape_and_a_missing_layer_are_named(tmp_path):
@@ -113,7 +146,8 @@ def test_a_tensor_missing_from_one_layer_is_named(tmp_path):
     named = tensors()
     del named["model.layers.1.mlp.up_proj.weight"]
     assert _problems(write_checkpoint(tmp_path, named=named)) == [
-        "model.layers.1.mlp.up_proj.weight: missing: the other layers hold it"]
+        "model.layers.1.mlp.up_proj.weight: missing: the other layers hold it"
+    ]
 
 
 def test_a_truncated_shard_is_named(tmp_path):
@@ -127,13 +161,15 @@ def test_tied_embeddings(tmp_path):
     untied = tensors()
     del untied["lm_head.weight"]
     assert _problems(write_checkpoint(tmp_path / "untied", named=untied)) == [
-        "lm_head.weight: missing while tie_word_embeddings is false: a loader would start lm_head from random values"]
+        "lm_head.weight: missing while tie_word_embeddings is false: a loader would start lm_head from random values"
+    ]
     tied = {**CONFIG, "tie_word_embeddings": True}
     same = tensors(tied)
     same["lm_head.weight"] = same["model.embed_tokens.weight"].clone()
     assert _problems(write_checkpoint(tmp_path / "tied", config=tied, named=same)) == []
     assert _problems(write_checkpoint(tmp_path / "differs", config=tied))[0].startswith(
-        "lm_head.weight: differs from model.embed_tokens.weight though tie_word_embeddings is true")
+        "lm_head.weight: differs from model.embed_tokens.weight though tie_word_embeddings is true"
+    )
 
 
 def _quantized(config: dict, ignore: list[str]) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -154,8 +190,10 @@ def _quantized(config: dict, ignore: list[str]) -> tuple[dict, dict[str, torch.T
 def test_a_quantised_lm_head_is_named(tmp_path):
     config, named = _quantized(CONFIG, ignore=["model.embed_tokens"])
     problems = _problems(write_checkpoint(tmp_path, config=config, named=named))
-    assert problems == ["lm_head: lm_head stored quantised (lm_head.weight_packed I32); a lm_head must stay "
-                        "unquantised: add it to quantization_config.ignore"]
+    assert problems == [
+        "lm_head: lm_head stored quantised (lm_head.weight_packed I32); a lm_head must stay "
+        "unquantised: add it to quantization_config.ignore"
+    ]
     config, named = _quantized(CONFIG, ignore=["lm_head", "model.embed_tokens"])
     assert _problems(write_checkpoint(tmp_path / "ok", config=config, named=named)) == []
 
@@ -167,18 +205,30 @@ def test_the_ignore_list_must_cover_router_gates_and_name_only_existing_modules(
         named[f"model.layers.{n}.mlp.gate.weight"] = torch.zeros(2, 8, dtype=torch.bfloat16)
         for e in range(2):
             for proj, shape in (("gate_proj", (4, 8)), ("up_proj", (4, 8)), ("down_proj", (8, 4))):
-                named[f"model.layers.{n}.mlp.experts.{e}.{proj}.weight"] = torch.zeros(shape, dtype=torch.bfloat16)
+                named[f"model.layers.{n}.mlp.experts.{e}.{proj}.weight"] = torch.zeros(
+                    shape, dtype=torch.bfloat16
+                )
     del named["model.layers.1.mlp.experts.1.up_proj.weight"]
-    qc = {"quant_method": "compressed-tensors", "config_groups": {},
-          "ignore": ["lm_head", "model.embed_tokens", "model.layers.9.mlp.gate"]}
+    qc = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {},
+        "ignore": ["lm_head", "model.embed_tokens", "model.layers.9.mlp.gate"],
+    }
     problems = _problems(write_checkpoint(tmp_path, config={**moe, "quantization_config": qc}, named=named))
     assert problems[0] == "model.layers.1.mlp.experts.1.up_proj.weight: missing: the other experts hold it"
-    assert problems[1].startswith("model.layers.0.mlp.gate: router gate not in quantization_config.ignore (3 module(s)")
-    assert problems[2] == ("model.layers.9.mlp.gate: listed in quantization_config.ignore but the model has no such "
-                           "module (renamed, or a wrong prefix?)")
+    assert problems[1].startswith(
+        "model.layers.0.mlp.gate: router gate not in quantization_config.ignore (3 module(s)"
+    )
+    assert problems[2] == (
+        "model.layers.9.mlp.gate: listed in quantization_config.ignore but the model has no such "
+        "module (renamed, or a wrong prefix?)"
+    )
     qc["ignore"] = ["lm_head", "model.embed_tokens", "re:.*mlp\\.gate\\..*"]  # slime's recommended pattern
     named["model.layers.1.mlp.experts.1.up_proj.weight"] = torch.zeros(4, 8, dtype=torch.bfloat16)
-    assert _problems(write_checkpoint(tmp_path / "ok", config={**moe, "quantization_config": qc}, named=named)) == []
+    assert (
+        _problems(write_checkpoint(tmp_path / "ok", config={**moe, "quantization_config": qc}, named=named))
+        == []
+    )
 
 
 def test_a_save_dir_lints_every_iter_checkpoint_and_names_it(tmp_path):
@@ -187,7 +237,9 @@ def test_a_save_dir_lints_every_iter_checkpoint_and_names_it(tmp_path):
     (d / "model-00001-of-00002.safetensors").unlink()
     report = lint_checkpoint(tmp_path / "ckpt")
     assert len(report.dirs) == 2
-    assert [str(p) for p in report.problems][0].startswith("iter_0000002/model-00001-of-00002.safetensors: missing")
+    assert [str(p) for p in report.problems][0].startswith(
+        "iter_0000002/model-00001-of-00002.safetensors: missing"
+    )
     assert _problems(tmp_path / "ckpt" / "iter_0000001") == []
     with pytest.raises(CheckpointNotFound, match="not a checkpoint"):
         lint_checkpoint(tmp_path)
@@ -201,6 +253,9 @@ def test_the_cli_exit_codes(tmp_path, capsys):
     named["lm_head.weight"] = named["lm_head.weight"].half()
     bad = write_checkpoint(tmp_path / "bad", named=named)
     assert main(["lint-ckpt", str(bad)]) == 1
-    assert capsys.readouterr().out.splitlines()[0] == f"{bad}: lm_head.weight: dtype F16, config.json says BF16 (bfloat16)"
+    assert (
+        capsys.readouterr().out.splitlines()[0]
+        == f"{bad}: lm_head.weight: dtype F16, config.json says BF16 (bfloat16)"
+    )
     assert main(["lint-ckpt", str(tmp_path / "nothing")]) == 2
     assert "no such file or directory" in capsys.readouterr().err

@@ -15,8 +15,17 @@ from recipes.registry import get_recipe
 from rollout.rewards import builtin_reward
 
 # A model and budget small enough to build in a few seconds (the real one takes minutes).
-TINY = WarmupSettings(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, steps=2, log_every=1, batch_size=2, val_size=0)
+TINY = WarmupSettings(
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    steps=2,
+    log_every=1,
+    batch_size=2,
+    val_size=0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +39,9 @@ def test_vocab_layout_and_round_trip(tok):
     assert [vocab[t] for t in ("<pad>", "<eos>", "<|user|>", "<|assistant|>")] == [0, 1, 2, 3]
     assert [vocab[c] for c in "0123456789+=;"] == list(range(4, 17))
     assert vocab["<|reserved_0|>"] == 17 and vocab[f"<|reserved_{VOCAB_SIZE - 18}|>"] == VOCAB_SIZE - 1
-    prompt = tok.apply_chat_template([{"role": "user", "content": "58+64"}], tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "58+64"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt == "<|user|>58+64<|assistant|>"
     text = prompt + solution(58, 64) + "<eos>"
     ids = tok.encode(text)
@@ -68,7 +79,9 @@ def test_problems_deterministic_split_and_lengths(tok):
 def test_reward_exact_partial_and_wrong():
     label = solution(4821937, 6620154)
     steps = label.split(";")
-    assert reward(label, label) == reward(label + "<eos>", label) == reward(f" {label}<eos><pad>", label) == 1.0
+    assert (
+        reward(label, label) == reward(label + "<eos>", label) == reward(f" {label}<eos><pad>", label) == 1.0
+    )
     assert builtin_reward("long-arith")(label, label) == 1.0
     # The right steps but a wrong sum: partial credit for every field of every step (7 steps x 4).
     assert reward(";".join(steps[:-1]) + ";=1", label) == pytest.approx(PARTIAL_CREDIT)
@@ -79,7 +92,9 @@ def test_reward_exact_partial_and_wrong():
     assert reward(";".join(steps[:-1] * 2) + ";=1", label) == pytest.approx(PARTIAL_CREDIT * 28 / 56)
     assert reward("7+4=11;" + ";".join(steps[1:-1]) + ";=1", label) == pytest.approx(PARTIAL_CREDIT * 24 / 28)
     assert reward("", label) == reward("<eos>", label) == reward("1;2;=3", label) == 0.0
-    assert reward(f"{label}<eos>1", label) == PARTIAL_CREDIT  # text after a non-trailing <eos> is not forgiven
+    assert (
+        reward(f"{label}<eos>1", label) == PARTIAL_CREDIT
+    )  # text after a non-trailing <eos> is not forgiven
     assert mean_reward([label, ""], [label, label]) == 0.5 and mean_reward([], []) == 0.0
 
 

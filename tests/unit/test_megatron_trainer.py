@@ -227,7 +227,9 @@ def test_save_load_round_trip_resumes_bitwise(models, rollouts, tmp_path):
         )
     # the apply-once guard travels in the checkpoint: rollout 0 again returns its metrics and changes nothing
     before = resumed.weights_sha256()
-    again = resumed.train_step(rollouts[0], first.compute_log_probs(rollouts[0], str(tmp_path / "lp0b.parquet")))
+    again = resumed.train_step(
+        rollouts[0], first.compute_log_probs(rollouts[0], str(tmp_path / "lp0b.parquet"))
+    )
     assert again == first.applied[0] and resumed.weights_sha256() == before
     steps = [
         t.train_step(rollouts[1], t.compute_log_probs(rollouts[1], str(tmp_path / f"lp1_{i}.parquet")))

@@ -23,8 +23,9 @@ from trainers.collectives import LOOPBACK, gloo_interface, rendezvous_host, use_
 
 
 def parse(*argv: str) -> RunConfig:
-    return build_config(make_parser().parse_args(["run", "--global-batch-size", "16", "--rollout-batch-size", "16",
-                                                  *argv]))
+    return build_config(
+        make_parser().parse_args(["run", "--global-batch-size", "16", "--rollout-batch-size", "16", *argv])
+    )
 
 
 def test_default_is_one_trainer_slot_and_one_engine_slot_of_the_process_slot():
@@ -35,21 +36,42 @@ def test_default_is_one_trainer_slot_and_one_engine_slot_of_the_process_slot():
 
 
 def test_slime_flags_give_trainer_slots_engine_count_and_node_resources():
-    cfg = parse("--data-parallel-size", "4", "--actor-num-nodes", "2", "--actor-num-gpus-per-node", "2",
-                "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2",
-                "--actor-resources", '{"trainer_node": 0.001}', "--rollout-resources", '{"rollout_node": 0.001}')
-    assert cfg.rollout.rollout_num_engines == 2  # 4 engine slots, 2 per engine: slime's launch line carries over
+    cfg = parse(
+        "--data-parallel-size",
+        "4",
+        "--actor-num-nodes",
+        "2",
+        "--actor-num-gpus-per-node",
+        "2",
+        "--rollout-num-gpus",
+        "4",
+        "--rollout-num-gpus-per-engine",
+        "2",
+        "--actor-resources",
+        '{"trainer_node": 0.001}',
+        "--rollout-resources",
+        '{"rollout_node": 0.001}',
+    )
+    assert (
+        cfg.rollout.rollout_num_engines == 2
+    )  # 4 engine slots, 2 per engine: slime's launch line carries over
     lay = layout(cfg)
     assert lay.bundles[:4] == ({SLOT_RESOURCE: 1.0, "trainer_node": 0.001},) * 4
     assert lay.bundles[4:] == ({SLOT_RESOURCE: 1.0, "rollout_node": 0.001},) * 4
-    assert lay.trainer_bundles == (0, 1, 2, 3) and lay.engine_bundles == (4, 5, 6, 7) and lay.slots_per_engine == 2
+    assert (
+        lay.trainer_bundles == (0, 1, 2, 3)
+        and lay.engine_bundles == (4, 5, 6, 7)
+        and lay.slots_per_engine == 2
+    )
     assert lay.needs() == {SLOT_RESOURCE: 8.0, "trainer_node": 0.004, "rollout_node": 0.004}
     again = RunConfig.model_validate(yaml.safe_load(dump_yaml(cfg)))  # the resolved config reloads
     assert again == cfg
 
 
 def test_colocate_shares_the_trainers_bundles_and_modes_drop_a_role():
-    cfg = parse("--data-parallel-size", "2", "--colocate", "--rollout-num-engines", "3", "--slot-resource", "GPU")
+    cfg = parse(
+        "--data-parallel-size", "2", "--colocate", "--rollout-num-engines", "3", "--slot-resource", "GPU"
+    )
     lay = layout(cfg)
     assert lay.bundles == ({"GPU": 1.0},) * 3  # max(2 trainer slots, 3 engine slots)
     assert lay.trainer_bundles == (0, 1) and lay.engine_bundles == (0, 1, 2)
@@ -59,20 +81,31 @@ def test_colocate_shares_the_trainers_bundles_and_modes_drop_a_role():
     assert layout(parse("--debug-rollout-only")).bundles == ({SLOT_RESOURCE: 1.0},)
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "2"],
-     "--actor-num-nodes 2 x --actor-num-gpus-per-node 2 = 4 slots, but --tensor-model-parallel-size 1 x "
-     "--data-parallel-size 1 = 1 trainer rank(s)"),
-    (["--actor-num-nodes", "2"], "--actor-num-nodes 2 does not divide"),
-    (["--rollout-num-engines", "2", "--rollout-num-gpus", "4"],
-     "--rollout-num-engines 2 contradicts --rollout-num-gpus 4 / --rollout-num-gpus-per-engine 1 = 4 engine(s)"),
-    (["--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"],
-     "--rollout-num-gpus 3 is not a multiple of --rollout-num-gpus-per-engine 2"),
-    (["--colocate", "--actor-resources", '{"a": 1}', "--rollout-resources", '{"b": 1}'],
-     "--colocate puts the engines in the trainers' slots"),
-    (["--actor-resources", '{"trainer_node": 0}'], "--actor-resources"),
-    (["--slot-resource", ""], "--slot-resource"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (
+            ["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "2"],
+            "--actor-num-nodes 2 x --actor-num-gpus-per-node 2 = 4 slots, but --tensor-model-parallel-size 1 x "
+            "--data-parallel-size 1 = 1 trainer rank(s)",
+        ),
+        (["--actor-num-nodes", "2"], "--actor-num-nodes 2 does not divide"),
+        (
+            ["--rollout-num-engines", "2", "--rollout-num-gpus", "4"],
+            "--rollout-num-engines 2 contradicts --rollout-num-gpus 4 / --rollout-num-gpus-per-engine 1 = 4 engine(s)",
+        ),
+        (
+            ["--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"],
+            "--rollout-num-gpus 3 is not a multiple of --rollout-num-gpus-per-engine 2",
+        ),
+        (
+            ["--colocate", "--actor-resources", '{"a": 1}', "--rollout-resources", '{"b": 1}'],
+            "--colocate puts the engines in the trainers' slots",
+        ),
+        (["--actor-resources", '{"trainer_node": 0}'], "--actor-resources"),
+        (["--slot-resource", ""], "--slot-resource"),
+    ],
+)
 def test_refused_combinations_name_the_flags(argv, needle):
     with pytest.raises(ValueError) as e:
         parse(*argv)
@@ -80,8 +113,13 @@ def test_refused_combinations_name_the_flags(argv, needle):
 
 
 def test_bundles_are_ordered_by_node_then_index():
-    nodes = {0: ("10.0.0.2", "b"), 1: ("10.0.0.10", "c"), 2: ("10.0.0.2", "a"), 3: ("10.0.0.2", "b"),
-             4: ("host-x", "d")}
+    nodes = {
+        0: ("10.0.0.2", "b"),
+        1: ("10.0.0.10", "c"),
+        2: ("10.0.0.2", "a"),
+        3: ("10.0.0.2", "b"),
+        4: ("host-x", "d"),
+    }
     # numeric IP order (10.0.0.2 before 10.0.0.10), node id within one IP (two Ray nodes on one machine), hostnames last
     assert by_node((0, 1, 2, 3, 4), nodes) == (2, 0, 3, 1, 4)
 
@@ -89,13 +127,17 @@ def test_bundles_are_ordered_by_node_then_index():
 def test_shortfall_names_what_to_declare():
     assert shortfall({SLOT_RESOURCE: 3.0}, {SLOT_RESOURCE: 3.0, "CPU": 2.0}) is None
     why = shortfall({SLOT_RESOURCE: 3.0, "trainer_node": 0.002}, {"CPU": 8.0, "trainer_node": 1.0})
-    assert why is not None and f"3 {SLOT_RESOURCE} (the cluster has 0)" in why and "ray start --resources" in why
+    assert (
+        why is not None and f"3 {SLOT_RESOURCE} (the cluster has 0)" in why and "ray start --resources" in why
+    )
     assert "trainer_node" not in why
     why = shortfall({"GPU": 4.0}, {"GPU": 2.0})
     assert why is not None and "4 GPU (the cluster has 2)" in why and "--slot-resource" in why
 
 
-@pytest.mark.parametrize("slot, key", [("GPU", "num_gpus"), ("CPU", "num_cpus"), (SLOT_RESOURCE, "resources")])
+@pytest.mark.parametrize(
+    "slot, key", [("GPU", "num_gpus"), ("CPU", "num_cpus"), (SLOT_RESOURCE, "resources")]
+)
 def test_actors_ask_a_share_of_their_bundle(slot, key):
     # only the scheduling strategy class is built: no Ray session is started
     p = Placement(group=None, slot=slot, trainers=(3, 1), engines=(0,))
@@ -110,7 +152,9 @@ def test_actors_ask_a_share_of_their_bundle(slot, key):
 
 
 def test_rendezvous_is_loopback_on_one_node_and_rank0_ip_across_nodes(monkeypatch):
-    assert rendezvous_host([("n1", "192.0.2.7"), ("n1", "192.0.2.7")]) in LOOPBACK  # the file store, no listener
+    assert (
+        rendezvous_host([("n1", "192.0.2.7"), ("n1", "192.0.2.7")]) in LOOPBACK
+    )  # the file store, no listener
     assert rendezvous_host([("n2", "192.0.2.8"), ("n1", "192.0.2.7")]) == "192.0.2.8"
     assert gloo_interface("127.0.0.1") == "lo" and gloo_interface("203.0.113.254") is None
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
@@ -118,7 +162,9 @@ def test_rendezvous_is_loopback_on_one_node_and_rank0_ip_across_nodes(monkeypatc
     assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"  # one machine: gloo stays on loopback
     use_interface_for("192.0.2.8", "127.0.0.1")  # across nodes: the interface of this node's IP
     assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"  # (here that IP is loopback's)
-    use_interface_for("192.0.2.8", "203.0.113.254")  # no interface has it: not loopback, gloo resolves the host
+    use_interface_for(
+        "192.0.2.8", "203.0.113.254"
+    )  # no interface has it: not loopback, gloo resolves the host
     assert "GLOO_SOCKET_IFNAME" not in os.environ
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")
     use_interface_for("192.0.2.8", "127.0.0.1")

@@ -13,22 +13,54 @@ from artifacts.plots import PANELS, curves, render_html, render_png, render_svg,
 from flows.cli import main
 
 
-def _write_run(run_dir: Path, slope: float, *, rollouts: int = 20, train: bool = True, evals: bool = True) -> Path:
+def _write_run(
+    run_dir: Path, slope: float, *, rollouts: int = 20, train: bool = True, evals: bool = True
+) -> Path:
     """A metrics.jsonl in the format `log_metrics` writes, with the metrics the plot draws."""
     lines = []
     for rid in range(rollouts):
-        lines.append({"kind": "rollout", "rollout_id": rid, "metrics": {
-            "rollout/raw_reward": 0.4 + slope * rid, "rollout/response_lengths": 5.0 - 0.01 * rid,
-            "rollout/truncated_ratio": 0.0}})
+        lines.append(
+            {
+                "kind": "rollout",
+                "rollout_id": rid,
+                "metrics": {
+                    "rollout/raw_reward": 0.4 + slope * rid,
+                    "rollout/response_lengths": 5.0 - 0.01 * rid,
+                    "rollout/truncated_ratio": 0.0,
+                },
+            }
+        )
         if train:
-            lines.append({"kind": "rollout", "rollout_id": rid, "metrics": {"rollout/entropy": 0.6 - 0.001 * rid}})
+            lines.append(
+                {"kind": "rollout", "rollout_id": rid, "metrics": {"rollout/entropy": 0.6 - 0.001 * rid}}
+            )
             for s in range(2):
                 step = 2 * rid + s
-                lines.append({"kind": "step", "rollout_id": rid, "step": step, "metrics": {
-                    "train/ppo_kl": 0.001 * s, "train/kl_loss": 0.0, "train/grad_norm": 1.0 + slope, "train/step": step}})
+                lines.append(
+                    {
+                        "kind": "step",
+                        "rollout_id": rid,
+                        "step": step,
+                        "metrics": {
+                            "train/ppo_kl": 0.001 * s,
+                            "train/kl_loss": 0.0,
+                            "train/grad_norm": 1.0 + slope,
+                            "train/step": step,
+                        },
+                    }
+                )
         if evals and rid % 5 == 0:
-            lines.append({"kind": "eval", "rollout_id": rid, "metrics": {
-                "eval/tiny-arith": 0.4 + slope * rid, "eval/tiny-arith-truncated_ratio": 0.0, "eval/step": rid}})
+            lines.append(
+                {
+                    "kind": "eval",
+                    "rollout_id": rid,
+                    "metrics": {
+                        "eval/tiny-arith": 0.4 + slope * rid,
+                        "eval/tiny-arith-truncated_ratio": 0.0,
+                        "eval/step": rid,
+                    },
+                }
+            )
         lines.append({"kind": "perf", "rollout_id": rid, "metrics": {"perf/step_time": 1.0}})
         lines.append({"kind": "check", "rollout_id": rid, "metrics": {"check/finite_metrics": 1.0}})
     run_dir.mkdir(parents=True)
@@ -40,18 +72,34 @@ def test_curves_pick_each_panel_series_at_its_step():
     records = [
         {"kind": "rollout", "rollout_id": 1, "metrics": {"rollout/raw_reward": 0.1, "rollout/entropy": 0.5}},
         {"kind": "rollout", "rollout_id": 0, "metrics": {"rollout/raw_reward": 0.0}},
-        {"kind": "rollout", "rollout_id": 1, "metrics": {"rollout/raw_reward": 0.2}},  # a retried stage: last wins
-        {"kind": "step", "rollout_id": 0, "step": 7, "metrics": {"train/ppo_kl": 0.0, "train/kl_loss": 0.3,
-                                                                 "train/grad_norm": 2.0, "train/step": 7}},
-        {"kind": "eval", "rollout_id": 4, "metrics": {"eval/a": 0.5, "eval/a-truncated_ratio": 0.1, "eval/b": 0.7,
-                                                      "eval/step": 4}},
+        {
+            "kind": "rollout",
+            "rollout_id": 1,
+            "metrics": {"rollout/raw_reward": 0.2},
+        },  # a retried stage: last wins
+        {
+            "kind": "step",
+            "rollout_id": 0,
+            "step": 7,
+            "metrics": {"train/ppo_kl": 0.0, "train/kl_loss": 0.3, "train/grad_norm": 2.0, "train/step": 7},
+        },
+        {
+            "kind": "eval",
+            "rollout_id": 4,
+            "metrics": {"eval/a": 0.5, "eval/a-truncated_ratio": 0.1, "eval/b": 0.7, "eval/step": 4},
+        },
     ]
     c = curves(records)
     assert set(c) == {p.title for p in PANELS}
     assert c["reward"] == {"rollout/raw_reward": [(0, 0.0), (1, 0.2)]}
     assert c["KL"] == {"train/kl_loss": [(7, 0.3)], "train/ppo_kl": [(7, 0.0)]}  # x = the train step
-    assert c["eval accuracy"] == {"eval/a": [(4, 0.5)], "eval/b": [(4, 0.7)]}  # no truncated ratio, no step key
-    assert c["entropy"] == {"rollout/entropy": [(1, 0.5)]} and c["grad norm"] == {"train/grad_norm": [(7, 2.0)]}
+    assert c["eval accuracy"] == {
+        "eval/a": [(4, 0.5)],
+        "eval/b": [(4, 0.7)],
+    }  # no truncated ratio, no step key
+    assert c["entropy"] == {"rollout/entropy": [(1, 0.5)]} and c["grad norm"] == {
+        "train/grad_norm": [(7, 2.0)]
+    }
     assert c["response length"] == {}
 
 
@@ -69,8 +117,15 @@ def test_two_runs_in_one_png_of_the_requested_size_and_one_svg(tmp_path):
     assert f">{clean}<" in svg and f">{bugged}<" in svg  # the legend names each run dir
     for panel in PANELS:
         assert f">{panel.title}<" in svg
-    for metric in ("rollout/raw_reward", "eval/tiny-arith", "train/ppo_kl", "train/kl_loss", "rollout/entropy",
-                   "train/grad_norm", "rollout/response_lengths"):
+    for metric in (
+        "rollout/raw_reward",
+        "eval/tiny-arith",
+        "train/ppo_kl",
+        "train/kl_loss",
+        "rollout/entropy",
+        "train/grad_norm",
+        "rollout/response_lengths",
+    ):
         assert f">{metric}<" in svg
     assert "truncated_ratio" not in svg and "no data" not in svg
     assert '<svg xmlns:xlink="http://www.w3.org/1999/xlink" width="900" height="600"' in svg
@@ -93,7 +148,7 @@ def test_html_page_is_self_contained(tmp_path):
     run = _write_run(tmp_path / "run", 0.01)
     page = render_html([run])
     assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 1 and "<?xml" not in page
-    assert "<script" not in page and "href=\"http" not in page and "src=" not in page
+    assert "<script" not in page and 'href="http' not in page and "src=" not in page
     assert f"rollflow curves: {run}" in page
 
 

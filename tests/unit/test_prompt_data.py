@@ -20,8 +20,15 @@ def tok():
 
 
 def keys(**kw) -> Keys:
-    base = dict(input_key="input", label_key="label", metadata_key="metadata", tool_key="tools",
-                apply_chat_template=False, chat_template_kwargs="{}", max_prompt_len=None)
+    base = dict(
+        input_key="input",
+        label_key="label",
+        metadata_key="metadata",
+        tool_key="tools",
+        apply_chat_template=False,
+        chat_template_kwargs="{}",
+        max_prompt_len=None,
+    )
     return Keys(**{**base, **kw})
 
 
@@ -31,8 +38,10 @@ def jsonl(path, rows) -> str:
 
 
 def test_jsonl_with_chat_messages_is_rendered_by_the_template(tmp_path, tok):
-    path = jsonl(tmp_path / "p.jsonl", [{"input": [{"role": "user", "content": "What is 1 plus 2?"}], "label": "3",
-                                         "metadata": {"id": 7}}])
+    path = jsonl(
+        tmp_path / "p.jsonl",
+        [{"input": [{"role": "user", "content": "What is 1 plus 2?"}], "label": "3", "metadata": {"id": 7}}],
+    )
     s = load_prompts(path, tok, keys(apply_chat_template=True))
     p = s.prompts[0]
     assert p.text == "<|im_start|>user\nWhat is 1 plus 2?<|im_end|>\n<|im_start|>assistant\n"
@@ -49,31 +58,60 @@ def test_a_string_input_is_used_as_is_or_wrapped_as_one_user_message(tmp_path, t
 
 def test_parquet_rows_and_metadata_as_json_text(tmp_path, tok):
     path = tmp_path / "p.parquet"
-    pq.write_table(pa.Table.from_pylist([{"q": "a", "y": "1", "meta": json.dumps({"k": 1})},
-                                         {"q": "b", "y": "2", "meta": None}]), path)
+    pq.write_table(
+        pa.Table.from_pylist(
+            [{"q": "a", "y": "1", "meta": json.dumps({"k": 1})}, {"q": "b", "y": "2", "meta": None}]
+        ),
+        path,
+    )
     s = load_prompts(str(path), tok, keys(input_key="q", label_key="y", metadata_key="meta"))
     assert [(p.text, p.label, p.metadata) for p in s.prompts] == [("a", "1", {"k": 1}), ("b", "2", {})]
 
 
 def test_long_prompts_are_dropped_and_counted(tmp_path, tok):
-    path = jsonl(tmp_path / "p.jsonl", [{"input": "short", "label": "1"}, {"input": "a much longer prompt " * 5,
-                                                                          "label": "2"}])
+    path = jsonl(
+        tmp_path / "p.jsonl",
+        [{"input": "short", "label": "1"}, {"input": "a much longer prompt " * 5, "label": "2"}],
+    )
     s = load_prompts(path, tok, keys(max_prompt_len=8))
     assert len(s.prompts) == 1 and s.dropped_long == 1 and s.rows == 2
 
 
-@pytest.mark.parametrize("rows, kw, needle", [
-    (["{\"input\": \"a\", \"label\": \"1\"}", "{not json"], {}, r"p.jsonl line 2: not valid JSON"),
-    (["[1, 2]"], {}, r"line 1: expected a JSON object, got list"),
-    ([{"prompt": "a", "label": "1"}], {}, r"line 1: no key 'input' \(--input-key\); the row has \['label', 'prompt'\]"),
-    ([{"input": "a"}], {}, r"line 1: no key 'label' \(--label-key\)"),
-    ([{"input": [{"role": "user", "content": "a"}], "label": "1"}], {}, r"holds chat messages; add --apply-chat-template"),
-    ([{"input": [{"content": "a"}], "label": "1"}], {"apply_chat_template": True}, r"message 0 is not a \{role, content\}"),
-    ([{"input": 5, "label": "1"}], {}, r"must be a string or a list of chat messages, got int"),
-    ([{"input": "a", "label": "1", "metadata": [1]}], {}, r"--metadata-key 'metadata' must be a JSON object, got list"),
-    ([{"input": "a long prompt here", "label": "1"}], {"max_prompt_len": 1}, r"no prompts left: all 1 are longer"),
-    ([], {}, r"the file has no rows"),
-])
+@pytest.mark.parametrize(
+    "rows, kw, needle",
+    [
+        (['{"input": "a", "label": "1"}', "{not json"], {}, r"p.jsonl line 2: not valid JSON"),
+        (["[1, 2]"], {}, r"line 1: expected a JSON object, got list"),
+        (
+            [{"prompt": "a", "label": "1"}],
+            {},
+            r"line 1: no key 'input' \(--input-key\); the row has \['label', 'prompt'\]",
+        ),
+        ([{"input": "a"}], {}, r"line 1: no key 'label' \(--label-key\)"),
+        (
+            [{"input": [{"role": "user", "content": "a"}], "label": "1"}],
+            {},
+            r"holds chat messages; add --apply-chat-template",
+        ),
+        (
+            [{"input": [{"content": "a"}], "label": "1"}],
+            {"apply_chat_template": True},
+            r"message 0 is not a \{role, content\}",
+        ),
+        ([{"input": 5, "label": "1"}], {}, r"must be a string or a list of chat messages, got int"),
+        (
+            [{"input": "a", "label": "1", "metadata": [1]}],
+            {},
+            r"--metadata-key 'metadata' must be a JSON object, got list",
+        ),
+        (
+            [{"input": "a long prompt here", "label": "1"}],
+            {"max_prompt_len": 1},
+            r"no prompts left: all 1 are longer",
+        ),
+        ([], {}, r"the file has no rows"),
+    ],
+)
 def test_bad_prompt_files_are_named(tmp_path, tok, rows, kw, needle):
     path = jsonl(tmp_path / "p.jsonl", rows)
     with pytest.raises(DataError, match=needle):
@@ -96,10 +134,14 @@ def test_order_is_file_order_or_a_seeded_per_epoch_permutation(tmp_path, tok):
     prompts = load_prompts(path, tok, keys()).prompts
     plain = [p.label for r in range(3) for p in prompts_for_rollout(prompts, 2, r, seed=42, shuffle=False)]
     assert plain == ["0", "1", "2", "3", "4", "0"]  # epochs roll over
-    shuffled = [[p.label for p in prompts_for_rollout(prompts, 5, r, seed=42, shuffle=True)] for r in range(2)]
+    shuffled = [
+        [p.label for p in prompts_for_rollout(prompts, 5, r, seed=42, shuffle=True)] for r in range(2)
+    ]
     assert sorted(shuffled[0]) == sorted(shuffled[1]) == ["0", "1", "2", "3", "4"]
     assert shuffled[0] != shuffled[1]  # a new permutation per epoch
-    assert shuffled == [[p.label for p in prompts_for_rollout(prompts, 5, r, seed=42, shuffle=True)] for r in range(2)]
+    assert shuffled == [
+        [p.label for p in prompts_for_rollout(prompts, 5, r, seed=42, shuffle=True)] for r in range(2)
+    ]
 
 
 # -- stops -------------------------------------------------------------------------------------------------
@@ -124,7 +166,7 @@ def test_cut_at_stop_string(tok):
     tokens = tok.encode("What is 1 plus 2? Then more", add_special_tokens=False)
     n = cut_at_stop_string(tokens, tok, ("plus 2",))
     assert n is not None and tok.decode(tokens[:n]).endswith("plus 2")
-    assert "plus 2" not in tok.decode(tokens[:n - 1])
+    assert "plus 2" not in tok.decode(tokens[: n - 1])
     assert cut_at_stop_string(tokens, tok, ("absent",)) is None
 
 
@@ -138,7 +180,9 @@ def test_template_check_passes_on_chatml(tok):
 
 
 def test_template_check_names_the_first_differing_token():
-    planted = CHATML.replace("<|im_start|>{{ m['role'] }}\n", "<|im_start|>{{ m['role'] }}:\n")  # turns get a colon
+    planted = CHATML.replace(
+        "<|im_start|>{{ m['role'] }}\n", "<|im_start|>{{ m['role'] }}:\n"
+    )  # turns get a colon
     tok = build_tokenizer(planted)
     stops = resolve_stops(tok, None, None, None)
     [check] = check_examples(tok, [([{"role": "user", "content": "What is 1 plus 2?"}], "3")], stops)

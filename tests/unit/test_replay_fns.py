@@ -150,7 +150,9 @@ def test_check_injection_response_mismatch_says_prompts_agree_and_ranks_causes()
     message = str(info.value)
     assert message.startswith("response tokens differ (prompt tokens are identical in all 2 samples)")
     assert "worst sample_index 0: 0.2500, generated vs recorded at position 1: 9 vs 6" in message
-    assert message.index("(1) the engines probably hold wrong weights") < message.index("(2) the recording comes")
+    assert message.index("(1) the engines probably hold wrong weights") < message.index(
+        "(2) the recording comes"
+    )
     assert "(4) numerics differ" in message
     reseeded = [dataclasses.replace(s, seed=s.seed + 100) for s in fresh]
     with pytest.raises(InjectionMismatch) as info:
@@ -159,8 +161,9 @@ def test_check_injection_response_mismatch_says_prompts_agree_and_ranks_causes()
     assert "sample_index 0 has seed 100, recorded 0" in str(info.value)
     stale = [dataclasses.replace(s, weight_version=0) for s in fresh]
     ahead = [dataclasses.replace(s, weight_version=3) for s in recorded]
-    with pytest.raises(InjectionMismatch, match="they hold weight version 0, the recording was generated with "
-                                                "version 3"):
+    with pytest.raises(
+        InjectionMismatch, match="they hold weight version 0, the recording was generated with version 3"
+    ):
         check_injection(stale, ahead, min_ratio=0.9)
 
 

@@ -12,8 +12,9 @@ from tasks.stages import save_checkpoint, sync
 
 def _cfg(retries: int, delay: float) -> RunConfig:
     cfg = RunConfig()
-    return cfg.model_copy(update={"faults": cfg.faults.model_copy(update={"task_retries": retries,
-                                                                         "task_retry_delay": delay})})
+    return cfg.model_copy(
+        update={"faults": cfg.faults.model_copy(update={"task_retries": retries, "task_retry_delay": delay})}
+    )
 
 
 def test_the_parents_own_tasks_retry_like_the_stages():
@@ -23,4 +24,3 @@ def test_the_parents_own_tasks_retry_like_the_stages():
         assert (configured.retries, configured.retry_delay_seconds) == (3, 0.5)
         assert configured.retry_condition_fn is retry_unless_check_failed
     assert save_checkpoint.retries == 0  # the task itself is unchanged
-

@@ -12,8 +12,9 @@ from rollout.rewards import RewardRequest, Scorer, builtin_reward, exact_match, 
 
 
 def _req(response: str, label: object = "4", index: int = 0, metadata: dict | None = None) -> RewardRequest:
-    return RewardRequest(prompt="What is 2+2?", response=response, label=label, metadata=metadata or {},
-                         sample_index=index)
+    return RewardRequest(
+        prompt="What is 2+2?", response=response, label=label, metadata=metadata or {}, sample_index=index
+    )
 
 
 def test_exact_match_strips_whitespace_only():
@@ -22,20 +23,23 @@ def test_exact_match_strips_whitespace_only():
     assert exact_match("12", 12) == 1.0
 
 
-@pytest.mark.parametrize("response, label, expected", [
-    ("so the answer is \\boxed{42}.", "42", 1.0),
-    ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
-    ("first 3, then \\boxed{7} and finally 9", "7", 1.0),        # the last \boxed wins over later numbers
-    ("\\boxed{x^{2}+1}", "x^{2} + 1", 1.0),                         # non-numeric: compared without spaces
-    ("The total is 1,234 apples.", "1234", 1.0),                   # no \boxed: the last number
-    ("it is 3/4", "0.75", 1.0),
-    ("50%", "0.5", 1.0),
-    ("-2.50", "-2.5", 1.0),
-    ("answer: 41", "42", 0.0),
-    ("no number here", "42", 0.0),
-    ("\\boxed{42", "42", 1.0),                                      # unbalanced box: falls back to the last number
-    ("\\boxed{12}", "\\boxed{12}", 1.0),                            # labels may be boxed too
-])
+@pytest.mark.parametrize(
+    "response, label, expected",
+    [
+        ("so the answer is \\boxed{42}.", "42", 1.0),
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("first 3, then \\boxed{7} and finally 9", "7", 1.0),  # the last \boxed wins over later numbers
+        ("\\boxed{x^{2}+1}", "x^{2} + 1", 1.0),  # non-numeric: compared without spaces
+        ("The total is 1,234 apples.", "1234", 1.0),  # no \boxed: the last number
+        ("it is 3/4", "0.75", 1.0),
+        ("50%", "0.5", 1.0),
+        ("-2.50", "-2.5", 1.0),
+        ("answer: 41", "42", 0.0),
+        ("no number here", "42", 0.0),
+        ("\\boxed{42", "42", 1.0),  # unbalanced box: falls back to the last number
+        ("\\boxed{12}", "\\boxed{12}", 1.0),  # labels may be boxed too
+    ],
+)
 def test_math_answer(response, label, expected):
     assert math_answer(response, label) == expected
 
@@ -56,7 +60,7 @@ def test_deepscaler_scores_only_the_boxed_answer_after_the_reasoning():
     rule = builtin_reward("deepscaler")
     assert rule("<think>maybe \\boxed{3}</think> so \\boxed{4}", "4") == 1.0
     assert rule("<think>\\boxed{4}</think> I think 4", "4") == 0.0  # no boxed answer after the reasoning
-    assert rule("\\boxed{4}", "4") == 0.0                              # no reasoning marker at all
+    assert rule("\\boxed{4}", "4") == 0.0  # no reasoning marker at all
     assert rule("###Response the answer is \\boxed{0.5}", "1/2") == 1.0
 
 
@@ -75,7 +79,8 @@ def test_unknown_rm_type_and_missing_reward_are_named():
 @pytest.fixture
 def reward_module(tmp_path, monkeypatch):
     """A reward module in a temp dir outside the package, importable as slime loads it (working directory)."""
-    (tmp_path / "myrewards.py").write_text(textwrap.dedent('''
+    (tmp_path / "myrewards.py").write_text(
+        textwrap.dedent("""
         import asyncio
 
         def by_keywords(response, label):
@@ -94,7 +99,8 @@ def reward_module(tmp_path, monkeypatch):
             return "yes"
 
         NOT_CALLABLE = 3
-    '''))
+    """)
+    )
     monkeypatch.chdir(tmp_path)
     yield "myrewards"
 
@@ -110,7 +116,9 @@ def test_custom_reward_conventions(reward_module):
 
 
 def test_a_reward_that_raises_fails_its_sample_only(reward_module):
-    out = asyncio.run(Scorer(None, f"{reward_module}.raises_on_seven", None).score([_req("4"), _req("7", index=1)]))
+    out = asyncio.run(
+        Scorer(None, f"{reward_module}.raises_on_seven", None).score([_req("4"), _req("7", index=1)])
+    )
     assert out[0].reward == 1.0 and out[0].error is None
     assert out[1].reward == 0.0 and out[1].error == "RuntimeError: judge unavailable"
 
@@ -120,12 +128,15 @@ def test_a_reward_that_returns_a_non_number_names_the_sample(reward_module):
         asyncio.run(Scorer(None, f"{reward_module}.returns_text", None).score([_req("4", index=3)]))
 
 
-@pytest.mark.parametrize("path, needle", [
-    ("nodots", "expected a dotted path"),
-    ("no_such_module_xyz.fn", "cannot import 'no_such_module_xyz'"),
-    ("myrewards.missing", "has no attribute 'missing'"),
-    ("myrewards.NOT_CALLABLE", "is a int, not a function"),
-])
+@pytest.mark.parametrize(
+    "path, needle",
+    [
+        ("nodots", "expected a dotted path"),
+        ("no_such_module_xyz.fn", "cannot import 'no_such_module_xyz'"),
+        ("myrewards.missing", "has no attribute 'missing'"),
+        ("myrewards.NOT_CALLABLE", "is a int, not a function"),
+    ],
+)
 def test_custom_rm_path_errors(reward_module, path, needle):
     with pytest.raises(ExtensionError, match=needle):
         load_function(path, "--custom-rm-path")

@@ -15,27 +15,45 @@ def test_summary_shows_status_eval_table_checks_config_and_files(tmp_path):
     lines = md.splitlines()
     assert lines[0] == "# run/t: running"
     assert "| progress | rollout 3 of 10 (30 %), elapsed 6.0 s, ETA 14.0 s |" in lines
-    assert lines[lines.index("## Eval") + 2:lines.index("## Eval") + 7] == [
-        "| weights (rollout) | eval/tiny-arith |", "|---|---|", "| 0 | 0.400 |", "| 1 | 0.420 |", "| 3 | 0.470 |"]
+    assert lines[lines.index("## Eval") + 2 : lines.index("## Eval") + 7] == [
+        "| weights (rollout) | eval/tiny-arith |",
+        "|---|---|",
+        "| 0 | 0.400 |",
+        "| 1 | 0.420 |",
+        "| 3 | 0.470 |",
+    ]
     assert "- **best eval/tiny-arith: 0.470** at rollout 3 (first 0.400, last 0.470) `▁▃█`" in lines
     assert "| check/engines_in_sync | 3 | - |" in lines
     assert "| optimizer | lr 0.01 cosine, global batch 128 (4 steps per rollout), clip grad 1 |" in lines
     assert "--lr 0.01" in md and "--eval-interval 3" in md and "--num-rollout 10" in md
     run_dir = report.cfg.resolved_run_dir
     assert f"| [metrics.jsonl]({(run_dir / 'metrics.jsonl').as_uri()}) | every metric record |" in lines
-    assert "## Failure" not in md and "## Doctor" not in md  # no failure, and the doctor ran not (no --ci-test)
+    assert (
+        "## Failure" not in md and "## Doctor" not in md
+    )  # no failure, and the doctor ran not (no --ci-test)
 
 
 def test_summary_of_a_failed_ci_run_has_the_cause_and_the_doctors_findings(tmp_path):
     report = report_of(tmp_path, 1, 4, {}, first_eval=None)
     report.records.append({"kind": "check", "rollout_id": 1, "metrics": {"check/violations": 1.0}})
-    report.findings = [Finding("error", "the KL is not 0 at a first step", "ppo_kl = 0.1 at rollout 1 step 2",
-                               "rollflow replay runs/t --rollout-id 1 --task train-step", "first-step-kl")]
-    report.finish("failed", "CheckFailed: [KL checker] train/ppo_kl = 0.1 violates |x| < 1e-9 (rollout 1, stage check)")
+    report.findings = [
+        Finding(
+            "error",
+            "the KL is not 0 at a first step",
+            "ppo_kl = 0.1 at rollout 1 step 2",
+            "rollflow replay runs/t --rollout-id 1 --task train-step",
+            "first-step-kl",
+        )
+    ]
+    report.finish(
+        "failed", "CheckFailed: [KL checker] train/ppo_kl = 0.1 violates |x| < 1e-9 (rollout 1, stage check)"
+    )
     md = summary_markdown(report)
     assert md.startswith("# run/t: FAILED\n")
-    assert "## Failure\n\n`CheckFailed: [KL checker] train/ppo_kl = 0.1 violates |x| < 1e-9 (rollout 1, stage check)`" \
+    assert (
+        "## Failure\n\n`CheckFailed: [KL checker] train/ppo_kl = 0.1 violates |x| < 1e-9 (rollout 1, stage check)`"
         in md
+    )
     assert "| check/violations | 0 | 1 |" in md
     assert "1. **ERROR** [first-step-kl] the KL is not 0 at a first step" in md
     assert "   - confirm: `rollflow replay runs/t --rollout-id 1 --task train-step`" in md

@@ -27,8 +27,12 @@ from tests.helpers import float32_list, make_sample
 def _sample(index: int, n: int = 4, **changes: object) -> Sample:
     """A tiny-arith-like sample (vocab 18, chat prompt, 63-bit seed, nested metadata) in rollout 5."""
     fields: dict[str, object] = {
-        "rollout_id": 5, "prompt": f"<|user|>{index}+1=<|assistant|>", "prompt_tokens": [2, 4 + index % 10, 14, 5, 16, 3],
-        "seed": 2**62 + index, "metadata": {"finish_reason": "stop", "nested": {"k": [1, None]}}}
+        "rollout_id": 5,
+        "prompt": f"<|user|>{index}+1=<|assistant|>",
+        "prompt_tokens": [2, 4 + index % 10, 14, 5, 16, 3],
+        "seed": 2**62 + index,
+        "metadata": {"finish_reason": "stop", "nested": {"k": [1, None]}},
+    }
     return make_sample(index, n, vocab=18, **{**fields, **changes})
 
 

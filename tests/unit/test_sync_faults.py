@@ -8,17 +8,28 @@ import torch
 from artifacts.hashing import differing_tensors, group_by_layer, layer_hashes, tensor_hashes
 from faults.drop_weight import dropped_weights
 
-NAMES = ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight",
-         "model.layers.1.mlp.up_proj.weight", "model.layers.10.mlp.up_proj.weight", "model.norm.weight"]
+NAMES = [
+    "model.embed_tokens.weight",
+    "model.layers.0.mlp.up_proj.weight",
+    "model.layers.0.mlp.down_proj.weight",
+    "model.layers.1.mlp.up_proj.weight",
+    "model.layers.10.mlp.up_proj.weight",
+    "model.norm.weight",
+]
 
 
 def test_dropped_weights_takes_names_lists_and_globs():
     assert dropped_weights(None, NAMES) == [] and dropped_weights("", NAMES) == []
     assert dropped_weights("model.norm.weight", NAMES) == ["model.norm.weight"]
     assert dropped_weights("model.layers.*.mlp.up_proj.weight", NAMES) == [
-        "model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight", "model.layers.10.mlp.up_proj.weight"]
+        "model.layers.0.mlp.up_proj.weight",
+        "model.layers.1.mlp.up_proj.weight",
+        "model.layers.10.mlp.up_proj.weight",
+    ]
     assert dropped_weights("model.norm.weight, model.layers.1.*", NAMES) == [
-        "model.layers.1.mlp.up_proj.weight", "model.norm.weight"]
+        "model.layers.1.mlp.up_proj.weight",
+        "model.norm.weight",
+    ]
 
 
 def test_a_drop_pattern_that_matches_nothing_is_an_error():
@@ -28,8 +39,10 @@ def test_a_drop_pattern_that_matches_nothing_is_an_error():
 
 def test_group_by_layer_orders_layers_numerically_and_non_layer_last():
     assert list(group_by_layer(reversed(NAMES))) == ["layer_0000", "layer_0001", "layer_0010", "non_layer"]
-    assert group_by_layer(NAMES)["layer_0000"] == ["model.layers.0.mlp.down_proj.weight",
-                                                   "model.layers.0.mlp.up_proj.weight"]
+    assert group_by_layer(NAMES)["layer_0000"] == [
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+    ]
 
 
 def test_tensor_hashes_name_exactly_the_tensors_that_differ():

@@ -67,7 +67,10 @@ def test_torch_trainer_token_outputs_match_the_generic_path():
     model = build_model(model_config(vocab), seed=0)
     assert has_plain_output_layer(model)
     shapes = [(5, 200), (9, 1), (3, 190), (7, 6), (4, 198), (6, 2), (5, 180), (8, 3)]
-    samples = [make_sample(i, n=n, vocab=vocab, prompt_tokens=list(range(1, 1 + p))) for i, (p, n) in enumerate(shapes)]
+    samples = [
+        make_sample(i, n=n, vocab=vocab, prompt_tokens=list(range(1, 1 + p)))
+        for i, (p, n) in enumerate(shapes)
+    ]
     mb = make_micro_batch(samples, pad)
     assert len(mb.buckets) > 1  # the lengths are spread: several forwards
     fast, plain = _fast_and_plain(model, mb, temperature=0.8)
@@ -75,12 +78,17 @@ def test_torch_trainer_token_outputs_match_the_generic_path():
     assert torch.equal(fast[0][~real], torch.zeros_like(fast[0][~real]))
 
 
-def _fast_and_plain(model: torch.nn.Module, mb, temperature: float, rtol: float = 1e-4
-                    ) -> tuple[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]], ...]:
+def _fast_and_plain(
+    model: torch.nn.Module, mb, temperature: float, rtol: float = 1e-4
+) -> tuple[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]], ...]:
     """(log-probs, entropy, gradients) of the torch trainer's token outputs and of the generic path, checked
     equal within float32 rounding (gradients within `rtol` too: other sums, other rounding)."""
-    trainer = types.SimpleNamespace(s=types.SimpleNamespace(temperature=temperature, entropy_coef=0.1),
-                                    device=torch.device("cpu"), _plain_head=True, _shared_prompts=True)
+    trainer = types.SimpleNamespace(
+        s=types.SimpleNamespace(temperature=temperature, entropy_coef=0.1),
+        device=torch.device("cpu"),
+        _plain_head=True,
+        _shared_prompts=True,
+    )
     trainer._response_logits = lambda m, b: TorchTrainer._response_logits(trainer, m, b)  # type: ignore[arg-type]
 
     def run(fn) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:

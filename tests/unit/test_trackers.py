@@ -23,17 +23,28 @@ def _cfg(tmp_path: Path, **logging: object) -> RunConfig:
 
 def _log_a_short_run(cfg: RunConfig) -> None:
     """Two rollouts of two optimizer steps each, evals before and after, perf and check records."""
-    log_metrics(cfg, "eval", 0, {"eval/tiny-arith": 0.25, "eval/tiny-arith-truncated_ratio": 0.0, "eval/step": 0})
+    log_metrics(
+        cfg, "eval", 0, {"eval/tiny-arith": 0.25, "eval/tiny-arith-truncated_ratio": 0.0, "eval/step": 0}
+    )
     for rid in range(2):
-        log_metrics(cfg, "rollout", rid, {"rollout/raw_reward": 0.5 + rid, "rollout/response_lengths": 4.0 + rid})
+        log_metrics(
+            cfg, "rollout", rid, {"rollout/raw_reward": 0.5 + rid, "rollout/response_lengths": 4.0 + rid}
+        )
         log_metrics(cfg, "perf", rid, {"perf/rollout_time": 1.5})
         log_metrics(cfg, "rollout", rid, {"rollout/entropy": 0.6 - 0.1 * rid})
         for s in range(2):
             step = 2 * rid + s
-            log_metrics(cfg, "step", rid, {"train/loss": 1.0 / (step + 1), "train/grad_norm": 2.0 + step,
-                                           "train/step": step}, step=step)
+            log_metrics(
+                cfg,
+                "step",
+                rid,
+                {"train/loss": 1.0 / (step + 1), "train/grad_norm": 2.0 + step, "train/step": step},
+                step=step,
+            )
         log_metrics(cfg, "check", rid, {"check/finite_metrics": 1.0})
-    log_metrics(cfg, "eval", 2, {"eval/tiny-arith": 0.5, "eval/tiny-arith-truncated_ratio": 0.0, "eval/step": 2})
+    log_metrics(
+        cfg, "eval", 2, {"eval/tiny-arith": 0.5, "eval/tiny-arith-truncated_ratio": 0.0, "eval/step": 2}
+    )
 
 
 def test_tensorboard_scalars_use_slime_names_dir_and_step_keys(tmp_path, monkeypatch):
@@ -74,8 +85,14 @@ def test_tensorboard_dir_follows_slime_defaults(tmp_path, monkeypatch):
 
 
 def test_wandb_offline_history_has_slime_names_and_step_metrics(tmp_path):
-    cfg = _cfg(tmp_path, use_wandb=True, wandb_mode="offline", wandb_dir=str(tmp_path / "wb"),
-               wandb_project="rollflow-test", wandb_group="grp")
+    cfg = _cfg(
+        tmp_path,
+        use_wandb=True,
+        wandb_mode="offline",
+        wandb_dir=str(tmp_path / "wb"),
+        wandb_project="rollflow-test",
+        wandb_group="grp",
+    )
     _log_a_short_run(cfg)
     close_run(cfg)
 
@@ -90,15 +107,27 @@ def test_wandb_offline_history_has_slime_names_and_step_metrics(tmp_path):
     assert config["rollout"]["num_rollout"] == cfg.rollout.num_rollout  # the run's config
 
     # slime's define_metric: each family plotted against its own step key
-    metrics = {r.metric.glob_name: r.metric.step_metric for r in records
-               if r.WhichOneof("record_type") == "metric" and r.metric.glob_name}
-    assert metrics == {"train/*": "train/step", "rollout/*": "rollout/step", "eval/*": "eval/step",
-                       "perf/*": "rollout/step"}
+    metrics = {
+        r.metric.glob_name: r.metric.step_metric
+        for r in records
+        if r.WhichOneof("record_type") == "metric" and r.metric.glob_name
+    }
+    assert metrics == {
+        "train/*": "train/step",
+        "rollout/*": "rollout/step",
+        "eval/*": "eval/step",
+        "perf/*": "rollout/step",
+    }
 
-    rows = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
-            for r in records if r.WhichOneof("record_type") == "history"]
+    rows = [
+        {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
+
     def series(name: str, key: str) -> list[tuple[int, float]]:
         return [(row[key], row[name]) for row in rows if name in row]
+
     assert series("rollout/raw_reward", "rollout/step") == [(0, 0.5), (1, 1.5)]
     assert series("perf/rollout_time", "rollout/step") == [(0, 1.5), (1, 1.5)]
     assert series("train/loss", "train/step") == [(0, 1.0), (1, 0.5), (2, 1 / 3), (3, 0.25)]
@@ -127,8 +156,10 @@ def test_a_tracker_that_fails_to_log_raises_after_the_record_is_written(tmp_path
         raise OSError("disk full")
 
     monkeypatch.setattr(trackers.TensorboardTracker, "log", broken)
-    with pytest.raises(trackers.TrackerError, match="TensorBoard failed to log the rollout record of rollout 3: "
-                                                    "OSError: disk full"):
+    with pytest.raises(
+        trackers.TrackerError,
+        match="TensorBoard failed to log the rollout record of rollout 3: OSError: disk full",
+    ):
         log_metrics(cfg, "rollout", 3, {"rollout/raw_reward": 1.0})
     assert len(read_metrics(RunPaths(cfg.resolved_run_dir).metrics)) == 1
     assert trackers.finish_trackers(cfg) == []
@@ -144,18 +175,25 @@ def test_a_tracker_that_fails_to_finish_is_reported_and_the_plot_still_drawn(tmp
 
     monkeypatch.setattr(trackers.TensorboardTracker, "finish", broken)
     assert close_run(cfg) is not None
-    assert "TensorBoard failed to finish (its files may be incomplete): OSError: disk full" in capsys.readouterr().err
+    assert (
+        "TensorBoard failed to finish (its files may be incomplete): OSError: disk full"
+        in capsys.readouterr().err
+    )
 
 
 def _without(monkeypatch, module: str) -> None:
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a)
+    )
 
 
-@pytest.mark.parametrize("flag, module, extra", [("--use-wandb", "wandb", "wandb"),
-                                                 ("--use-tensorboard", "tensorboard", "tensorboard")])
+@pytest.mark.parametrize(
+    "flag, module, extra",
+    [("--use-wandb", "wandb", "wandb"), ("--use-tensorboard", "tensorboard", "tensorboard")],
+)
 def test_missing_package_is_refused_before_the_run_naming_the_extra(flag, module, extra, monkeypatch, capsys):
     import sys
 
@@ -163,7 +201,9 @@ def test_missing_package_is_refused_before_the_run_naming_the_extra(flag, module
     monkeypatch.delitem(sys.modules, "flows.run", raising=False)
     assert main(["run", flag, "--tb-project-name", "p"]) == 2
     err = capsys.readouterr().err
-    assert f"{flag} needs the '{module}' package" in err and f"ROLLFLOW_EXTRAS=dev,{extra} scripts/setup" in err
+    assert (
+        f"{flag} needs the '{module}' package" in err and f"ROLLFLOW_EXTRAS=dev,{extra} scripts/setup" in err
+    )
     assert "flows.run" not in sys.modules  # neither Ray nor Prefect was imported
 
 
@@ -180,12 +220,35 @@ def test_tensorboard_needs_a_project_name_or_tensorboard_dir(monkeypatch, tmp_pa
 def test_tracker_flags_parse_with_slime_names():
     from flows.cli import build_config, make_parser
 
-    cfg = build_config(make_parser().parse_args([
-        "run", "--use-wandb", "--wandb-project", "p", "--wandb-group", "g", "--wandb-mode", "offline",
-        "--wandb-dir", "/tmp/w", "--use-tensorboard", "--tb-project-name", "tp", "--tb-experiment-name", "te"]))
+    cfg = build_config(
+        make_parser().parse_args(
+            [
+                "run",
+                "--use-wandb",
+                "--wandb-project",
+                "p",
+                "--wandb-group",
+                "g",
+                "--wandb-mode",
+                "offline",
+                "--wandb-dir",
+                "/tmp/w",
+                "--use-tensorboard",
+                "--tb-project-name",
+                "tp",
+                "--tb-experiment-name",
+                "te",
+            ]
+        )
+    )
     lg = cfg.logging
-    assert (lg.use_wandb, lg.wandb_project, lg.wandb_group, lg.wandb_mode, lg.wandb_dir) == (True, "p", "g", "offline",
-                                                                                             "/tmp/w")
+    assert (lg.use_wandb, lg.wandb_project, lg.wandb_group, lg.wandb_mode, lg.wandb_dir) == (
+        True,
+        "p",
+        "g",
+        "offline",
+        "/tmp/w",
+    )
     assert (lg.use_tensorboard, lg.tb_project_name, lg.tb_experiment_name) == (True, "tp", "te")
     with pytest.raises(SystemExit):
         make_parser().parse_args(["run", "--wandb-mode", "cloud"])

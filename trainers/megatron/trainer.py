@@ -41,7 +41,12 @@ class MegatronTrainer(TrainerCore):
     """Implements `trainers.base.Trainer` on megatron-core for HF Qwen2/Llama checkpoints."""
 
     def __init__(
-        self, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int, device: str | None = None
+        self,
+        settings: TrainerSettings,
+        checkpoint: str,
+        rank: int,
+        world_size: int,
+        device: str | None = None,
     ) -> None:
         """`device`: "cpu", "cuda" or None = CUDA when available (one GPU per rank: rank % device count)."""
         kind = device or ("cuda" if torch.cuda.is_available() else "cpu")

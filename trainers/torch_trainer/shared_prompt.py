@@ -32,34 +32,58 @@ def shared_hidden(model: Any, sp: SharedPrompts) -> torch.Tensor:
     eps = float(cfg.rms_norm_eps)
     g, p = sp.prompt_ids.shape
     b, r = sp.response_ids.shape
-    embed = inner.embed_tokens  # its padding_idx (HF: the pad id) gets no gradient, as in the model's own forward
-    xp, xr = (F.embedding(ids, embed.weight, padding_idx=embed.padding_idx) for ids in (sp.prompt_ids, sp.response_ids))
+    embed = (
+        inner.embed_tokens
+    )  # its padding_idx (HF: the pad id) gets no gradient, as in the model's own forward
+    xp, xr = (
+        F.embedding(ids, embed.weight, padding_idx=embed.padding_idx)
+        for ids in (sp.prompt_ids, sp.response_ids)
+    )
     rope = [inner.rotary_emb(xp, pos) for pos in (sp.prompt_pos, sp.response_pos)]
     (cos_p, sin_p), (cos_r, sin_r) = [(c[:, :, None, :], s[:, :, None, :]) for c, s in rope]
     eye = torch.eye(p, dtype=torch.bool)
     prompt_mask = ((torch.ones(p, p, dtype=torch.bool).tril() & sp.prompt_valid[:, None, :]) | eye)[:, None]
-    response_mask = torch.cat([sp.prompt_valid[sp.group][:, None, :].expand(b, r, p),
-                               torch.ones(r, r, dtype=torch.bool).tril().expand(b, r, r)], dim=-1)[:, None]
+    response_mask = torch.cat(
+        [
+            sp.prompt_valid[sp.group][:, None, :].expand(b, r, p),
+            torch.ones(r, r, dtype=torch.bool).tril().expand(b, r, r),
+        ],
+        dim=-1,
+    )[:, None]
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+        return torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
 
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
         w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        bias = None if attn.q_proj.bias is None else torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        bias = (
+            None
+            if attn.q_proj.bias is None
+            else torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        )
         parts = []
         for x, cos, sin, n, length in ((xp, cos_p, sin_p, g, p), (xr, cos_r, sin_r, b, r)):
             qkv = F.linear(F.rms_norm(x, (x.shape[-1],), layer.input_layernorm.weight, eps), w, bias)
             qkv = qkv.view(n, length, h + 2 * kvh, d)
-            qk = qkv[:, :, :h + kvh]
+            qk = qkv[:, :, : h + kvh]
             qk = qk * cos + rotate(qk) * sin
-            parts.append((qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), qkv[:, :, h + kvh:].transpose(1, 2)))
+            parts.append(
+                (
+                    qk[:, :, :h].transpose(1, 2),
+                    qk[:, :, h:].transpose(1, 2),
+                    qkv[:, :, h + kvh :].transpose(1, 2),
+                )
+            )
         (q_p, k_p, v_p), (q_r, k_r, v_r) = parts
         att_p = F.scaled_dot_product_attention(q_p, k_p, v_p, attn_mask=prompt_mask, enable_gqa=True)
-        att_r = F.scaled_dot_product_attention(q_r, torch.cat([k_p[sp.group], k_r], dim=2),
-                                               torch.cat([v_p[sp.group], v_r], dim=2),
-                                               attn_mask=response_mask, enable_gqa=True)
+        att_r = F.scaled_dot_product_attention(
+            q_r,
+            torch.cat([k_p[sp.group], k_r], dim=2),
+            torch.cat([v_p[sp.group], v_r], dim=2),
+            attn_mask=response_mask,
+            enable_gqa=True,
+        )
         outs = []
         for x, att, n, length in ((xp, att_p, g, p), (xr, att_r, b, r)):
             x = x + attn.o_proj(att.transpose(1, 2).reshape(n, length, h * d))

@@ -47,8 +47,9 @@ class TorchTrainer(TrainerCore):
         """Join the process group, build model, reference model, optimizer and LR schedule."""
         if not dist.is_initialized():
             rendezvous = init_method(master_addr, master_port, Path(self.s.run_dir) / "ft")
-            dist.init_process_group("gloo", init_method=rendezvous,
-                                    rank=self.rank, world_size=self.world_size)
+            dist.init_process_group(
+                "gloo", init_method=rendezvous, rank=self.rank, world_size=self.world_size
+            )
         torch.manual_seed(self.s.seed)
         self.model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32)
         self.model.train()  # dropout is 0 in our models; train mode matches what the loss sees
@@ -63,8 +64,12 @@ class TorchTrainer(TrainerCore):
         self._plain_head = has_plain_output_layer(self.model)
         self._shared_prompts = self._plain_head and shared_prompt.supports(self.model)
         self._build_optimizer()
-        return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
-                "params": sum(p.numel() for p in self.params)}
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "pid": os.getpid(),
+            "params": sum(p.numel() for p in self.params),
+        }
 
     # -- forward -------------------------------------------------------------------------------
     def _response_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
@@ -88,9 +93,16 @@ class TorchTrainer(TrainerCore):
         if mb.shared is not None and self._shared_prompts:
             parts = [(shared_hidden(hf, mb.shared), mb.shared.tokens, mb.shared.target)]
         else:
-            parts = [(decoder(input_ids=mb.input_ids[bucket.rows, :bucket.width], use_cache=False).last_hidden_state
-                      .flatten(0, 1).index_select(0, bucket.source), bucket.tokens, bucket.target)
-                     for bucket in mb.buckets]
+            parts = [
+                (
+                    decoder(input_ids=mb.input_ids[bucket.rows, : bucket.width], use_cache=False)
+                    .last_hidden_state.flatten(0, 1)
+                    .index_select(0, bucket.source),
+                    bucket.tokens,
+                    bucket.target,
+                )
+                for bucket in mb.buckets
+            ]
         for picked, tokens, target in parts:  # picked: [n, H], the hidden states predicting `tokens`
             lp, ent = linear_log_probs_and_entropy(picked, head, tokens, temperature=self.s.temperature)
             lps.append(lp)
@@ -172,8 +184,11 @@ class TorchTrainer(TrainerCore):
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         # clone() breaks the tied embedding/lm_head sharing that safetensors refuses to store
-        save_file({k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()},
-                  str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(
+            {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()},
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
         self.model.config.save_pretrained(str(tmp))
         opt = {}
         names = [n for n, _ in self.model.named_parameters()]
