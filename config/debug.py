@@ -64,6 +64,12 @@ class DebugConfig(Section):
     load_forge_rollout_data: str | None = Field(
         None, description="Replay recordings while engines stay alive and weights keep syncing."
     )
+    debug_sequential_generation: bool = Field(
+        False,
+        description="Start each rollout's generation in its generate task, not as soon as the previous "
+        "rollout's weights are synced (the default, which overlaps it with Prefect creating the flow run; "
+        "the samples are the same either way).",
+    )
 
 
 class CIConfig(Section):

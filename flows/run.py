@@ -21,7 +21,7 @@ from flows import run_page, runtime
 from flows.failure import explain, note_stage
 from flows.report import RunReport, observers
 from procs import freeze_heap
-from tasks import STAGE_NAMES, actors, notify
+from tasks import STAGE_NAMES, actors, notify, prefetch
 from tasks.checks import metric_gate, raise_if_any, retry_unless_check_failed
 from tasks.metrics import close_run, log_metrics
 from tasks.recordings import inject, load_rollout
@@ -33,6 +33,7 @@ from tasks.stages import (
     log_prob,
     save_checkpoint,
     save_rollout,
+    start_next_generation,
     sync,
     train_step,
 )
@@ -283,6 +284,7 @@ class _RunLoop:
             ok = True
             return weights
         finally:
+            prefetch.drop()
             if not ok:
                 await self.publisher.drain(raise_errors=False)
             actors.stop_actors(cfg)
@@ -325,6 +327,10 @@ class _RunLoop:
         stages = ALL_STAGES if self.owned.resumed and rollout_id == self.owned.start else self.refresh
         state = await rollout_flow(cfg, rollout_id, weights, session, stages, return_state=True)
         result: RolloutResult = await state.result()  # type: ignore[misc]
+        if (
+            rollout_id + 1 < report.end
+        ):  # the engines generate the next rollout while Prefect records this one
+            start_next_generation(cfg, rollout_id + 1, result.weights)
         child = state.state_details.flow_run_id
         if not cfg.rollout_only and (
             _save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == report.end)

@@ -4,7 +4,6 @@ check (and eval). Each resolves refs, calls the run's actors, writes artifacts a
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from prefect import task
@@ -16,7 +15,7 @@ from config import RunConfig
 from rollout.data import prompts_for_rollout
 from rollout.requests import Entry, build_requests, sampling_metadata, split_for_engines, to_samples
 from rollout.source import eval_params, rollout_source, train_params
-from tasks import actors
+from tasks import actors, prefetch
 from tasks.cache import RefCachePolicy
 from tasks.checks import (
     CheckFailed,
@@ -48,33 +47,65 @@ def _ctx(rollout_id: int) -> dict[str, int]:
 
 
 async def _on_engines(
-    cfg: RunConfig, entries: list[Entry], what: str, rollout_id: int, weights: WeightsRef
+    cfg: RunConfig,
+    entries: list[Entry],
+    what: str,
+    rollout_id: int,
+    weights: WeightsRef,
+    *,
+    prefetched: bool = False,
 ) -> tuple[list, float]:
-    """Spread whole groups over the engines; outputs in entry order, and the seconds it took."""
+    """Spread whole groups over the engines; outputs in entry order, and the engines' seconds. `prefetched`:
+    take the answers the parent already asked for, if it asked for exactly these (tasks/prefetch.py)."""
     parts = split_for_engines(entries, cfg.rollout.rollout_num_engines)
-    start = time.perf_counter()
+    requests = [[e.request for e in part] for part in parts]
     ctx = _ctx(rollout_id)
-    results = await guarded(
+    started = (
+        prefetch.take(cfg, rollout_id, weights.version, weights.sha256, requests)
+        if prefetched and ctx["attempt"] == 0
+        else None
+    )
+    results, seconds = await guarded(
         cfg,
         what,
-        asyncio.gather(
-            *[
-                engine.generate.remote([e.request for e in part], ctx)
-                for engine, part in zip(actors.engines(cfg), parts, strict=True)
-                if part
-            ]
-        ),
+        started if started is not None else prefetch.generate_on(actors.engines(cfg), requests, ctx),
         cfg.faults.rollout_timeout,
         engines=True,
         weights=weights,
     )
-    seconds = time.perf_counter() - start
     by_index = {
         e.sample_index: out
         for part, outs in zip([p for p in parts if p], results, strict=True)
         for e, out in zip(part, outs, strict=True)
     }
     return [by_index[e.sample_index] for e in entries], seconds
+
+
+def train_requests(cfg: RunConfig, rollout_id: int) -> list[Entry]:
+    """Rollout `rollout_id`'s requests: its prompts, each `n_samples_per_prompt` times, seeded per sample."""
+    src, r = rollout_source(cfg), cfg.rollout
+    assert src.train is not None
+    prompts = prompts_for_rollout(
+        src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed, cfg.data.rollout_shuffle
+    )
+    return build_requests(
+        prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, train_params(cfg, src.stops)
+    )
+
+
+def start_next_generation(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> None:
+    """The parent's head start on rollout `rollout_id`'s generate task (tasks/prefetch.py), when that rollout
+    generates on the engines (not train-only, not a loaded recording) and --debug-sequential-generation is off."""
+    d = cfg.debug
+    if (
+        cfg.train_only
+        or d.load_debug_rollout_data
+        or d.load_forge_rollout_data
+        or d.debug_sequential_generation
+    ):
+        return
+    parts = split_for_engines(train_requests(cfg, rollout_id), cfg.rollout.rollout_num_engines)
+    prefetch.start(cfg, rollout_id, weights.version, weights.sha256, [[e.request for e in p] for p in parts])
 
 
 @task(
@@ -90,13 +121,11 @@ async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: 
     """Sample `rollout_batch_size x n_samples_per_prompt` responses, score them and write
     rollout_{id}.parquet (`fresh_{id}.parquet` when a recording will be injected in its place)."""
     src, r = rollout_source(cfg), cfg.rollout
-    assert src.train is not None
-    prompts = prompts_for_rollout(
-        src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed, cfg.data.rollout_shuffle
-    )
     params = train_params(cfg, src.stops)
-    entries = build_requests(prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, params)
-    outputs, seconds = await _on_engines(cfg, entries, f"generate {rollout_id}", rollout_id, weights)
+    entries = train_requests(cfg, rollout_id)
+    outputs, seconds = await _on_engines(
+        cfg, entries, f"generate {rollout_id}", rollout_id, weights, prefetched=True
+    )
     samples = await to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, rollout_id)
     tokens = sum(s.response_length for s in samples)
     log_metrics(

@@ -22,6 +22,8 @@ def _run(cfg):
 
 
 def test_two_identical_runs_are_bitwise_identical(tmp_path, ray_session, prefect_server, base_checkpoint):
+    """Also whether the parent starts each rollout's generation early (tasks/prefetch.py, a's default) or its
+    generate task does (b): the samples, and so everything after them, are the same bytes."""
     a = small_config(
         tmp_path / "a",
         base_checkpoint,
@@ -33,6 +35,7 @@ def test_two_identical_runs_are_bitwise_identical(tmp_path, ray_session, prefect
         base_checkpoint,
         eval={"eval_interval": None},
         checkpoint={"save": str(tmp_path / "b" / "ckpt")},
+        debug={"debug_sequential_generation": True},
     )
     _run(a)
     _run(b)
