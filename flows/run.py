@@ -18,6 +18,7 @@ from prefect.utilities.annotations import NotSet, quote
 from config import RunConfig
 from faults import FaultInjector
 from flows import run_page, runtime
+from flows.children import ChildRuns
 from flows.failure import explain, note_stage
 from flows.report import RunReport, observers
 from procs import freeze_heap
@@ -265,6 +266,9 @@ class _RunLoop:
         actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
         session = uuid.uuid4().hex
         self.publisher = runtime.Publisher(cfg, self.report.records, self.page, session)
+        self.children = ChildRuns(rollout_flow)
+        self.next_id = owned.start
+        stop_listening = runtime.on_rollout_begun(session, lambda: self._create_next(session))
         ok = False
         try:
             weights = await self._start_actors()
@@ -284,10 +288,22 @@ class _RunLoop:
             ok = True
             return weights
         finally:
+            stop_listening()
             prefetch.drop()
+            await self.children.close()
             if not ok:
                 await self.publisher.drain(raise_errors=False)
             actors.stop_actors(cfg)
+
+    def _create_next(self, session: str) -> None:
+        """A rollout flow run has begun: create the next one's flow run meanwhile (flows/children.py)."""
+        rollout_id = self.next_id
+        if rollout_id < self.report.end:
+            self.children.create_ahead(
+                rollout_id,
+                f"rollout-{rollout_id}",
+                dict(cfg=self.cfg, rollout_id=rollout_id, session=session, refresh=self.refresh),
+            )
 
     async def _start_actors(self) -> WeightsRef:
         """Engines and trainers started (trainers restored on a resume); the weights the engines hold."""
@@ -325,7 +341,9 @@ class _RunLoop:
         began = time.perf_counter()
         # the rollout a resume re-runs logs everything again: none of its stages may come from the cache
         stages = ALL_STAGES if self.owned.resumed and rollout_id == self.owned.start else self.refresh
-        state = await rollout_flow(cfg, rollout_id, weights, session, stages, return_state=True)
+        self.next_id = rollout_id + 1
+        params = dict(cfg=cfg, rollout_id=rollout_id, weights=weights, session=session, refresh=stages)
+        state = await self.children.run(rollout_id, params)
         result: RolloutResult = await state.result()  # type: ignore[misc]
         if (
             rollout_id + 1 < report.end

@@ -340,15 +340,28 @@ async def settle(
     return False
 
 
-# session of a run loop -> what tells its publisher that a rollout flow run has begun
-_BEGUN: dict[str, Callable[[], None]] = {}
+# session of a run loop -> what to tell when one of its rollout flow runs begins
+_BEGUN: dict[str, list[Callable[[], None]]] = {}
+
+
+def on_rollout_begun(session: str, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call `callback` whenever a `rollout-<id>` flow run of the run loop `session` begins; returns what stops it."""
+    _BEGUN.setdefault(session, []).append(callback)
+
+    def stop() -> None:
+        callbacks = _BEGUN.get(session, [])
+        if callback in callbacks:
+            callbacks.remove(callback)
+        if not callbacks:
+            _BEGUN.pop(session, None)
+
+    return stop
 
 
 def rollout_begun(session: str) -> None:
-    """Called by a `rollout-<id>` flow run as its body begins (its flow run is created and running): the
-    publisher of the run loop `session`, if any, may post the previous rollout's artifacts now."""
-    callback = _BEGUN.get(session)
-    if callback is not None:
+    """Called by a `rollout-<id>` flow run as its body begins (its flow run is created and running): the run loop
+    `session`, if any, may post the previous rollout's artifacts and create the next rollout's flow run now."""
+    for callback in list(_BEGUN.get(session, [])):
         callback()
 
 
@@ -373,7 +386,7 @@ class Publisher:
         self._begun = asyncio.Event()  # the flow run after the due rollouts has begun (or the run ends)
         self._task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
-        _BEGUN[session] = self._begun.set
+        self._stop_listening = on_rollout_begun(session, self._begun.set)
 
     def rollout_done(self, rollout_id: int, flow_run_id: uuid.UUID | None) -> None:
         """Rollout `rollout_id` (flow run `flow_run_id`) has ended: its artifacts are due."""
@@ -388,7 +401,7 @@ class Publisher:
     async def drain(self, *, raise_errors: bool = True) -> None:
         """Post what is due now and wait for it; stop listening for rollouts. Raises a failure to post unless
         `raise_errors` is False (the run already failed: that failure is the one to report)."""
-        _BEGUN.pop(self.session, None)
+        self._stop_listening()
         self._begun.set()
         if self._task is not None:
             await self._task
