@@ -289,8 +289,10 @@ class TrainerCore(abc.ABC):
                 {s.sample_index: rows[s.sample_index]["log_probs"] for s in first},
             )
         self._perf = {"perf/log_probs_time": policy_s, "perf/ref_log_probs_time": ref_s}
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, rows if self.replica_lead else {})
+        gathered: list[Any] = [rows]  # one rank: nothing to gather (the pickling round trip costs ~1 ms)
+        if self.world_size > 1:
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, rows if self.replica_lead else {})
         if self.rank != 0:
             return None
         merged = {k: v for part in gathered for k, v in part.items()}
