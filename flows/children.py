@@ -26,15 +26,17 @@ from prefect.context import FlowRunContext, TagsContext
 from prefect.flow_engine import run_flow_async
 from prefect.states import Pending, State
 
+from flows.runtime import on_rollout_begun
 from tasks import notify
 
 
 class ChildRuns:
     """The child flow runs of the parent flow run this is made in (its context is kept: a run made ahead is
-    created from within a child's body), one per rollout id, in order."""
+    created from within a child's body, when the run loop `session` hears that the child has begun), in order."""
 
-    def __init__(self, flow: Flow[..., Any]) -> None:
-        self.flow = flow
+    def __init__(self, flow: Flow[..., Any], session: str) -> None:
+        assert isinstance(flow.flow_run_name, str), "a run made ahead is named from the flow's name template"
+        self.flow, self._template = flow, flow.flow_run_name
         self._parent = contextvars.copy_context()
         # the same flow without its run-name template: a run made ahead is named at creation (Prefect would
         # rename it, one more round trip)
@@ -42,19 +44,65 @@ class ChildRuns:
         self._named_ahead.flow_run_name = None
         self._tracking = Task(name=flow.name, fn=flow.fn, version=flow.version)
         setattr(self._tracking, "_is_subflow_tracking_task", True)  # noqa: B010 -- as Prefect's subflow call marks it
-        self._ahead: tuple[int, asyncio.Task[FlowRun]] | None = None
+        self._next: dict[str, Any] | None = None  # known parameters of the run after the one in progress
+        self._ahead: tuple[str, asyncio.Task[FlowRun]] | None = None  # (its name, its creation)
         self._unwritten: tuple[FlowRun, dict[str, Any]] | None = None  # parameters of the run in progress
+        self._stop_listening = on_rollout_begun(session, self._begun)
 
-    def create_ahead(self, rollout_id: int, name: str, parameters: dict[str, Any]) -> None:
-        """Start creating rollout `rollout_id`'s flow run `name` in the background; `parameters` are those
-        known now (the rest are written when it starts)."""
-        if self._ahead is None:
-            creating = asyncio.get_running_loop().create_task(
-                self._create(name, parameters), context=self._parent
-            )
-            self._ahead = (rollout_id, creating)
+    async def run(self, parameters: dict[str, Any], ahead: dict[str, Any] | None = None) -> State:
+        """Run the child flow run with `parameters` (in the run made for it ahead, if there is one) and return
+        its final state. `ahead`: the parameters known now of the child that follows, made once this one has
+        begun (the rest are written when it starts)."""
+        self._next = ahead
+        flow_run = await self._take(self._template.format(**parameters))
+        if flow_run is None:
+            call: Any = self.flow(**parameters, return_state=True)  # a coroutine: the flow is async
+            return cast(State, await call)
+        missing = {k: v for k, v in parameters.items() if k not in flow_run.parameters}
+        if missing:  # the UI shows the run's parameters as it was called
+            self._unwritten = (flow_run, missing)
+        result = await run_flow_async(
+            self._named_ahead, flow_run=flow_run, parameters=parameters, return_type="state"
+        )
+        assert isinstance(result, State)
+        return result
 
-    async def _create(self, name: str, parameters: dict[str, Any]) -> FlowRun:
+    async def close(self) -> None:
+        """Stop listening; write what is left of the parameters; delete a run made ahead that will not run (with
+        its tracking task run). Never raises: reported as a notice."""
+        self._stop_listening()
+        self._next = None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            await self._delete(*ahead)
+            return
+        try:
+            await self._write_parameters()
+        except Exception as e:
+            _report("could not record the last rollout flow run's parameters", e)
+
+    def _begun(self) -> None:
+        """The child in progress has begun: make the next one in the background (from the parent's context)."""
+        known, self._next = self._next, None
+        if known is not None and self._ahead is None:
+            creating = asyncio.get_running_loop().create_task(self._create(known), context=self._parent)
+            self._ahead = (self._template.format(**known), creating)
+
+    async def _take(self, name: str) -> FlowRun | None:
+        """The run made ahead if it is `name`'s (one made for another is deleted)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead[0] != name:
+            await self._delete(*ahead)
+            return None
+        try:
+            return await ahead[1]
+        except Exception as e:  # the plain subflow call makes it instead
+            _report(f"could not create {name}'s flow run ahead", e)
+            return None
+
+    async def _create(self, parameters: dict[str, Any]) -> FlowRun:
         """What Prefect's subflow call does before it runs the body: the tracking task run in the parent (the
         next one of its kind: Prefect numbers them in call order) and a Pending flow run under it. First, the
         parameters of the run in progress (written now, not as it starts: the server takes one write at a time)."""
@@ -68,7 +116,7 @@ class ChildRuns:
         async with get_client() as client:
             return await client.create_flow_run(
                 self.flow,
-                name=name,
+                name=self._template.format(**parameters),
                 parameters=self.flow.serialize_parameters(parameters),
                 state=Pending(),
                 parent_task_run_id=tracking.id,
@@ -84,56 +132,16 @@ class ChildRuns:
                 flow_run.id, parameters={**flow_run.parameters, **self.flow.serialize_parameters(missing)}
             )
 
-    async def run(self, rollout_id: int, parameters: dict[str, Any]) -> State:
-        """Run rollout `rollout_id`'s flow run with `parameters` (in the run made ahead, if there is one) and
-        return its final state."""
-        flow_run = await self._take(rollout_id)
-        if flow_run is None:
-            call: Any = self.flow(**parameters, return_state=True)  # a coroutine: the flow is async
-            return cast(State, await call)
-        missing = {k: v for k, v in parameters.items() if k not in flow_run.parameters}
-        if missing:  # the UI shows the run's parameters as it was called
-            self._unwritten = (flow_run, missing)
-        result = await run_flow_async(
-            self._named_ahead, flow_run=flow_run, parameters=parameters, return_type="state"
-        )
-        assert isinstance(result, State)
-        return result
-
-    async def close(self) -> None:
-        """Write what is left of the parameters; delete a run made ahead that will not run (with its tracking
-        task run). Never raises: reported as a notice."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            try:
-                await self._write_parameters()
-            except Exception as e:
-                _report("could not record the last rollout flow run's parameters", e)
-            return
+    async def _delete(self, name: str, creating: asyncio.Task[FlowRun]) -> None:
+        """Delete a run made ahead that will never start, and its tracking task run."""
         try:
-            flow_run = await ahead[1]
+            flow_run = await creating
             async with get_client() as client:
                 await client.delete_flow_run(flow_run.id)
                 if flow_run.parent_task_run_id is not None:
                     await client.delete_task_run(flow_run.parent_task_run_id)
         except Exception as e:
-            _report(f"could not delete rollout {ahead[0]}'s flow run, made ahead and never started", e)
-
-    async def _take(self, rollout_id: int) -> FlowRun | None:
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return None
-        made_for, creating = ahead
-        try:
-            flow_run = await creating
-        except Exception as e:  # the plain subflow call makes it instead
-            _report(f"could not create rollout {made_for}'s flow run ahead", e)
-            return None
-        if made_for != rollout_id:  # not this rollout's: never started
-            self._ahead = ahead
-            await self.close()
-            return None
-        return flow_run
+            _report(f"could not delete {name}'s flow run, made ahead and never started", e)
 
 
 def _report(what: str, e: BaseException) -> None:

@@ -266,9 +266,7 @@ class _RunLoop:
         actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
         session = uuid.uuid4().hex
         self.publisher = runtime.Publisher(cfg, self.report.records, self.page, session)
-        self.children = ChildRuns(rollout_flow)
-        self.next_id = owned.start
-        stop_listening = runtime.on_rollout_begun(session, lambda: self._create_next(session))
+        self.children = ChildRuns(rollout_flow, session)
         ok = False
         try:
             weights = await self._start_actors()
@@ -288,22 +286,11 @@ class _RunLoop:
             ok = True
             return weights
         finally:
-            stop_listening()
             prefetch.drop()
             await self.children.close()
             if not ok:
                 await self.publisher.drain(raise_errors=False)
             actors.stop_actors(cfg)
-
-    def _create_next(self, session: str) -> None:
-        """A rollout flow run has begun: create the next one's flow run meanwhile (flows/children.py)."""
-        rollout_id = self.next_id
-        if rollout_id < self.report.end:
-            self.children.create_ahead(
-                rollout_id,
-                f"rollout-{rollout_id}",
-                dict(cfg=self.cfg, rollout_id=rollout_id, session=session, refresh=self.refresh),
-            )
 
     async def _start_actors(self) -> WeightsRef:
         """Engines and trainers started (trainers restored on a resume); the weights the engines hold."""
@@ -341,18 +328,18 @@ class _RunLoop:
         began = time.perf_counter()
         # the rollout a resume re-runs logs everything again: none of its stages may come from the cache
         stages = ALL_STAGES if self.owned.resumed and rollout_id == self.owned.start else self.refresh
-        self.next_id = rollout_id + 1
         params = dict(cfg=cfg, rollout_id=rollout_id, weights=weights, session=session, refresh=stages)
-        state = await self.children.run(rollout_id, params)
+        last = rollout_id + 1 == report.end
+        # the next rollout's flow run is made while this one runs (all its parameters but the weights)
+        ahead = (
+            None if last else dict(cfg=cfg, rollout_id=rollout_id + 1, session=session, refresh=self.refresh)
+        )
+        state = await self.children.run(params, ahead)
         result: RolloutResult = await state.result()  # type: ignore[misc]
-        if (
-            rollout_id + 1 < report.end
-        ):  # the engines generate the next rollout while Prefect records this one
+        if not last:  # the engines generate the next rollout while Prefect records this one
             start_next_generation(cfg, rollout_id + 1, result.weights)
         child = state.state_details.flow_run_id
-        if not cfg.rollout_only and (
-            _save_due(cfg, rollout_id) or (cfg.checkpoint.save and rollout_id + 1 == report.end)
-        ):
+        if not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and last)):
             await with_retries(cfg, save_checkpoint)(opaque_config(cfg), rollout_id)
         seconds = time.perf_counter() - began
         runtime.log_step_time(cfg, rollout_id, seconds)

@@ -12,6 +12,7 @@ from prefect.artifacts import acreate_markdown_artifact
 from artifacts.hashing import differing_tensors
 from artifacts.store import ArtifactRef, RunPaths, read_rollout, write_rollout
 from config import RunConfig
+from engines.base import GenerateRequest
 from rollout.data import prompts_for_rollout
 from rollout.requests import Entry, build_requests, sampling_metadata, split_for_engines, to_samples
 from rollout.source import eval_params, rollout_source, train_params
@@ -57,8 +58,7 @@ async def _on_engines(
 ) -> tuple[list, float]:
     """Spread whole groups over the engines; outputs in entry order, and the engines' seconds. `prefetched`:
     take the answers the parent already asked for, if it asked for exactly these (tasks/prefetch.py)."""
-    parts = split_for_engines(entries, cfg.rollout.rollout_num_engines)
-    requests = [[e.request for e in part] for part in parts]
+    parts, requests = _per_engine(cfg, entries)
     ctx = _ctx(rollout_id)
     started = (
         prefetch.take(cfg, rollout_id, weights.version, weights.sha256, requests)
@@ -79,6 +79,14 @@ async def _on_engines(
         for e, out in zip(part, outs, strict=True)
     }
     return [by_index[e.sample_index] for e in entries], seconds
+
+
+def _per_engine(
+    cfg: RunConfig, entries: list[Entry]
+) -> tuple[list[list[Entry]], list[list[GenerateRequest]]]:
+    """Whole groups spread over the engines: each engine's entries and their requests."""
+    parts = split_for_engines(entries, cfg.rollout.rollout_num_engines)
+    return parts, [[e.request for e in part] for part in parts]
 
 
 def train_requests(cfg: RunConfig, rollout_id: int) -> list[Entry]:
@@ -104,8 +112,8 @@ def start_next_generation(cfg: RunConfig, rollout_id: int, weights: WeightsRef) 
         or d.debug_sequential_generation
     ):
         return
-    parts = split_for_engines(train_requests(cfg, rollout_id), cfg.rollout.rollout_num_engines)
-    prefetch.start(cfg, rollout_id, weights.version, weights.sha256, [[e.request for e in p] for p in parts])
+    _, requests = _per_engine(cfg, train_requests(cfg, rollout_id))
+    prefetch.start(cfg, rollout_id, weights.version, weights.sha256, requests)
 
 
 @task(

@@ -9,32 +9,26 @@ import pytest
 from prefect import flow
 
 from flows.children import ChildRuns
+from flows.runtime import rollout_begun
 
 pytestmark = pytest.mark.e2e
-
-_begun: list = []  # what the running child calls as its body begins (the parent's hook)
 
 
 @flow(name="child", flow_run_name="child-{n}")
 async def child(n: int, late: str) -> int:
-    _begun[0](n)
+    rollout_begun("test-session")  # as a rollout flow run's body begins
     await asyncio.sleep(0.5)  # the stages: time for the next child's run to be made meanwhile
     return n * 10
 
 
 @flow(name="parent")
 async def parent(children: int, stop_after: int) -> list[int]:
-    runs = ChildRuns(child)
-
-    def begun(n: int) -> None:  # as flows/run.py does: the next child's run is made while this one runs
-        if n + 1 < children:
-            runs.create_ahead(n + 1, f"child-{n + 1}", {"n": n + 1})
-
-    _begun[:] = [begun]
+    runs = ChildRuns(child, "test-session")
     out = []
     try:
-        for n in range(stop_after):
-            state = await runs.run(n, {"n": n, "late": f"known at {n}"})
+        for n in range(stop_after):  # as flows/run.py does: the next child's run is made while this one runs
+            ahead = {"n": n + 1} if n + 1 < children else None
+            state = await runs.run({"n": n, "late": f"known at {n}"}, ahead)
             out.append(await state.result())
     finally:
         await runs.close()
