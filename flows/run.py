@@ -189,7 +189,9 @@ async def rollout_flow(
     await s.check(q, rollout_id, steps, weights if synced else None, logprobs.stats if logprobs else None)
     if _eval_due(cfg, rollout_id) and _evaluates(cfg):
         await s.eval(q, rollout_id + 1, weights)
-    return RolloutResult(weights, s.started)  # the parent's publisher then attaches the metrics table
+    result = RolloutResult(weights, s.started)  # the parent's publisher then attaches the metrics table
+    runtime.rollout_returning(session, result)  # the parent goes on while Prefect records this run's end
+    return result
 
 
 @flow(name="rollflow-run", flow_run_name=_run_name, log_prints=True)
@@ -278,6 +280,7 @@ class _RunLoop:
                     freeze_heap()
             if self.report.end < cfg.rollout.num_rollout:
                 notify.notice(f"--debug-exit-after-rollout: stopping after rollout {self.report.end - 1}")
+            await self.children.finish()
             await self.publisher.drain()
             if (
                 last is not None
@@ -334,11 +337,10 @@ class _RunLoop:
         ahead = (
             None if last else dict(cfg=cfg, rollout_id=rollout_id + 1, session=session, refresh=self.refresh)
         )
-        state = await self.children.run(params, ahead)
-        result: RolloutResult = await state.result()  # type: ignore[misc]
+        result, child = await self.children.run(params, ahead)
+        assert isinstance(result, RolloutResult)
         if not last:  # the engines generate the next rollout while Prefect records this one
             start_next_generation(cfg, rollout_id + 1, result.weights)
-        child = state.state_details.flow_run_id
         if not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and last)):
             await with_retries(cfg, save_checkpoint)(opaque_config(cfg), rollout_id)
         seconds = time.perf_counter() - began

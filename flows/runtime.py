@@ -365,6 +365,30 @@ def rollout_begun(session: str) -> None:
         callback()
 
 
+# session of a run loop -> who takes a rollout flow run's result as its body returns it (flows/children.py)
+_RETURNING: dict[str, Callable[[Any], None]] = {}
+
+
+def on_rollout_returning(session: str, callback: Callable[[Any], None]) -> Callable[[], None]:
+    """Call `callback(result)` whenever a `rollout-<id>` flow run of the run loop `session` returns `result` from
+    its body (one listener per session); returns what stops it."""
+    _RETURNING[session] = callback
+
+    def stop() -> None:
+        if _RETURNING.get(session) is callback:
+            del _RETURNING[session]
+
+    return stop
+
+
+def rollout_returning(session: str, result: Any) -> None:
+    """Called by a `rollout-<id>` flow run with the result its body is about to return: the run loop `session`,
+    if any, goes on with it while Prefect records the run's final state."""
+    callback = _RETURNING.get(session)
+    if callback is not None:
+        callback(result)
+
+
 class Publisher:
     """The Prefect artifacts of each finished rollout -- its metrics table on its `rollout-<id>` flow run
     (`publish_metrics_table`) and the run page's updates (`flows.run_page`) -- posted by a background task, off

@@ -1,7 +1,8 @@
-"""The next rollout's generation, started on the engines by the parent flow run as soon as the weights it
-samples with are synced, so that the engines generate while Prefect records the finished `rollout-<id>` flow
-run and creates the next one (about a dozen API round trips on the critical path otherwise, with the engines
-idle). The `generate` task of that rollout then takes the answers instead of asking again.
+"""The next rollout's generation, started on the engines by the parent flow run as soon as the body of the
+`rollout-<id>` flow run before it returns (its weights synced and checked), so that the engines generate while
+Prefect records that run's end and starts the next one (several API round trips on the critical path
+otherwise, with the engines idle). The `generate` task of that rollout then takes the answers instead of asking
+again.
 
 Nothing about the samples changes: sampling is seeded per sample, so a request gives the same tokens whenever
 it runs on the same weights. The started generation is used only by the first attempt of the generate task of
