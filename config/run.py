@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -139,7 +141,8 @@ class RunConfig(Section):
 
     @property
     def resolved_run_dir(self) -> Path:
-        return Path(self.run_dir or f"runs/{self.name}").resolve()
+        """The run dir as an absolute path, symlinks resolved (against the current directory)."""
+        return _resolved(os.getcwd(), self.run_dir or f"runs/{self.name}")
 
     @property
     def trainer_world_size(self) -> int:
@@ -173,6 +176,13 @@ class RunConfig(Section):
             for n in names
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(cwd: str, path: str) -> Path:
+    # asked for dozens of times per rollout (every path of the run dir hangs off it); resolving stats every
+    # component of the path each time
+    return (Path(cwd) / path).resolve()
 
 
 SECTIONS: dict[str, type[Section]] = {
