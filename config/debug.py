@@ -64,11 +64,11 @@ class DebugConfig(Section):
     load_forge_rollout_data: str | None = Field(
         None, description="Replay recordings while engines stay alive and weights keep syncing."
     )
-    debug_sequential_generation: bool = Field(
+    debug_sequential_stages: bool = Field(
         False,
-        description="Start each rollout's generation in its generate task, not as soon as the previous "
-        "rollout's weights are synced (the default, which overlaps it with Prefect creating the flow run; "
-        "the samples are the same either way).",
+        description="Make every actor call inside its own stage task: no generation started as soon as the "
+        "previous rollout's body returns, no log-prob pass started as soon as generate returns (the default "
+        "head starts, which overlap actor work with Prefect's bookkeeping; the results are the same either way).",
     )
 
 

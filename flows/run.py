@@ -34,6 +34,7 @@ from tasks.stages import (
     log_prob,
     save_checkpoint,
     save_rollout,
+    start_log_prob,
     start_next_generation,
     sync,
     train_step,
@@ -177,6 +178,8 @@ async def rollout_flow(
         rollout = await s.generate(q, rollout_id, weights, fresh=injecting)
         if injecting:
             rollout = await s.inject(q, rollout_id, rollout)
+        else:  # the trainers start their log-prob pass while Prefect records generate and runs save-rollout
+            start_log_prob(cfg, rollout_id, rollout, weights)
     await s.save_rollout(q, rollout_id, rollout, loaded=bool(d.load_debug_rollout_data))
     steps: list[dict] = []
     logprobs: LogProbs | None = None

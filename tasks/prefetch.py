@@ -1,14 +1,18 @@
-"""The next rollout's generation, started on the engines by the parent flow run as soon as the body of the
-`rollout-<id>` flow run before it returns (its weights synced and checked), so that the engines generate while
-Prefect records that run's end and starts the next one (several API round trips on the critical path
-otherwise, with the engines idle). The `generate` task of that rollout then takes the answers instead of asking
-again.
+"""Head starts: a stage's actor calls started before its task runs, so that the actors work while Prefect
+records the task runs in between (a few ms of client and server work per task run, and several API round trips
+between two flow runs, with the actors idle otherwise). Two of them:
 
-Nothing about the samples changes: sampling is seeded per sample, so a request gives the same tokens whenever
-it runs on the same weights. The started generation is used only by the first attempt of the generate task of
-the same rollout, on the same engines, weights and requests; anything else (a retry, a cached generate, a run
-that ends first) drops it. An error the engines raised surfaces in that generate task, as if it had asked
-(its retry then asks afresh). `--debug-sequential-generation` turns this off.
+- generation: the parent flow run asks the engines for rollout N+1's samples as soon as the body of rollout N's
+  flow run returns (its weights synced and checked), while Prefect records that run's end and starts the next;
+- log-probs: a rollout flow run starts the trainers' log-prob pass (after the engines' memory release, as the
+  task orders them) as soon as its generate task returns, while Prefect records generate and runs save-rollout.
+
+Nothing computed changes: sampling is seeded per sample, so a request gives the same tokens whenever it runs on
+the same weights, and the log-prob pass reads the rollout the task would give it. A head start is used only by
+the first attempt of the task it was started for (same run actors, rollout, weights and requests or rollout
+artifact); anything else (a retry, a cached task, a run that ends first) drops it. An error an actor raised
+surfaces in that task, as if it had asked (its retry then asks afresh). `--debug-sequential-stages` turns both
+off: every actor call is then made inside its own task.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from artifacts.store import ArtifactRef
 from config import RunConfig
 from engines.base import GenerateOutput, GenerateRequest
 from tasks import actors
+from tasks.refs import WeightsRef
 
 
 async def generate_on(
@@ -35,17 +41,53 @@ async def generate_on(
     return list(outputs), time.perf_counter() - began
 
 
+async def log_probs_on(trainers: list[Any], rollout: ArtifactRef, out: str) -> list[Any]:
+    """Every trainer rank's log-prob pass over `rollout`, written to `out` by rank 0, then rank 0's trainer-side
+    rollout stats: [ref per rank (rank 0's the written log-prob table, None elsewhere)..., stats]."""
+    written = [t.compute_log_probs.remote(rollout, out) for t in trainers]
+    # rank 0 runs its calls in submission order and Ray hands it the ref it wrote: no round trip between
+    return list(await asyncio.gather(*written, trainers[0].rollout_stats.remote(rollout, written[0])))
+
+
+async def release_then_log_probs(
+    engines: list[Any], trainers: list[Any], rollout: ArtifactRef, out: str
+) -> list[Any]:
+    """The log-prob task's calls in its order: the engines release their memory, then `log_probs_on`."""
+    await asyncio.gather(*[e.release_memory.remote() for e in engines])
+    return await log_probs_on(trainers, rollout, out)
+
+
 @dataclass
 class _Started:
-    key: tuple[str, int, int, str]  # actor namespace, rollout id, weights version, weights sha256
-    parts: list[list[GenerateRequest]]
-    answers: asyncio.Future[tuple[list[list[GenerateOutput]], float]]
+    key: tuple[Any, ...]
+    answers: asyncio.Future[Any]
 
 
-_started: _Started | None = None  # at most one: the next rollout's
+_started: dict[str, _Started] = {}  # by stage: at most one head start each
 
 
-def _key(cfg: RunConfig, rollout_id: int, version: int, sha256: str) -> tuple[str, int, int, str]:
+def _start(stage: str, key: tuple[Any, ...], call: Any) -> None:
+    _drop(stage)
+    _started[stage] = _Started(key, asyncio.ensure_future(call))
+
+
+def _take(stage: str, key: tuple[Any, ...]) -> asyncio.Future[Any] | None:
+    started = _started.pop(stage, None)
+    if started is None:
+        return None
+    if started.key != key:
+        _discard(started)
+        return None
+    return started.answers
+
+
+def _drop(stage: str) -> None:
+    started = _started.pop(stage, None)
+    if started is not None:
+        _discard(started)
+
+
+def _weights_key(cfg: RunConfig, rollout_id: int, version: int, sha256: str) -> tuple[str, int, int, str]:
     return (actors.namespace(cfg), rollout_id, version, sha256)
 
 
@@ -53,12 +95,10 @@ def start(
     cfg: RunConfig, rollout_id: int, version: int, sha256: str, parts: list[list[GenerateRequest]]
 ) -> None:
     """Ask the run's engines for `parts` (one list of requests per engine) as rollout `rollout_id`'s first
-    generate attempt would, on weights (`version`, `sha256`); replaces anything started before."""
-    drop()
-    global _started
+    generate attempt would, on weights (`version`, `sha256`); replaces a generation started before."""
     ctx = {"rollout_id": rollout_id, "attempt": 0}  # what the generate task's fault hooks would see
-    answers = asyncio.ensure_future(generate_on(actors.engines(cfg), parts, ctx))
-    _started = _Started(_key(cfg, rollout_id, version, sha256), parts, answers)
+    key = (*_weights_key(cfg, rollout_id, version, sha256), parts)
+    _start("generate", key, generate_on(actors.engines(cfg), parts, ctx))
 
 
 def take(
@@ -66,27 +106,37 @@ def take(
 ) -> asyncio.Future[tuple[list[list[GenerateOutput]], float]] | None:
     """The answers started for exactly this rollout, weights and requests (None otherwise); each start is
     taken at most once."""
-    global _started
-    started, _started = _started, None
-    if started is None:
-        return None
-    if started.key != _key(cfg, rollout_id, version, sha256) or started.parts != parts:
-        _discard(started)
-        return None
-    return started.answers
+    return _take("generate", (*_weights_key(cfg, rollout_id, version, sha256), parts))
+
+
+def start_log_probs(
+    cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef, out: str
+) -> None:
+    """Start rollout `rollout_id`'s log-prob pass over `rollout` (written to `out`) as its log-prob task's first
+    attempt would, the engines holding `weights`; replaces a pass started before."""
+    key = (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), rollout.sha256, out)
+    _start("log-prob", key, release_then_log_probs(actors.engines(cfg), actors.trainers(cfg), rollout, out))
+
+
+def take_log_probs(
+    cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef, out: str
+) -> asyncio.Future[list[Any]] | None:
+    """The pass started for exactly this rollout artifact, weights and output (None otherwise), at most once:
+    `release_then_log_probs`'s answer."""
+    return _take(
+        "log-prob", (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), rollout.sha256, out)
+    )
 
 
 def drop() -> None:
-    """Forget a started generation nobody took (the engines finish it; its answers are ignored)."""
-    global _started
-    if _started is not None:
-        _discard(_started)
-        _started = None
+    """Forget every head start nobody took (the actors finish them; their answers are ignored)."""
+    for stage in list(_started):
+        _drop(stage)
 
 
 def _discard(started: _Started) -> None:
     if started.answers.done():
         if not started.answers.cancelled():
-            started.answers.exception()  # retrieved: an engine error here belongs to no stage
+            started.answers.exception()  # retrieved: an actor error here belongs to no stage
     else:
         started.answers.cancel()

@@ -103,14 +103,9 @@ def train_requests(cfg: RunConfig, rollout_id: int) -> list[Entry]:
 
 def start_next_generation(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> None:
     """The parent's head start on rollout `rollout_id`'s generate task (tasks/prefetch.py), when that rollout
-    generates on the engines (not train-only, not a loaded recording) and --debug-sequential-generation is off."""
+    generates on the engines (not train-only, not a loaded recording) and --debug-sequential-stages is off."""
     d = cfg.debug
-    if (
-        cfg.train_only
-        or d.load_debug_rollout_data
-        or d.load_forge_rollout_data
-        or d.debug_sequential_generation
-    ):
+    if cfg.train_only or d.load_debug_rollout_data or d.load_forge_rollout_data or d.debug_sequential_stages:
         return
     _, requests = _per_engine(cfg, train_requests(cfg, rollout_id))
     prefetch.start(cfg, rollout_id, weights.version, weights.sha256, requests)
@@ -197,28 +192,43 @@ async def save_rollout(
     log_prints=True,
 )
 async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> LogProbs:
-    """Trainer log-probs (+ reference log-probs, entropy) of every response token, and their statistics."""
+    """Trainer log-probs (+ reference log-probs, entropy) of every response token, and their statistics. The
+    first attempt takes the pass the rollout flow run started for it (`start_log_prob`), if there is one."""
     engines, trainers = actors.engines(cfg), actors.trainers(cfg)
-    await guarded(
-        cfg,
-        f"log-prob {rollout_id}: release engine memory",  # engines step aside for the trainer
-        asyncio.gather(*[e.release_memory.remote() for e in engines]),
-        cfg.faults.rollout_timeout,
-        engines=True,
-        weights=weights,
+    out = str(_paths(cfg).logprobs(rollout_id))
+    started = (
+        prefetch.take_log_probs(cfg, rollout_id, rollout, weights, out)
+        if _ctx(rollout_id)["attempt"] == 0
+        else None
     )
-    out = _paths(cfg).logprobs(rollout_id)
-    written = [t.compute_log_probs.remote(rollout, str(out)) for t in trainers]
-    # rank 0 runs its calls in submission order and Ray hands it the ref it wrote: no round trip between
+    if started is None:
+        await guarded(
+            cfg,
+            f"log-prob {rollout_id}: release engine memory",  # engines step aside for the trainer
+            asyncio.gather(*[e.release_memory.remote() for e in engines]),
+            cfg.faults.rollout_timeout,
+            engines=True,
+            weights=weights,
+        )
     *refs, stats = await guarded(
         cfg,
         f"log-prob {rollout_id}",
-        asyncio.gather(*written, trainers[0].rollout_stats.remote(rollout, written[0])),
+        started if started is not None else prefetch.log_probs_on(trainers, rollout, out),
         cfg.faults.train_timeout,
         trainers=True,
+        engines=started is not None,  # the engines' release ran in it
+        weights=weights,
     )
     log_metrics(cfg, "rollout", rollout_id, stats)
     return LogProbs(table=refs[0], stats=stats)
+
+
+def start_log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> None:
+    """The rollout flow run's head start on its log-prob task (tasks/prefetch.py), as soon as generate returned
+    `rollout`: when the rollout trains (not rollout-only) and --debug-sequential-stages is off."""
+    if cfg.rollout_only or cfg.debug.debug_sequential_stages:
+        return
+    prefetch.start_log_probs(cfg, rollout_id, rollout, weights, str(_paths(cfg).logprobs(rollout_id)))
 
 
 @task(

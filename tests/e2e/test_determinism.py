@@ -35,7 +35,7 @@ def test_two_identical_runs_are_bitwise_identical(tmp_path, ray_session, prefect
         base_checkpoint,
         eval={"eval_interval": None},
         checkpoint={"save": str(tmp_path / "b" / "ckpt")},
-        debug={"debug_sequential_generation": True},
+        debug={"debug_sequential_stages": True},
     )
     _run(a)
     _run(b)

@@ -1,5 +1,5 @@
-"""tasks/prefetch.py: the next rollout's generation started by the parent is taken only by the generate task it
-was started for, once, and an engine's error surfaces there."""
+"""tasks/prefetch.py: the next rollout's generation started by the parent, and a rollout's log-prob pass started by
+its flow run, are taken only by the task they were started for, once, and an actor's error surfaces there."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import asyncio
 
 import pytest
 
+from artifacts.store import ArtifactRef
 from config import RunConfig
 from engines.base import GenerateRequest
 from tasks import actors, prefetch, stages
+from tasks.refs import WeightsRef
 
 
 class _Method:
@@ -99,7 +101,7 @@ def test_an_engine_error_surfaces_in_the_taker_and_a_dropped_one_nowhere(monkeyp
 @pytest.mark.parametrize(
     "debug",
     [
-        {"debug_sequential_generation": True},
+        {"debug_sequential_stages": True},
         {"debug_train_only": True},
         {"load_debug_rollout_data": "rec/rollout_{rollout_id}.parquet"},
     ],
@@ -109,3 +111,109 @@ def test_the_parent_starts_nothing_when_the_rollout_does_not_generate_or_is_told
     monkeypatch.setattr(prefetch, "start", lambda *a: started.append(a))
     stages.start_next_generation(RunConfig.model_validate({"debug": debug}), 1, None)  # type: ignore[arg-type]
     assert started == []
+
+
+class _Trainer:
+    def __init__(self, rank: int, order: list[str], fail: bool = False) -> None:
+        async def compute_log_probs(rollout, out):
+            order.append(f"log-probs {rank}")
+            if fail:
+                raise RuntimeError("trainer fault")
+            return f"{out}@{rollout.sha256}" if rank == 0 else None
+
+        async def rollout_stats(rollout, written):
+            order.append("stats")
+            return {"written": await written}
+
+        self.compute_log_probs, self.rollout_stats = _Method(compute_log_probs), _Method(rollout_stats)
+
+
+class _Releasing:
+    def __init__(self, order: list[str]) -> None:
+        async def release_memory():
+            await asyncio.sleep(0.01)  # the trainers must wait for it
+            order.append("release")
+
+        self.release_memory = _Method(release_memory)
+
+
+def _rollout(sha: str = "1") -> ArtifactRef:
+    return ArtifactRef(path="/run/rollout.parquet", sha256=sha * 64, rows=2, schema_version=1, kind="rollout")
+
+
+@pytest.fixture
+def log_prob_actors(monkeypatch):
+    order: list[str] = []
+    monkeypatch.setattr(actors, "engines", lambda cfg: [_Releasing(order)])
+    monkeypatch.setattr(actors, "trainers", lambda cfg: [_Trainer(0, order), _Trainer(1, order)])
+    yield order
+    prefetch.drop()
+
+
+def test_a_log_prob_pass_runs_in_the_tasks_order_and_is_taken_once_by_its_rollout(log_prob_actors):
+    cfg, weights = RunConfig(), WeightsRef(version=2, sha256="w")
+
+    async def go():
+        prefetch.start_log_probs(cfg, 2, _rollout(), weights, "/run/lp.parquet")
+        answers = prefetch.take_log_probs(cfg, 2, _rollout(), weights, "/run/lp.parquet")
+        assert answers is not None
+        assert await answers == [
+            "/run/lp.parquet@" + "1" * 64,
+            None,
+            {"written": "/run/lp.parquet@" + "1" * 64},
+        ]
+        assert prefetch.take_log_probs(cfg, 2, _rollout(), weights, "/run/lp.parquet") is None
+
+    asyncio.run(go())
+    assert log_prob_actors == ["release", "log-probs 0", "log-probs 1", "stats"]
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        (3, _rollout(), WeightsRef(version=2, sha256="w"), "/run/lp.parquet"),  # another rollout id
+        (2, _rollout("2"), WeightsRef(version=2, sha256="w"), "/run/lp.parquet"),  # another artifact
+        (2, _rollout(), WeightsRef(version=2, sha256="v"), "/run/lp.parquet"),  # other weights
+        (2, _rollout(), WeightsRef(version=2, sha256="w"), "/run/other.parquet"),  # another output
+    ],
+)
+def test_a_log_prob_pass_for_anything_else_is_dropped(log_prob_actors, other):
+    cfg = RunConfig()
+
+    async def go():
+        prefetch.start_log_probs(cfg, 2, _rollout(), WeightsRef(version=2, sha256="w"), "/run/lp.parquet")
+        assert prefetch.take_log_probs(cfg, *other) is None
+        assert (
+            prefetch.take_log_probs(cfg, 2, _rollout(), WeightsRef(version=2, sha256="w"), "/run/lp.parquet")
+            is None
+        )
+
+    asyncio.run(go())
+
+
+def test_a_trainer_error_surfaces_in_the_log_prob_taker(monkeypatch):
+    cfg, weights, order = RunConfig(), WeightsRef(version=0, sha256="w"), []
+    monkeypatch.setattr(actors, "engines", lambda cfg: [])
+    monkeypatch.setattr(actors, "trainers", lambda cfg: [_Trainer(0, order, fail=True)])
+
+    async def go():
+        prefetch.start_log_probs(cfg, 0, _rollout(), weights, "/run/lp.parquet")
+        answers = prefetch.take_log_probs(cfg, 0, _rollout(), weights, "/run/lp.parquet")
+        assert answers is not None
+        with pytest.raises(RuntimeError, match="trainer fault"):
+            await answers
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("debug", [{"debug_sequential_stages": True}, {"debug_rollout_only": True}])
+def test_the_flow_starts_no_log_prob_pass_when_the_rollout_does_not_train_or_is_told_not_to(
+    monkeypatch, debug
+):
+    started = []
+    monkeypatch.setattr(prefetch, "start_log_probs", lambda *a: started.append(a))
+    cfg = RunConfig.model_validate({"debug": debug})
+    stages.start_log_prob(cfg, 1, _rollout(), WeightsRef(version=1, sha256="w"))
+    assert started == []
+    stages.start_log_prob(RunConfig(), 1, _rollout(), WeightsRef(version=1, sha256="w"))
+    assert len(started) == 1
