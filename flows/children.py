@@ -94,22 +94,18 @@ class ChildRuns:
             raise
         finally:
             self._returned = None
-        await self.finish()  # the previous child's final state, recorded while this one ran
+        previous, self._finishing = self._finishing, running  # awaited by finish() or close() from now on
+        await _settled(previous)  # the previous child's final state, recorded while this one ran
         if returned.done():
-            self._finishing = running
             return returned.result()
+        self._finishing = None
         state = running.result()
         return await state.result(), state.state_details.flow_run_id  # type: ignore[misc]  # raises its error
 
     async def finish(self) -> None:
         """Wait for the last child's run to be recorded in its final state; raise its error unless Completed."""
         finishing, self._finishing = self._finishing, None
-        if finishing is None:
-            return
-        state = await finishing
-        if not state.is_completed():
-            await state.result()  # type: ignore[misc]  # raises the run's error
-            raise RuntimeError(f"flow run {state.state_details.flow_run_id} ended {state.name}")
+        await _settled(finishing)
 
     async def close(self) -> None:
         """Stop listening; wait for the last child's final state; write what is left of the parameters; delete a
@@ -196,6 +192,16 @@ class ChildRuns:
                     await client.delete_task_run(flow_run.parent_task_run_id)
         except Exception as e:
             _report(f"could not delete {name}'s flow run, made ahead and never started", e)
+
+
+async def _settled(finishing: asyncio.Task[State] | None) -> None:
+    """Wait for a child's engine to record its run's final state; raise that run's error unless Completed."""
+    if finishing is None:
+        return
+    state = await finishing
+    if not state.is_completed():
+        await state.result()  # type: ignore[misc]  # raises the run's error
+        raise RuntimeError(f"flow run {state.state_details.flow_run_id} ended {state.name}")
 
 
 def _report(what: str, e: BaseException) -> None:
