@@ -55,9 +55,8 @@ class ChildRuns:
         self._unwritten: tuple[FlowRun, dict[str, Any]] | None = None  # parameters of the run in progress
         # the child in progress's (result, flow run id), once its body returns them
         self._returned: asyncio.Future[tuple[Any, uuid.UUID | None]] | None = None
-        self._finishing: asyncio.Task[State] | None = (
-            None  # the last child's engine, recording its final state
-        )
+        # the last child's engine, recording its final state
+        self._finishing: asyncio.Task[State] | None = None
         stop_begun = on_rollout_begun(session, self._begun)
         stop_returning = on_rollout_returning(session, self._returning)
         self._stop_listening = lambda: (stop_begun(), stop_returning())

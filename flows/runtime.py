@@ -340,53 +340,50 @@ async def settle(
     return False
 
 
-# session of a run loop -> what to tell when one of its rollout flow runs begins
-_BEGUN: dict[str, list[Callable[[], None]]] = {}
+# (what happened, session of a run loop) -> who to tell when one of the loop's rollout flow runs gets there
+_LISTENERS: dict[tuple[str, str], list[Callable[..., None]]] = {}
+
+
+def _listen(event: str, session: str, callback: Callable[..., None]) -> Callable[[], None]:
+    key = (event, session)
+    _LISTENERS.setdefault(key, []).append(callback)
+
+    def stop() -> None:
+        callbacks = _LISTENERS.get(key, [])
+        if callback in callbacks:
+            callbacks.remove(callback)
+        if not callbacks:
+            _LISTENERS.pop(key, None)
+
+    return stop
+
+
+def _tell(event: str, session: str, *args: Any) -> None:
+    for callback in list(_LISTENERS.get((event, session), [])):
+        callback(*args)
 
 
 def on_rollout_begun(session: str, callback: Callable[[], None]) -> Callable[[], None]:
     """Call `callback` whenever a `rollout-<id>` flow run of the run loop `session` begins; returns what stops it."""
-    _BEGUN.setdefault(session, []).append(callback)
-
-    def stop() -> None:
-        callbacks = _BEGUN.get(session, [])
-        if callback in callbacks:
-            callbacks.remove(callback)
-        if not callbacks:
-            _BEGUN.pop(session, None)
-
-    return stop
+    return _listen("begun", session, callback)
 
 
 def rollout_begun(session: str) -> None:
     """Called by a `rollout-<id>` flow run as its body begins (its flow run is created and running): the run loop
     `session`, if any, may post the previous rollout's artifacts and create the next rollout's flow run now."""
-    for callback in list(_BEGUN.get(session, [])):
-        callback()
-
-
-# session of a run loop -> who takes a rollout flow run's result as its body returns it (flows/children.py)
-_RETURNING: dict[str, Callable[[Any], None]] = {}
+    _tell("begun", session)
 
 
 def on_rollout_returning(session: str, callback: Callable[[Any], None]) -> Callable[[], None]:
     """Call `callback(result)` whenever a `rollout-<id>` flow run of the run loop `session` returns `result` from
-    its body (one listener per session); returns what stops it."""
-    _RETURNING[session] = callback
-
-    def stop() -> None:
-        if _RETURNING.get(session) is callback:
-            del _RETURNING[session]
-
-    return stop
+    its body; returns what stops it."""
+    return _listen("returning", session, callback)
 
 
 def rollout_returning(session: str, result: Any) -> None:
     """Called by a `rollout-<id>` flow run with the result its body is about to return: the run loop `session`,
-    if any, goes on with it while Prefect records the run's final state."""
-    callback = _RETURNING.get(session)
-    if callback is not None:
-        callback(result)
+    if any, goes on with it while Prefect records the run's final state (flows/children.py)."""
+    _tell("returning", session, result)
 
 
 class Publisher:

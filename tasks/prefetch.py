@@ -114,7 +114,7 @@ def start_log_probs(
 ) -> None:
     """Start rollout `rollout_id`'s log-prob pass over `rollout` (written to `out`) as its log-prob task's first
     attempt would, the engines holding `weights`; replaces a pass started before."""
-    key = (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), rollout.sha256, out)
+    key = _log_prob_key(cfg, rollout_id, rollout, weights, out)
     _start("log-prob", key, release_then_log_probs(actors.engines(cfg), actors.trainers(cfg), rollout, out))
 
 
@@ -123,9 +123,13 @@ def take_log_probs(
 ) -> asyncio.Future[list[Any]] | None:
     """The pass started for exactly this rollout artifact, weights and output (None otherwise), at most once:
     `release_then_log_probs`'s answer."""
-    return _take(
-        "log-prob", (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), rollout.sha256, out)
-    )
+    return _take("log-prob", _log_prob_key(cfg, rollout_id, rollout, weights, out))
+
+
+def _log_prob_key(
+    cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef, out: str
+) -> tuple[Any, ...]:
+    return (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), rollout.sha256, out)
 
 
 def drop() -> None:

@@ -195,7 +195,7 @@ async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weight
     """Trainer log-probs (+ reference log-probs, entropy) of every response token, and their statistics. The
     first attempt takes the pass the rollout flow run started for it (`start_log_prob`), if there is one."""
     engines, trainers = actors.engines(cfg), actors.trainers(cfg)
-    out = str(_paths(cfg).logprobs(rollout_id))
+    out = _logprobs_out(cfg, rollout_id)
     started = (
         prefetch.take_log_probs(cfg, rollout_id, rollout, weights, out)
         if _ctx(rollout_id)["attempt"] == 0
@@ -228,7 +228,12 @@ def start_log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weight
     `rollout`: when the rollout trains (not rollout-only) and --debug-sequential-stages is off."""
     if cfg.rollout_only or cfg.debug.debug_sequential_stages:
         return
-    prefetch.start_log_probs(cfg, rollout_id, rollout, weights, str(_paths(cfg).logprobs(rollout_id)))
+    prefetch.start_log_probs(cfg, rollout_id, rollout, weights, _logprobs_out(cfg, rollout_id))
+
+
+def _logprobs_out(cfg: RunConfig, rollout_id: int) -> str:
+    """Where rollout `rollout_id`'s log-prob table goes (part of a log-prob head start's key)."""
+    return str(_paths(cfg).logprobs(rollout_id))
 
 
 @task(
