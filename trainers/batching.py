@@ -42,53 +42,77 @@ class Bucket:
 @dataclass
 class SharedPrompts:
     """One micro-batch laid out as its distinct prompts + each sample's response (see
-    trainers/torch_trainer/shared_prompt.py). G distinct prompts, left padded to P; B samples, their response
-    inputs right padded to R (a response's last token is never an input); N real response tokens."""
+    trainers/torch_trainer/shared_prompt.py), packed: M rows, one per real token, the distinct prompts' tokens
+    first (n_prompt rows) and then each sample's response inputs (a response's last token is never an input).
+    For attention the rows are unpacked into G prompts left padded to P and B response inputs right padded to R;
+    N real response tokens are predicted."""
 
-    prompt_ids: torch.Tensor  # [G, P] int64, left padded
-    prompt_pos: torch.Tensor  # [G, P] int64 rotary positions (0 on padding)
+    ids: torch.Tensor  # [M] int64: the packed tokens
+    pos: torch.Tensor  # [M] int64: their rotary positions
+    n_prompt: int  # the first n_prompt rows are prompt tokens
+    unpack: (
+        torch.Tensor
+    )  # [G*P + B*R] int64: the row of each padded slot (prompts, then responses); M = padding
+    pack: torch.Tensor  # [M] int64: the padded slot of each row (unpack[pack[m]] == m)
     prompt_valid: torch.Tensor  # [G, P] bool
     group: torch.Tensor  # [B] int64: each sample's prompt
-    response_ids: torch.Tensor  # [B, R] int64: response tokens 0..r-2, right padded
-    response_pos: torch.Tensor  # [B, R] int64
-    source: torch.Tensor  # [N] int64: index into the flattened [B, 1 + R] hidden states predicting each token
+    response_len: int  # R
+    source: torch.Tensor  # [N] int64: the row whose hidden state predicts each response token
     target: torch.Tensor  # [N] int64: where that token sits in the micro-batch's flattened [B, T] layout
     tokens: torch.Tensor  # [N] int64
 
     @staticmethod
-    def build(samples: list[Sample], t: int, pad_id: int, padded_cost: int) -> SharedPrompts | None:
+    def build(samples: list[Sample], t: int, padded_cost: int) -> SharedPrompts | None:
         """The layout of `samples` (T = the longest response), or None when it would not cost fewer token
         positions than `padded_cost` (what the length-bucketed forwards cost)."""
         prompts: dict[tuple[int, ...], int] = {}
         group = [prompts.setdefault(tuple(s.prompt_tokens), len(prompts)) for s in samples]
         width = max(len(p) for p in prompts)
         r = max(max(s.response_length for s in samples) - 1, 0)
+        n_prompt = sum(len(p) for p in prompts)
+        m = n_prompt + sum(max(s.response_length - 1, 0) for s in samples)
         # a prompt part and a response part: two forwards' worth of per-call cost
-        if r == 0 or len(prompts) * width + len(samples) * r + 2 * FORWARD_OVERHEAD_TOKENS >= padded_cost:
+        if r == 0 or m + 2 * FORWARD_OVERHEAD_TOKENS >= padded_cost:
             return None
-        prompt_ids = [[pad_id] * (width - len(p)) + list(p) for p in prompts]
-        prompt_pos = [[0] * (width - len(p)) + list(range(len(p))) for p in prompts]
-        response_ids: list[list[int]] = []
-        response_pos: list[list[int]] = []
+        ids: list[int] = []
+        pos: list[int] = []
+        pack: list[int] = []
+        first_row: list[
+            int
+        ] = []  # each prompt's first row; its last row predicts its samples' response token 0
+        for g, prompt in enumerate(prompts):
+            first_row.append(len(ids))
+            ids.extend(prompt)
+            pos.extend(range(len(prompt)))
+            pack.extend(range(g * width + width - len(prompt), (g + 1) * width))  # left padded
         source: list[int] = []
         target: list[int] = []
         tokens: list[int] = []
+        base = len(prompts) * width
         for b, s in enumerate(samples):
-            p, n = len(s.prompt_tokens), s.response_length
-            inputs = list(s.response_tokens[: max(n - 1, 0)])
-            response_ids.append(inputs + [pad_id] * (r - len(inputs)))
-            response_pos.append([p + i for i in range(r)])
-            source.extend(range(b * (1 + r), b * (1 + r) + n))  # column 0: the prompt's last hidden state
+            p, n, row = len(s.prompt_tokens), s.response_length, len(ids)
+            inputs = s.response_tokens[: max(n - 1, 0)]
+            ids.extend(inputs)
+            pos.extend(range(p, p + len(inputs)))
+            pack.extend(range(base + b * r, base + b * r + len(inputs)))  # right padded
+            if n:
+                source.append(first_row[group[b]] + p - 1)
+                source.extend(range(row, row + n - 1))
             target.extend(range(b * t, b * t + n))
             tokens.extend(s.response_tokens)
+        unpack = [m] * (base + len(samples) * r)
+        for row, slot in enumerate(pack):
+            unpack[slot] = row
         long = torch.long
         return SharedPrompts(
-            torch.tensor(prompt_ids, dtype=long),
-            torch.tensor(prompt_pos, dtype=long),
+            torch.tensor(ids, dtype=long),
+            torch.tensor(pos, dtype=long),
+            n_prompt,
+            torch.tensor(unpack, dtype=long),
+            torch.tensor(pack, dtype=long),
             torch.tensor([[i >= width - len(p) for i in range(width)] for p in prompts]),
             torch.tensor(group, dtype=long),
-            torch.tensor(response_ids, dtype=long).reshape(len(samples), r),
-            torch.tensor(response_pos, dtype=long).reshape(len(samples), r),
+            r,
             torch.tensor(source, dtype=long),
             torch.tensor(target, dtype=long),
             torch.tensor(tokens, dtype=long),
@@ -135,7 +159,7 @@ def make_micro_batch(samples: list[Sample], pad_id: int) -> MicroBatch:
         torch.tensor(loss_mask, dtype=torch.float32),
         [s.sample_index for s in samples],
         [_bucket(samples, rows, t) for rows in cuts],
-        SharedPrompts.build(samples, t, pad_id, padded),
+        SharedPrompts.build(samples, t, padded),
     )
 
 

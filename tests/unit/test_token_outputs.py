@@ -116,7 +116,10 @@ def test_shared_prompt_forward_matches_the_generic_path():
     for i in range(48):  # 3 groups x 16 samples, responses of 1-8 tokens
         samples.append(make_sample(i, n=1 + (i * 7) % 8, vocab=vocab, prompt_tokens=prompts[i // 16]))
     mb = make_micro_batch(samples, pad)
-    assert mb.shared is not None and mb.shared.prompt_ids.shape[0] == 3
+    assert mb.shared is not None and mb.shared.prompt_valid.shape[0] == 3
+    # packed: one row per real token (each distinct prompt once, each response's inputs), no padding rows
+    real_rows = sum(map(len, prompts)) + sum(s.response_length - 1 for s in samples)
+    assert mb.shared.ids.shape == (real_rows,) and mb.shared.unpack.numel() > real_rows
     _fast_and_plain(model, mb, temperature=1.0)
     distinct = [make_sample(i, n=3, vocab=vocab, prompt_tokens=[1 + i, 2, 3]) for i in range(4)]
     assert make_micro_batch(distinct, pad).shared is None  # no prompt repeats: nothing to share

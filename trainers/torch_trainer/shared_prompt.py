@@ -25,22 +25,24 @@ def supports(model: Any) -> bool:
 
 
 def shared_hidden(model: Any, sp: SharedPrompts) -> torch.Tensor:
-    """Final-norm hidden states predicting each response token, [N, H] in `sp.source` order; differentiable."""
+    """Final-norm hidden states predicting each response token, [N, H] in `sp.source` order; differentiable.
+
+    Every token-wise operation (norms, projections, rotary, MLP) runs on the packed rows, real tokens only: the
+    matmuls set the time, and padding every response to the longest would multiply them (on tiny-arith by up to
+    two). Only attention unpacks the rows into padded prompts and responses."""
     inner, cfg = model.model, model.config
     h, kvh = cfg.num_attention_heads, cfg.num_key_value_heads
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // h
     eps = float(cfg.rms_norm_eps)
-    g, p = sp.prompt_ids.shape
-    b, r = sp.response_ids.shape
+    g, p = sp.prompt_valid.shape
+    b, r = sp.group.shape[0], sp.response_len
+    slots = g * p  # the unpacked layout: [G, P] prompts, then [B, R] responses
     embed = (
         inner.embed_tokens
     )  # its padding_idx (HF: the pad id) gets no gradient, as in the model's own forward
-    xp, xr = (
-        F.embedding(ids, embed.weight, padding_idx=embed.padding_idx)
-        for ids in (sp.prompt_ids, sp.response_ids)
-    )
-    rope = [inner.rotary_emb(xp, pos) for pos in (sp.prompt_pos, sp.response_pos)]
-    (cos_p, sin_p), (cos_r, sin_r) = [(c[:, :, None, :], s[:, :, None, :]) for c, s in rope]
+    x = F.embedding(sp.ids, embed.weight, padding_idx=embed.padding_idx)  # [M, H]
+    cos, sin = inner.rotary_emb(x, sp.pos[None])
+    cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [M, 1, d]: broadcast over heads
     eye = torch.eye(p, dtype=torch.bool)
     prompt_mask = ((torch.ones(p, p, dtype=torch.bool).tril() & sp.prompt_valid[:, None, :]) | eye)[:, None]
     response_mask = torch.cat(
@@ -54,6 +56,9 @@ def shared_hidden(model: Any, sp: SharedPrompts) -> torch.Tensor:
     def rotate(x: torch.Tensor) -> torch.Tensor:
         return torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
 
+    def heads(t: torch.Tensor, n: int, length: int) -> torch.Tensor:  # [n*length, k, d] -> [n, k, length, d]
+        return t.reshape(n, length, -1, d).transpose(1, 2)
+
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
         w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
@@ -62,35 +67,29 @@ def shared_hidden(model: Any, sp: SharedPrompts) -> torch.Tensor:
             if attn.q_proj.bias is None
             else torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
         )
-        parts = []
-        for x, cos, sin, n, length in ((xp, cos_p, sin_p, g, p), (xr, cos_r, sin_r, b, r)):
-            qkv = F.linear(F.rms_norm(x, (x.shape[-1],), layer.input_layernorm.weight, eps), w, bias)
-            qkv = qkv.view(n, length, h + 2 * kvh, d)
-            qk = qkv[:, :, : h + kvh]
-            qk = qk * cos + rotate(qk) * sin
-            parts.append(
-                (
-                    qk[:, :, :h].transpose(1, 2),
-                    qk[:, :, h:].transpose(1, 2),
-                    qkv[:, :, h + kvh :].transpose(1, 2),
-                )
-            )
-        (q_p, k_p, v_p), (q_r, k_r, v_r) = parts
-        att_p = F.scaled_dot_product_attention(q_p, k_p, v_p, attn_mask=prompt_mask, enable_gqa=True)
+        qkv = F.linear(F.rms_norm(x, (x.shape[-1],), layer.input_layernorm.weight, eps), w, bias)
+        qkv = qkv.view(-1, h + 2 * kvh, d)
+        qk = qkv[:, : h + kvh]
+        qkv = torch.cat([qk * cos + rotate(qk) * sin, qkv[:, h + kvh :]], dim=1)
+        # unpacked: padding slots take the appended zero row (masked out, or outputs never read)
+        qkv = torch.cat([qkv, qkv.new_zeros(1, h + 2 * kvh, d)]).index_select(0, sp.unpack)
+        q, k, v = qkv[:, :h], qkv[:, h : h + kvh], qkv[:, h + kvh :]
+        k_p, v_p = heads(k[:slots], g, p), heads(v[:slots], g, p)
+        att_p = F.scaled_dot_product_attention(
+            heads(q[:slots], g, p), k_p, v_p, attn_mask=prompt_mask, enable_gqa=True
+        )
         att_r = F.scaled_dot_product_attention(
-            q_r,
-            torch.cat([k_p[sp.group], k_r], dim=2),
-            torch.cat([v_p[sp.group], v_r], dim=2),
+            heads(q[slots:], b, r),
+            torch.cat([k_p[sp.group], heads(k[slots:], b, r)], dim=2),
+            torch.cat([v_p[sp.group], heads(v[slots:], b, r)], dim=2),
             attn_mask=response_mask,
             enable_gqa=True,
         )
-        outs = []
-        for x, att, n, length in ((xp, att_p, g, p), (xr, att_r, b, r)):
-            x = x + attn.o_proj(att.transpose(1, 2).reshape(n, length, h * d))
-            y = F.rms_norm(x, (x.shape[-1],), layer.post_attention_layernorm.weight, eps)
-            outs.append(x + mlp.down_proj(F.silu(mlp.gate_proj(y)) * mlp.up_proj(y)))
-        xp, xr = outs
-    last = xp[:, -1][sp.group][:, None]  # [B, 1, H]: predicts response token 0
-    hidden = torch.cat([last, xr], dim=1)  # [B, 1 + R, H]
-    hidden = F.rms_norm(hidden, (hidden.shape[-1],), inner.norm.weight, eps)
-    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, sp.source)
+        att = torch.cat(
+            [att_p.transpose(1, 2).reshape(slots, h * d), att_r.transpose(1, 2).reshape(b * r, h * d)]
+        ).index_select(0, sp.pack)
+        x = x + attn.o_proj(att)
+        y = F.rms_norm(x, (x.shape[-1],), layer.post_attention_layernorm.weight, eps)
+        x = x + mlp.down_proj(F.silu(mlp.gate_proj(y)) * mlp.up_proj(y))
+    hidden = x.index_select(0, sp.source)
+    return F.rms_norm(hidden, (hidden.shape[-1],), inner.norm.weight, eps)
