@@ -19,7 +19,7 @@ The TRL half always runs in a subprocess (`--side trl`), under this interpreter 
 `trl`, else under `--trl-python`. Step 0 of each side is a warm-up and is left out of the means.
 
     python bench/vs_trl.py [--recipe tiny-arith|long-arith] [--prompts 8] [--generations 8] [--completion-len L]
-                           [--steps 6] [--with-flow]
+                           [--steps 16] [--with-flow]
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def main() -> None:
         default=None,
         help="L, max new tokens (default: 8 for tiny-arith, 256 for long-arith)",
     )
-    p.add_argument("--steps", type=int, default=6, help="steps per side (step 0 is the warm-up)")
+    p.add_argument("--steps", type=int, default=16, help="steps per side (step 0 is the warm-up)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
     p.add_argument("--with-flow", action="store_true", help="also time the real Prefect flow per rollout")
     p.add_argument(

@@ -112,9 +112,10 @@ class TrainerCore(abc.ABC):
         self.last_applied_rollout = -1
         self.global_step = 0
         # Content-addressed caches (keyed by the artifact's sha256): the log-prob pass and the train step of
-        # one rollout read the same rollout, build the same micro-batches, and the train step reads back the
-        # log-probs this rank just wrote. Only the latest rollout is kept.
-        self._samples: tuple[str, list[Sample], dict[tuple[int, ...], MicroBatch]] | None = None
+        # one rollout read the same rollout, build the same micro-batches and advantages, and the train step reads
+        # back the log-probs this rank just wrote. Only the latest rollout is kept: (sha256, samples,
+        # {positions: MicroBatch, "advantages": [N] tensor}).
+        self._samples: tuple[str, list[Sample], dict[Any, Any]] | None = None
         self._written_logprobs: tuple[str, list[dict]] | None = None
         self._fused: FusedStep | None = None  # left by compute_log_probs for the next train_step
         self._perf: dict[str, float] = {}  # seconds of the last rollout's stages on this rank (see perf())
@@ -267,11 +268,10 @@ class TrainerCore(abc.ABC):
                     began = time.perf_counter()
                     with torch.set_grad_enabled(fuse and k == 0):
                         lp, ent = self._token_outputs(self.model, mb)
+                        lp_list, ent_list = lp.tolist(), ent.tolist()  # one conversion each, not one a sample
                         for i, s in enumerate(batch):
                             n = s.response_length
-                            rows[s.sample_index].update(
-                                log_probs=lp[i, :n].tolist(), entropy=ent[i, :n].tolist()
-                            )
+                            rows[s.sample_index].update(log_probs=lp_list[i][:n], entropy=ent_list[i][:n])
                         if fuse and k == 0:
                             assert advantages is not None
                             metrics = self._micro_step(
@@ -378,7 +378,16 @@ class TrainerCore(abc.ABC):
         return old
 
     def _advantages(self, samples: list[Sample]) -> torch.Tensor:
-        """Per-sample advantages of the rollout, [N] in sample order."""
+        """Per-sample advantages of the rollout, [N] in sample order (computed once per cached rollout: the
+        fused log-prob pass and train_step both ask)."""
+        if self._samples is not None and self._samples[1] is samples:
+            cache = self._samples[2]
+            if "advantages" not in cache:
+                cache["advantages"] = self._compute_advantages(samples)
+            return cache["advantages"]
+        return self._compute_advantages(samples)
+
+    def _compute_advantages(self, samples: list[Sample]) -> torch.Tensor:
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
         return get_advantage_estimator(self.s.advantage_estimator)(
