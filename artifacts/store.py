@@ -330,8 +330,9 @@ def read_table(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> pa
     ``verify`` (default): given a path, checks page CRCs and recomputes the content checksum; given a
     ref, checks the file's sha256 against it, which covers both (the bytes are then exactly those the
     ref was made from: ``write_table``'s, which checked them, or a verified read's). Any mismatch
-    raises ``ArtifactError`` naming the file. A missing file raises ``FileNotFoundError``. The returned table has the file's schema
-    metadata and Arrow's default list/map child names ("item", "entries", "key", "value").
+    raises ``ArtifactError`` naming the file. A missing file raises ``FileNotFoundError``. The
+    returned table has the file's schema metadata and Arrow's default list/map child names ("item",
+    "entries", "key", "value").
     """
     path, ref = _resolve(path_or_ref)
     data = path.read_bytes()

@@ -74,9 +74,8 @@ class SharedPrompts:
         ids: list[int] = []
         pos: list[int] = []
         pack: list[int] = []
-        first_row: list[
-            int
-        ] = []  # each prompt's first row; its last row predicts its samples' response token 0
+        # each prompt's first row; its last row predicts its samples' response token 0
+        first_row: list[int] = []
         for g, prompt in enumerate(prompts):
             first_row.append(len(ids))
             ids.extend(prompt)

@@ -37,9 +37,8 @@ def shared_hidden(model: Any, sp: SharedPrompts) -> torch.Tensor:
     g, p = sp.prompt_valid.shape
     b, r = sp.group.shape[0], sp.response_len
     slots = g * p  # the unpacked layout: [G, P] prompts, then [B, R] responses
-    embed = (
-        inner.embed_tokens
-    )  # its padding_idx (HF: the pad id) gets no gradient, as in the model's own forward
+    # its padding_idx (HF: the pad id) gets no gradient, as in the model's own forward
+    embed = inner.embed_tokens
     x = F.embedding(sp.ids, embed.weight, padding_idx=embed.padding_idx)  # [M, H]
     cos, sin = inner.rotary_emb(x, sp.pos[None])
     cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [M, 1, d]: broadcast over heads
