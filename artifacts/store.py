@@ -336,6 +336,8 @@ def read_table(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> pa
     """
     path, ref = _resolve(path_or_ref)
     data = path.read_bytes()
+    # a ref's sha256 stands for the bytes it was made from, whose CRCs and content checksum were checked then
+    check_content = verify and ref is None
     if ref is not None and verify:
         actual = sha256_bytes(data)
         if actual != ref.sha256:
@@ -343,9 +345,8 @@ def read_table(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> pa
                 f"{path}: sha256 mismatch: the ref expects {ref.sha256}, the file has {actual} "
                 "(file replaced or corrupted since it was written)"
             )
-        verify = False  # the known bytes: their CRCs and content checksum were checked when the ref was made
     try:
-        parquet = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=verify)
+        parquet = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=check_content)
         raw_metadata = parquet.schema_arrow.metadata
     except (pa.ArrowException, OSError) as e:
         raise ArtifactError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from e
@@ -356,7 +357,7 @@ def read_table(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> pa
     except (pa.ArrowException, OSError) as e:
         raise ArtifactError(f"{path}: cannot decode the Parquet data (corrupt file?): {e}") from e
 
-    if verify:
+    if check_content:
         expected = meta.get("content_sha256")
         if not isinstance(expected, str):
             raise ArtifactError(

@@ -31,7 +31,7 @@ import shutil
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,16 @@ class Snapshot:
 
 
 @dataclass
+class _CachedRollout:
+    """The latest rollout a trainer read (by content hash), and what it built from it."""
+
+    sha256: str
+    samples: list[Sample]  # ordered by sample_index
+    micro_batches: dict[tuple[int, ...], MicroBatch] = field(default_factory=dict)  # by positions
+    advantages: torch.Tensor | None = None  # [N], once asked for
+
+
+@dataclass
 class FusedStep:
     """The first optimizer step of a rollout as run by the log-prob pass: its gradients are in .grad."""
 
@@ -113,9 +123,8 @@ class TrainerCore(abc.ABC):
         self.global_step = 0
         # Content-addressed caches (keyed by the artifact's sha256): the log-prob pass and the train step of
         # one rollout read the same rollout, build the same micro-batches and advantages, and the train step reads
-        # back the log-probs this rank just wrote. Only the latest rollout is kept: (sha256, samples,
-        # {positions: MicroBatch, "advantages": [N] tensor}).
-        self._samples: tuple[str, list[Sample], dict[Any, Any]] | None = None
+        # back the log-probs this rank just wrote. Only the latest rollout is kept.
+        self._cached: _CachedRollout | None = None
         self._written_logprobs: tuple[str, list[dict]] | None = None
         self._fused: FusedStep | None = None  # left by compute_log_probs for the next train_step
         self._perf: dict[str, float] = {}  # seconds of the last rollout's stages on this rank (see perf())
@@ -207,14 +216,17 @@ class TrainerCore(abc.ABC):
     # -- the rollout and its log-prob rows --------------------------------------------------------------
     def _rollout(self, ref: ArtifactRef) -> list[Sample]:
         """The rollout's samples ordered by sample_index (read once per rollout, by content hash)."""
-        if self._samples is None or self._samples[0] != ref.sha256:
-            self._samples = (ref.sha256, sorted(read_rollout(ref), key=lambda s: s.sample_index), {})
-        return self._samples[1]
+        if self._cached is None or self._cached.sha256 != ref.sha256:
+            self._cached = _CachedRollout(ref.sha256, sorted(read_rollout(ref), key=lambda s: s.sample_index))
+        return self._cached.samples
+
+    def _cached_rollout(self, samples: list[Sample]) -> _CachedRollout:
+        assert self._cached is not None and self._cached.samples is samples, "not the cached rollout"
+        return self._cached
 
     def _micro_batch(self, samples: list[Sample], positions: list[int]) -> MicroBatch:
         """Padded CPU tensors of `positions` of the cached rollout `samples` (built once per rollout)."""
-        assert self._samples is not None and self._samples[1] is samples
-        cache, key = self._samples[2], tuple(positions)
+        cache, key = self._cached_rollout(samples).micro_batches, tuple(positions)
         if key not in cache:
             cache[key] = make_micro_batch([samples[p] for p in positions], self.pad_id)
         return cache[key]
@@ -378,21 +390,16 @@ class TrainerCore(abc.ABC):
         return old
 
     def _advantages(self, samples: list[Sample]) -> torch.Tensor:
-        """Per-sample advantages of the rollout, [N] in sample order (computed once per cached rollout: the
-        fused log-prob pass and train_step both ask)."""
-        if self._samples is not None and self._samples[1] is samples:
-            cache = self._samples[2]
-            if "advantages" not in cache:
-                cache["advantages"] = self._compute_advantages(samples)
-            return cache["advantages"]
-        return self._compute_advantages(samples)
-
-    def _compute_advantages(self, samples: list[Sample]) -> torch.Tensor:
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
-        return get_advantage_estimator(self.s.advantage_estimator)(
-            rewards, groups, normalize_std=self.s.normalize_std
-        )
+        """Per-sample advantages of the cached rollout `samples`, [N] in sample order (computed once: the fused
+        log-prob pass and train_step both ask)."""
+        cached = self._cached_rollout(samples)
+        if cached.advantages is None:
+            rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+            groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
+            cached.advantages = get_advantage_estimator(self.s.advantage_estimator)(
+                rewards, groups, normalize_std=self.s.normalize_std
+            )
+        return cached.advantages
 
     def _train_rollout(
         self,

@@ -134,8 +134,6 @@ class TorchTrainer(TrainerCore):
         return True
 
     def _sum_grads(self) -> None:
-        if self.world_size == 1:  # nothing to sum (all_reduce_sum would return at once, param by param)
-            return
         for p in self.params:
             assert p.grad is not None
             all_reduce_sum(p.grad, deterministic=self.s.deterministic_collective)
