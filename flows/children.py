@@ -8,6 +8,10 @@ that between two rollouts only the runs' own state changes remain; Prefect's flo
 the flow run given to it, as a worker runs a deployment's. The one parameter not known ahead, the weights the
 rollout starts from (rollout N's result), is written to the flow run once it starts, off the loop's path.
 
+Prefect's engine, given a run made ahead, first writes that run's flow version and retry policy again (one more
+round trip, and a write the server's SQLite takes while the previous child records its final state): a write of
+exactly the values the run was created with is skipped (`_skip_rewrites_of_runs_made_ahead`).
+
 A run created ahead that never starts (the run failed or stopped before it) is deleted with its tracking task
 run. The first rollout of a run (and any whose run could not be made ahead) is a plain subflow call.
 
@@ -25,8 +29,9 @@ import logging
 import uuid
 from typing import Any
 
+import httpx
 from prefect import Flow, Task
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext, TagsContext
 from prefect.flow_engine import run_flow_async
@@ -57,6 +62,7 @@ class ChildRuns:
         self._returned: asyncio.Future[tuple[Any, uuid.UUID | None]] | None = None
         # the last child's engine, recording its final state
         self._finishing: asyncio.Task[State] | None = None
+        _skip_rewrites_of_runs_made_ahead()
         stop_begun = on_rollout_begun(session, self._begun)
         stop_returning = on_rollout_returning(session, self._returning)
         self._stop_listening = lambda: (stop_begun(), stop_returning())
@@ -163,7 +169,7 @@ class ChildRuns:
             flow_run_context=FlowRunContext.get(), parameters=parameters
         )
         async with get_client() as client:
-            return await client.create_flow_run(
+            flow_run = await client.create_flow_run(
                 self.flow,
                 name=self._template.format(**parameters),
                 parameters=self.flow.serialize_parameters(parameters),
@@ -171,6 +177,8 @@ class ChildRuns:
                 parent_task_run_id=tracking.id,
                 tags=TagsContext.get().current_tags,
             )
+        _CREATED[flow_run.id] = (flow_run.flow_version, flow_run.empirical_policy.model_dump())
+        return flow_run
 
     async def _write_parameters(self) -> None:
         if self._unwritten is None:
@@ -185,12 +193,42 @@ class ChildRuns:
         """Delete a run made ahead that will never start, and its tracking task run."""
         try:
             flow_run = await creating
+            _CREATED.pop(flow_run.id, None)
             async with get_client() as client:
                 await client.delete_flow_run(flow_run.id)
                 if flow_run.parent_task_run_id is not None:
                     await client.delete_task_run(flow_run.parent_task_run_id)
         except Exception as e:
             _report(f"could not delete {name}'s flow run, made ahead and never started", e)
+
+
+# flow run made ahead -> the (flow version, retry policy) it was created with, until the engine's first update
+_CREATED: dict[uuid.UUID, tuple[str | None, dict[str, Any]]] = {}
+
+
+def _skip_rewrites_of_runs_made_ahead() -> None:
+    """Make `PrefectClient.update_flow_run` skip the first update of a run made ahead when it writes only its
+    flow version and retry policy, each equal to what the run was created with (the engine's update when it
+    starts such a run: `AsyncFlowRunEngine.initialize_run`). Any other update goes to the server. Idempotent."""
+    original = PrefectClient.update_flow_run
+    if getattr(original, "_rollflow_skips", False):
+        return
+
+    async def update_flow_run(self: PrefectClient, flow_run_id: uuid.UUID, *args: Any, **kwargs: Any) -> Any:
+        engines_update = not args and set(kwargs) <= {"flow_version", "empirical_policy"}
+        created = _CREATED.pop(flow_run_id, None) if engines_update else None
+        policy = kwargs.get("empirical_policy")
+        if (
+            created is not None
+            and kwargs.get("flow_version") == created[0]
+            and policy is not None
+            and policy.model_dump() == created[1]
+        ):
+            return httpx.Response(204)  # what the server answers a PATCH; the engine does not read it
+        return await original(self, flow_run_id, *args, **kwargs)
+
+    update_flow_run._rollflow_skips = True  # type: ignore[attr-defined]
+    PrefectClient.update_flow_run = update_flow_run  # type: ignore[method-assign,assignment]
 
 
 async def _settled(finishing: asyncio.Task[State] | None) -> None:

@@ -175,10 +175,12 @@ async def rollout_flow(
         injecting = (
             bool(d.ci_inject_rollout_data_path) and rollout_id >= d.ci_inject_rollout_data_start_rollout_id
         )
+        if not injecting:  # the trainers' log-prob pass starts once generate has written the rollout
+            prefetch.when_written(cfg, rollout_id, lambda ref: start_log_prob(cfg, rollout_id, ref, weights))
         rollout = await s.generate(q, rollout_id, weights, fresh=injecting)
         if injecting:
             rollout = await s.inject(q, rollout_id, rollout)
-        else:  # the trainers start their log-prob pass while Prefect records generate and runs save-rollout
+        else:  # a cached generate task wrote nothing: the pass starts now (a pass started is not started again)
             start_log_prob(cfg, rollout_id, rollout, weights)
     await s.save_rollout(q, rollout_id, rollout, loaded=bool(d.load_debug_rollout_data))
     steps: list[dict] = []

@@ -5,7 +5,9 @@ between two flow runs, with the actors idle otherwise). Two of them:
 - generation: the parent flow run asks the engines for rollout N+1's samples as soon as the body of rollout N's
   flow run returns (its weights synced and checked), while Prefect records that run's end and starts the next;
 - log-probs: a rollout flow run starts the trainers' log-prob pass (after the engines' memory release, as the
-  task orders them) as soon as its generate task returns, while Prefect records generate and runs save-rollout.
+  task orders them) as soon as its generate task has written the rollout (`when_written`: from within the task,
+  before Prefect records its end), while Prefect records generate and runs save-rollout. The calls go out at
+  once, ordered by Ray rather than by an await (`release_then_log_probs`).
 
 Nothing computed changes: sampling is seeded per sample, so a request gives the same tokens whenever it runs on
 the same weights, and the log-prob pass reads the rollout the task would give it. A head start is used only by
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,12 +52,20 @@ async def log_probs_on(trainers: list[Any], rollout: ArtifactRef, out: str) -> l
     return list(await asyncio.gather(*written, trainers[0].rollout_stats.remote(rollout, written[0])))
 
 
-async def release_then_log_probs(
+def release_then_log_probs(
     engines: list[Any], trainers: list[Any], rollout: ArtifactRef, out: str
 ) -> list[Any]:
-    """The log-prob task's calls in its order: the engines release their memory, then `log_probs_on`."""
-    await asyncio.gather(*[e.release_memory.remote() for e in engines])
-    return await log_probs_on(trainers, rollout, out)
+    """The log-prob task's calls in its order, submitted now: the engines release their memory, then
+    `log_probs_on`'s calls, which Ray runs once the releases are done (no await in between: a head start must not
+    wait for the caller's event loop, which a task's own work may hold for tens of ms). Their object refs, in
+    `log_probs_on`'s order."""
+    released = [e.release_memory.remote() for e in engines]
+    written = [t.compute_log_probs.remote(rollout, out, *released) for t in trainers]
+    return [*written, trainers[0].rollout_stats.remote(rollout, written[0])]
+
+
+async def _answers(refs: list[Any]) -> list[Any]:
+    return list(await asyncio.gather(*refs))
 
 
 @dataclass
@@ -113,9 +124,14 @@ def start_log_probs(
     cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef, out: str
 ) -> None:
     """Start rollout `rollout_id`'s log-prob pass over `rollout` (written to `out`) as its log-prob task's first
-    attempt would, the engines holding `weights`; replaces a pass started before."""
+    attempt would, the engines holding `weights`; replaces another pass started before (the same pass is not
+    started twice)."""
     key = _log_prob_key(cfg, rollout_id, rollout, weights, out)
-    _start("log-prob", key, release_then_log_probs(actors.engines(cfg), actors.trainers(cfg), rollout, out))
+    started = _started.get("log-prob")
+    if started is not None and started.key == key:
+        return
+    refs = release_then_log_probs(actors.engines(cfg), actors.trainers(cfg), rollout, out)
+    _start("log-prob", key, _answers(refs))
 
 
 def take_log_probs(
@@ -132,10 +148,29 @@ def _log_prob_key(
     return (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), rollout.sha256, out)
 
 
+# (run namespace, rollout id) -> what to call once that rollout's generate task has written its artifact
+_when_written: dict[tuple[str, int], Callable[[ArtifactRef], None]] = {}
+
+
+def when_written(cfg: RunConfig, rollout_id: int, callback: Callable[[ArtifactRef], None]) -> None:
+    """Call `callback(ref)` once rollout `rollout_id`'s generate task has written its artifact `ref` (its first
+    attempt that gets there), from within the task: the log-prob head start then begins before Prefect has
+    recorded the task's end."""
+    _when_written[(actors.namespace(cfg), rollout_id)] = callback
+
+
+def written(cfg: RunConfig, rollout_id: int, ref: ArtifactRef) -> None:
+    """Rollout `rollout_id`'s generate task has written `ref`: the callback registered for it, if any, runs."""
+    callback = _when_written.pop((actors.namespace(cfg), rollout_id), None)
+    if callback is not None:
+        callback(ref)
+
+
 def drop() -> None:
     """Forget every head start nobody took (the actors finish them; their answers are ignored)."""
     for stage in list(_started):
         _drop(stage)
+    _when_written.clear()
 
 
 def _discard(started: _Started) -> None:

@@ -151,9 +151,11 @@ async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: 
         "tokenizer": cfg.hf_checkpoint or "",
     }
     path = _paths(cfg).rollout(rollout_id)
-    return write_rollout(
+    ref = write_rollout(
         path.with_name(f"fresh_{rollout_id:06d}.parquet") if fresh else path, samples, metadata=meta
     )
+    prefetch.written(cfg, rollout_id, ref)
+    return ref
 
 
 @task(

@@ -76,7 +76,9 @@ class TrainerActor:
         freeze_heap()  # the model, optimizer and imports live as long as the actor
         return info
 
-    def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
+    def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str, *after: Any) -> ArtifactRef | None:
+        """The backend's log-prob pass. `after`: the object refs of calls the pass must follow (the engines'
+        memory release); Ray runs this only once they are done, with no round trip through the caller."""
         return self.trainer.compute_log_probs(rollout_ref, out_path)
 
     def rollout_stats(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> dict[str, float]:

@@ -19,8 +19,14 @@ class _Method:
         self.fn, self.calls = fn, []
 
     def remote(self, *args):
+        """As Ray runs an actor call: once every object ref (here, future) among its arguments is done, on their
+        values."""
         self.calls.append(args)
-        return asyncio.ensure_future(self.fn(*args))
+
+        async def run():
+            return await self.fn(*[await a if isinstance(a, asyncio.Future) else a for a in args])
+
+        return asyncio.ensure_future(run())
 
 
 class _Engine:
@@ -115,15 +121,15 @@ def test_the_parent_starts_nothing_when_the_rollout_does_not_generate_or_is_told
 
 class _Trainer:
     def __init__(self, rank: int, order: list[str], fail: bool = False) -> None:
-        async def compute_log_probs(rollout, out):
-            order.append(f"log-probs {rank}")
+        async def compute_log_probs(rollout, out, *after):
+            order.append(f"log-probs {rank} after {len(after)}")
             if fail:
                 raise RuntimeError("trainer fault")
             return f"{out}@{rollout.sha256}" if rank == 0 else None
 
         async def rollout_stats(rollout, written):
             order.append("stats")
-            return {"written": await written}
+            return {"written": written}
 
         self.compute_log_probs, self.rollout_stats = _Method(compute_log_probs), _Method(rollout_stats)
 
@@ -165,7 +171,30 @@ def test_a_log_prob_pass_runs_in_the_tasks_order_and_is_taken_once_by_its_rollou
         assert prefetch.take_log_probs(cfg, 2, _rollout(), weights, "/run/lp.parquet") is None
 
     asyncio.run(go())
-    assert log_prob_actors == ["release", "log-probs 0", "log-probs 1", "stats"]
+    # each trainer's pass depends on the engines' release (one ref each), not on an await in the caller
+    assert log_prob_actors == ["release", "log-probs 0 after 1", "log-probs 1 after 1", "stats"]
+
+
+def test_a_log_prob_pass_is_submitted_before_the_caller_awaits_anything(monkeypatch):
+    """The caller's event loop may be held by a task's own work for tens of ms: the calls go out at once."""
+    order: list[str] = []
+    engine, trainer = _Releasing(order), _Trainer(0, order)
+    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
+    monkeypatch.setattr(actors, "trainers", lambda cfg: [trainer])
+    cfg, weights = RunConfig(), WeightsRef(version=2, sha256="w")
+
+    async def go():
+        prefetch.start_log_probs(cfg, 2, _rollout(), weights, "/run/lp.parquet")
+        submitted = [
+            len(m.calls) for m in (engine.release_memory, trainer.compute_log_probs, trainer.rollout_stats)
+        ]
+        assert submitted == [1, 1, 1]
+        answers = prefetch.take_log_probs(cfg, 2, _rollout(), weights, "/run/lp.parquet")
+        assert answers is not None
+        await answers
+
+    asyncio.run(go())
+    assert order == ["release", "log-probs 0 after 1", "stats"]
 
 
 @pytest.mark.parametrize(
@@ -217,3 +246,38 @@ def test_the_flow_starts_no_log_prob_pass_when_the_rollout_does_not_train_or_is_
     assert started == []
     stages.start_log_prob(RunConfig(), 1, _rollout(), WeightsRef(version=1, sha256="w"))
     assert len(started) == 1
+
+
+def test_the_same_log_prob_pass_is_not_started_twice(monkeypatch):
+    """The flow starts the pass again after its generate task returns (for a cached task that wrote nothing):
+    a pass already started for that rollout, artifact, weights and output is not submitted a second time."""
+    order: list[str] = []
+    engine, trainer = _Releasing(order), _Trainer(0, order)
+    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
+    monkeypatch.setattr(actors, "trainers", lambda cfg: [trainer])
+    cfg, weights = RunConfig(), WeightsRef(version=2, sha256="w")
+
+    async def go():
+        prefetch.start_log_probs(cfg, 2, _rollout(), weights, "/run/lp.parquet")
+        prefetch.start_log_probs(cfg, 2, _rollout(), weights, "/run/lp.parquet")
+        assert len(trainer.compute_log_probs.calls) == 1
+        prefetch.start_log_probs(
+            cfg, 2, _rollout("2"), weights, "/run/lp.parquet"
+        )  # another artifact: replaced
+        assert len(trainer.compute_log_probs.calls) == 2
+        prefetch.drop()
+
+    asyncio.run(go())
+
+
+def test_what_waits_for_a_rollout_to_be_written_runs_once_for_that_rollout_only():
+    cfg, calls = RunConfig(), []
+    prefetch.when_written(cfg, 3, calls.append)
+    prefetch.written(cfg, 4, _rollout("4"))  # another rollout: not this callback's
+    prefetch.written(cfg, 3, _rollout("3"))
+    prefetch.written(cfg, 3, _rollout("5"))  # a later write (a retry) finds nothing registered
+    assert calls == [_rollout("3")]
+    prefetch.when_written(cfg, 6, calls.append)
+    prefetch.drop()  # the run ended: nothing waits any more
+    prefetch.written(cfg, 6, _rollout("6"))
+    assert calls == [_rollout("3")]
