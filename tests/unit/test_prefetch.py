@@ -175,12 +175,20 @@ def test_a_log_prob_pass_runs_in_the_tasks_order_and_is_taken_once_by_its_rollou
     assert log_prob_actors == ["release", "log-probs 0 after 1", "log-probs 1 after 1", "stats"]
 
 
-def test_a_log_prob_pass_is_submitted_before_the_caller_awaits_anything(monkeypatch):
-    """The caller's event loop may be held by a task's own work for tens of ms: the calls go out at once."""
+@pytest.fixture
+def one_rank(monkeypatch):
+    """One engine and one trainer rank: (engine, trainer, the order of their calls)."""
     order: list[str] = []
     engine, trainer = _Releasing(order), _Trainer(0, order)
     monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
     monkeypatch.setattr(actors, "trainers", lambda cfg: [trainer])
+    yield engine, trainer, order
+    prefetch.drop()
+
+
+def test_a_log_prob_pass_is_submitted_before_the_caller_awaits_anything(one_rank):
+    """The caller's event loop may be held by a task's own work for tens of ms: the calls go out at once."""
+    engine, trainer, order = one_rank
     cfg, weights = RunConfig(), WeightsRef(version=2, sha256="w")
 
     async def go():
@@ -248,24 +256,19 @@ def test_the_flow_starts_no_log_prob_pass_when_the_rollout_does_not_train_or_is_
     assert len(started) == 1
 
 
-def test_the_same_log_prob_pass_is_not_started_twice(monkeypatch):
+def test_the_same_log_prob_pass_is_not_started_twice(one_rank):
     """The flow starts the pass again after its generate task returns (for a cached task that wrote nothing):
     a pass already started for that rollout, artifact, weights and output is not submitted a second time."""
-    order: list[str] = []
-    engine, trainer = _Releasing(order), _Trainer(0, order)
-    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
-    monkeypatch.setattr(actors, "trainers", lambda cfg: [trainer])
+    engine, trainer, order = one_rank
     cfg, weights = RunConfig(), WeightsRef(version=2, sha256="w")
 
     async def go():
         prefetch.start_log_probs(cfg, 2, _rollout(), weights, "/run/lp.parquet")
         prefetch.start_log_probs(cfg, 2, _rollout(), weights, "/run/lp.parquet")
         assert len(trainer.compute_log_probs.calls) == 1
-        prefetch.start_log_probs(
-            cfg, 2, _rollout("2"), weights, "/run/lp.parquet"
-        )  # another artifact: replaced
+        # another artifact: this one replaces it
+        prefetch.start_log_probs(cfg, 2, _rollout("2"), weights, "/run/lp.parquet")
         assert len(trainer.compute_log_probs.calls) == 2
-        prefetch.drop()
 
     asyncio.run(go())
 
