@@ -180,8 +180,8 @@ async def rollout_flow(
         rollout = await s.generate(q, rollout_id, weights, fresh=injecting)
         if injecting:
             rollout = await s.inject(q, rollout_id, rollout)
-        else:  # a cached generate task wrote nothing: the pass starts now (a pass started is not started again)
-            start_log_prob(cfg, rollout_id, rollout, weights)
+        else:  # a cached generate task wrote nothing: what waited for its rollout runs now
+            prefetch.written(cfg, rollout_id, rollout)
     await s.save_rollout(q, rollout_id, rollout, loaded=bool(d.load_debug_rollout_data))
     steps: list[dict] = []
     logprobs: LogProbs | None = None

@@ -7,7 +7,7 @@ between two flow runs, with the actors idle otherwise). Two of them:
 - log-probs: a rollout flow run starts the trainers' log-prob pass (after the engines' memory release, as the
   task orders them) as soon as its generate task has written the rollout (`when_written`: from within the task,
   before Prefect records its end), while Prefect records generate and runs save-rollout. The calls go out at
-  once, ordered by Ray rather than by an await (`release_then_log_probs`).
+  once, ordered by Ray rather than by an await (`log_prob_calls`).
 
 Nothing computed changes: sampling is seeded per sample, so a request gives the same tokens whenever it runs on
 the same weights, and the log-prob pass reads the rollout the task would give it. A head start is used only by
@@ -44,27 +44,20 @@ async def generate_on(
     return list(outputs), time.perf_counter() - began
 
 
-async def log_probs_on(trainers: list[Any], rollout: ArtifactRef, out: str) -> list[Any]:
-    """Every trainer rank's log-prob pass over `rollout`, written to `out` by rank 0, then rank 0's trainer-side
-    rollout stats: [ref per rank (rank 0's the written log-prob table, None elsewhere)..., stats]."""
-    written = [t.compute_log_probs.remote(rollout, out) for t in trainers]
-    # rank 0 runs its calls in submission order and Ray hands it the ref it wrote: no round trip between
-    return list(await asyncio.gather(*written, trainers[0].rollout_stats.remote(rollout, written[0])))
-
-
-def release_then_log_probs(
-    engines: list[Any], trainers: list[Any], rollout: ArtifactRef, out: str
+def log_prob_calls(
+    trainers: list[Any], rollout: ArtifactRef, out: str, after: list[Any] | None = None
 ) -> list[Any]:
-    """The log-prob task's calls in its order, submitted now: the engines release their memory, then
-    `log_probs_on`'s calls, which Ray runs once the releases are done (no await in between: a head start must not
-    wait for the caller's event loop, which a task's own work may hold for tens of ms). Their object refs, in
-    `log_probs_on`'s order."""
-    released = [e.release_memory.remote() for e in engines]
-    written = [t.compute_log_probs.remote(rollout, out, *released) for t in trainers]
+    """Every trainer rank's log-prob pass over `rollout`, written to `out` by rank 0, then rank 0's trainer-side
+    rollout stats, submitted now: [ref per rank (rank 0's the written log-prob table, None elsewhere)..., stats].
+    `after`: object refs of calls the passes must follow; Ray runs them once those are done, with no await in the
+    caller (whose event loop a task's own work may hold for tens of ms)."""
+    written = [t.compute_log_probs.remote(rollout, out, *(after or [])) for t in trainers]
+    # rank 0 runs its calls in submission order and Ray hands it the ref it wrote: no round trip between
     return [*written, trainers[0].rollout_stats.remote(rollout, written[0])]
 
 
-async def _answers(refs: list[Any]) -> list[Any]:
+async def answers(refs: list[Any]) -> list[Any]:
+    """The answers to the calls `refs`, in order."""
     return list(await asyncio.gather(*refs))
 
 
@@ -124,21 +117,17 @@ def start_log_probs(
     cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef, out: str
 ) -> None:
     """Start rollout `rollout_id`'s log-prob pass over `rollout` (written to `out`) as its log-prob task's first
-    attempt would, the engines holding `weights`; replaces another pass started before (the same pass is not
-    started twice)."""
-    key = _log_prob_key(cfg, rollout_id, rollout, weights, out)
-    started = _started.get("log-prob")
-    if started is not None and started.key == key:
-        return
-    refs = release_then_log_probs(actors.engines(cfg), actors.trainers(cfg), rollout, out)
-    _start("log-prob", key, _answers(refs))
+    attempt would, the engines holding `weights`; replaces a pass started before."""
+    released = [e.release_memory.remote() for e in actors.engines(cfg)]  # the engines step aside first
+    calls = log_prob_calls(actors.trainers(cfg), rollout, out, after=released)
+    _start("log-prob", _log_prob_key(cfg, rollout_id, rollout, weights, out), answers(calls))
 
 
 def take_log_probs(
     cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef, out: str
 ) -> asyncio.Future[list[Any]] | None:
     """The pass started for exactly this rollout artifact, weights and output (None otherwise), at most once:
-    `release_then_log_probs`'s answer."""
+    the answers of `log_prob_calls`."""
     return _take("log-prob", _log_prob_key(cfg, rollout_id, rollout, weights, out))
 
 
@@ -160,7 +149,8 @@ def when_written(cfg: RunConfig, rollout_id: int, callback: Callable[[ArtifactRe
 
 
 def written(cfg: RunConfig, rollout_id: int, ref: ArtifactRef) -> None:
-    """Rollout `rollout_id`'s generate task has written `ref`: the callback registered for it, if any, runs."""
+    """Rollout `rollout_id`'s artifact is `ref` (its generate task wrote it, or a cached task returned it): the
+    callback registered for it runs, if it has not run yet."""
     callback = _when_written.pop((actors.namespace(cfg), rollout_id), None)
     if callback is not None:
         callback(ref)

@@ -215,7 +215,7 @@ async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weight
     *refs, stats = await guarded(
         cfg,
         f"log-prob {rollout_id}",
-        started if started is not None else prefetch.log_probs_on(trainers, rollout, out),
+        started if started is not None else prefetch.answers(prefetch.log_prob_calls(trainers, rollout, out)),
         cfg.faults.train_timeout,
         trainers=True,
         engines=started is not None,  # the engines' release ran in it
