@@ -67,8 +67,9 @@ class DebugConfig(Section):
     debug_sequential_stages: bool = Field(
         False,
         description="Make every actor call inside its own stage task: no generation started as soon as the "
-        "previous rollout's body returns, no log-prob pass started as soon as generate returns (the default "
-        "head starts, which overlap actor work with Prefect's bookkeeping; the results are the same either way).",
+        "previous rollout's body returns, no log-prob pass, train step or weight sync started from within the task "
+        "before it (the default head starts, which overlap actor work with Prefect's bookkeeping; the results are "
+        "the same either way).",
     )
 
 

@@ -176,12 +176,14 @@ async def rollout_flow(
             bool(d.ci_inject_rollout_data_path) and rollout_id >= d.ci_inject_rollout_data_start_rollout_id
         )
         if not injecting:  # the trainers' log-prob pass starts once generate has written the rollout
-            prefetch.when_written(cfg, rollout_id, lambda ref: start_log_prob(cfg, rollout_id, ref, weights))
+            prefetch.when(
+                cfg, "generate", rollout_id, lambda ref: start_log_prob(cfg, rollout_id, ref, weights)
+            )
         rollout = await s.generate(q, rollout_id, weights, fresh=injecting)
         if injecting:
             rollout = await s.inject(q, rollout_id, rollout)
         else:  # a cached generate task wrote nothing: what waited for its rollout runs now
-            prefetch.written(cfg, rollout_id, rollout)
+            prefetch.done(cfg, "generate", rollout_id, rollout)
     await s.save_rollout(q, rollout_id, rollout, loaded=bool(d.load_debug_rollout_data))
     steps: list[dict] = []
     logprobs: LogProbs | None = None

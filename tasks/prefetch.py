@@ -1,20 +1,25 @@
 """Head starts: a stage's actor calls started before its task runs, so that the actors work while Prefect
 records the task runs in between (a few ms of client and server work per task run, and several API round trips
-between two flow runs, with the actors idle otherwise). Two of them:
+between two flow runs, with the actors idle otherwise). Each stage's calls start as soon as what they need is
+there:
 
 - generation: the parent flow run asks the engines for rollout N+1's samples as soon as the body of rollout N's
   flow run returns (its weights synced and checked), while Prefect records that run's end and starts the next;
 - log-probs: a rollout flow run starts the trainers' log-prob pass (after the engines' memory release, as the
-  task orders them) as soon as its generate task has written the rollout (`when_written`: from within the task,
-  before Prefect records its end), while Prefect records generate and runs save-rollout. The calls go out at
-  once, ordered by Ray rather than by an await (`log_prob_calls`).
+  task orders them) as soon as its generate task has written the rollout, while Prefect records generate and
+  runs save-rollout. The calls go out at once, ordered by Ray rather than by an await (`log_prob_calls`);
+- the train step, once the log-prob task has its table, and the weight sync, once the train-step task has
+  every rank's metrics: each while Prefect records the task before it and starts its own.
 
-Nothing computed changes: sampling is seeded per sample, so a request gives the same tokens whenever it runs on
-the same weights, and the log-prob pass reads the rollout the task would give it. A head start is used only by
-the first attempt of the task it was started for (same run actors, rollout, weights and requests or rollout
-artifact); anything else (a retry, a cached task, a run that ends first) drops it. An error an actor raised
-surfaces in that task, as if it had asked (its retry then asks afresh). `--debug-sequential-stages` turns both
-off: every actor call is then made inside its own task.
+A stage that others wait for says so from within its task, before Prefect records the task's end
+(`when` / `done`); a stage whose calls change actor state (train-step, sync) is started only once the task
+before it has done all its own work, so a head start never runs ahead of a task that could still fail on its
+own. Nothing computed changes: sampling is seeded per sample, so a request gives the same tokens whenever it runs
+on the same weights, and every call is the one the task's first attempt would make. A head start is used only by
+the first attempt of the task it was started for (same run actors, rollout, weights, inputs); anything else
+(a retry, a cached task, a run that ends first) drops it. An error an actor raised surfaces in that task, as if
+it had asked (its retry then asks afresh). `--debug-sequential-stages` turns them all off: every actor call is
+then made inside its own task.
 """
 
 from __future__ import annotations
@@ -137,30 +142,40 @@ def _log_prob_key(
     return (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), rollout.sha256, out)
 
 
-# (run namespace, rollout id) -> what to call once that rollout's generate task has written its artifact
-_when_written: dict[tuple[str, int], Callable[[ArtifactRef], None]] = {}
+# (run namespace, stage, rollout id) -> what to call once that rollout's stage has its result
+_when: dict[tuple[str, str, int], Callable[[Any], None]] = {}
 
 
-def when_written(cfg: RunConfig, rollout_id: int, callback: Callable[[ArtifactRef], None]) -> None:
-    """Call `callback(ref)` once rollout `rollout_id`'s generate task has written its artifact `ref` (its first
-    attempt that gets there), from within the task: the log-prob head start then begins before Prefect has
-    recorded the task's end."""
-    _when_written[(actors.namespace(cfg), rollout_id)] = callback
+def when(cfg: RunConfig, stage: str, rollout_id: int, callback: Callable[[Any], None]) -> None:
+    """Call `callback(result)` once rollout `rollout_id`'s `stage` has its result (`done`), at most once: from
+    within the stage's task (its first attempt that gets there), before Prefect records the task's end."""
+    _when[(actors.namespace(cfg), stage, rollout_id)] = callback
 
 
-def written(cfg: RunConfig, rollout_id: int, ref: ArtifactRef) -> None:
-    """Rollout `rollout_id`'s artifact is `ref` (its generate task wrote it, or a cached task returned it): the
-    callback registered for it runs, if it has not run yet."""
-    callback = _when_written.pop((actors.namespace(cfg), rollout_id), None)
+def done(cfg: RunConfig, stage: str, rollout_id: int, result: Any) -> None:
+    """Rollout `rollout_id`'s `stage` has `result` (its task made it, or a cached task returned it): the callback
+    registered for it runs, if it has not run yet."""
+    callback = _when.pop((actors.namespace(cfg), stage, rollout_id), None)
     if callback is not None:
-        callback(ref)
+        callback(result)
+
+
+def start_calls(stage: str, key: tuple[Any, ...], calls: Any) -> None:
+    """Head start `stage` with `calls` (an awaitable of what the stage's first attempt would get from its
+    actors), for the inputs `key`; replaces the stage's head start before."""
+    _start(stage, key, calls)
+
+
+def take_calls(stage: str, key: tuple[Any, ...]) -> asyncio.Future[Any] | None:
+    """`stage`'s head start if it was started for exactly `key` (None otherwise), at most once."""
+    return _take(stage, key)
 
 
 def drop() -> None:
     """Forget every head start nobody took (the actors finish them; their answers are ignored)."""
     for stage in list(_started):
         _drop(stage)
-    _when_written.clear()
+    _when.clear()
 
 
 def _discard(started: _Started) -> None:

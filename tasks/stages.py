@@ -4,6 +4,7 @@ check (and eval). Each resolves refs, calls the run's actors, writes artifacts a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 from prefect import task
@@ -154,7 +155,7 @@ async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: 
     ref = write_rollout(
         path.with_name(f"fresh_{rollout_id:06d}.parquet") if fresh else path, samples, metadata=meta
     )
-    prefetch.written(cfg, rollout_id, ref)
+    prefetch.done(cfg, "generate", rollout_id, ref)
     return ref
 
 
@@ -222,20 +223,52 @@ async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weight
         weights=weights,
     )
     log_metrics(cfg, "rollout", rollout_id, stats)
-    return LogProbs(table=refs[0], stats=stats)
+    result = LogProbs(table=refs[0], stats=stats)
+    prefetch.done(cfg, "log-prob", rollout_id, result)
+    return result
 
 
 def start_log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> None:
     """The rollout flow run's head start on its log-prob task (tasks/prefetch.py), as soon as generate returned
-    `rollout`: when the rollout trains (not rollout-only) and --debug-sequential-stages is off."""
+    `rollout`, and then on its train-step task once log-prob is done: when the rollout trains (not rollout-only)
+    and --debug-sequential-stages is off."""
     if cfg.rollout_only or cfg.debug.debug_sequential_stages:
         return
     prefetch.start_log_probs(cfg, rollout_id, rollout, weights, _logprobs_out(cfg, rollout_id))
+    prefetch.when(
+        cfg, "log-prob", rollout_id, lambda lp: start_train_step(cfg, rollout_id, rollout, lp.table)
+    )
 
 
 def _logprobs_out(cfg: RunConfig, rollout_id: int) -> str:
     """Where rollout `rollout_id`'s log-prob table goes (part of a log-prob head start's key)."""
     return str(_paths(cfg).logprobs(rollout_id))
+
+
+def start_train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef) -> None:
+    """The head start on rollout `rollout_id`'s train-step task, on `rollout` with the log-prob table `logprobs`
+    (from within the log-prob task, its own work done), and then on its sync task once train-step is done, when
+    the rollout's weights go to engines (not train-only, not --debug-skip-weight-update)."""
+    ctx = {"rollout_id": rollout_id, "attempt": 0}  # what the task's first attempt would pass
+    key = _train_key(cfg, rollout_id, rollout, logprobs)
+    prefetch.start_calls("train-step", key, prefetch.answers(_train_calls(cfg, rollout, logprobs, ctx)))
+    if not cfg.train_only and not cfg.debug.debug_skip_weight_update:
+        prefetch.when(cfg, "train-step", rollout_id, lambda _: start_sync(cfg, rollout_id))
+
+
+def _train_calls(
+    cfg: RunConfig, rollout: ArtifactRef, logprobs: ArtifactRef, ctx: dict[str, int]
+) -> list[Any]:
+    """Every rank's train step, then rank 0's perf metrics (answered after its step), submitted now."""
+    trainers = actors.trainers(cfg)
+    steps = [t.train_step.remote(rollout, logprobs, cfg.train_data_template, ctx) for t in trainers]
+    return [*steps, trainers[0].perf.remote()]
+
+
+def _train_key(
+    cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef
+) -> tuple[Any, ...]:
+    return (actors.namespace(cfg), rollout_id, rollout.sha256, logprobs.sha256, cfg.train_data_template)
 
 
 @task(
@@ -255,14 +288,13 @@ async def train_step(
     Training changes actor state, so its cache is scoped to the trainer `session` (the actors of one
     `rollflow run`): re-running a rollout flow against the same actors returns the cached metrics,
     while a fresh run with fresh actors trains for real."""
-    dump, ctx = cfg.train_data_template, _ctx(rollout_id)
-    trainers = actors.trainers(cfg)
-    *per_rank, perf = await guarded(  # rank 0 answers perf after its step
+    ctx = _ctx(rollout_id)
+    key = _train_key(cfg, rollout_id, rollout, logprobs)
+    started = prefetch.take_calls("train-step", key) if ctx["attempt"] == 0 else None
+    *per_rank, perf = await guarded(
         cfg,
         f"train-step {rollout_id}",
-        asyncio.gather(
-            *[t.train_step.remote(rollout, logprobs, dump, ctx) for t in trainers], trainers[0].perf.remote()
-        ),
+        started if started is not None else prefetch.answers(_train_calls(cfg, rollout, logprobs, ctx)),
         cfg.faults.train_timeout,
         trainers=True,
     )
@@ -270,7 +302,16 @@ async def train_step(
     for m in steps:
         log_metrics(cfg, "step", rollout_id, m, step=int(m["train/step"]))
     log_metrics(cfg, "perf", rollout_id, perf)
+    prefetch.done(cfg, "train-step", rollout_id, steps)
     return steps
+
+
+def start_sync(cfg: RunConfig, rollout_id: int) -> None:
+    """The head start on rollout `rollout_id`'s sync task (from within its train-step task, its own work done):
+    the engines resume, then the trainers' weights go to them as version `rollout_id + 1`."""
+    ctx = {"rollout_id": rollout_id, "attempt": 0}  # what the task's first attempt would pass
+    pushed = _push(cfg, actors.engines(cfg), rollout_id + 1, ctx)
+    prefetch.start_calls("sync", (actors.namespace(cfg), rollout_id), pushed)
 
 
 @task(name="sync", retries=2, retry_delay_seconds=1, log_prints=True)
@@ -281,24 +322,24 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
     first, and after the sync every tensor must equal the trainer's bitwise."""
     engines = actors.engines(cfg)
     version, ctx, what = rollout_id + 1, _ctx(rollout_id), f"sync {rollout_id}"
-    # An engine runs the calls of one caller in submission order (snapshot, resume, update), so they are
-    # submitted together and awaited once.
-    scrambled = [e.snapshot_and_scramble.remote() for e in engines] if verify_equal else []
-    resumed = [e.resume_memory.remote() for e in engines]
     if (
         cfg.debug.debug_skip_weight_update
-    ):  # the schedule around the transfer still ran; the engines keep theirs
-        await guarded(
-            cfg, what, asyncio.gather(*scrambled, *resumed), cfg.faults.update_weights_timeout, engines=True
-        )
+    ):  # the schedule around the transfer still runs; the engines keep theirs
+        before = _before_push(engines, verify_equal)
+        await guarded(cfg, what, asyncio.gather(*before), cfg.faults.update_weights_timeout, engines=True)
         print(f"sync {rollout_id}: --debug-skip-weight-update: weight transfer skipped")
         return WeightsRef(
             version=await engines[0].weight_version.remote(), sha256=await engines[0].weights_sha256.remote()
         )
+    started = (
+        prefetch.take_calls("sync", (actors.namespace(cfg), rollout_id))
+        if ctx["attempt"] == 0 and not verify_equal
+        else None
+    )
     pushed = await guarded(
         cfg,
         what,
-        _push_after(transfer_for(cfg), cfg, engines, version, ctx, scrambled + resumed),
+        started if started is not None else _push(cfg, engines, version, ctx, scramble=verify_equal),
         cfg.faults.update_weights_timeout,
         engines=True,
         trainers=True,
@@ -315,6 +356,24 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
         if bad:
             raise CheckFailed("; ".join(weight_update_failure(i, names) for i, names in bad.items()))
     return WeightsRef(version=version, sha256=pushed.sha256)
+
+
+def _before_push(engines: list, scramble: bool) -> list:
+    """The engines' calls before a weight transfer, submitted now: snapshot and scramble (the weight-update
+    checker), then resume. An engine runs the calls of one caller in submission order (snapshot, resume,
+    update), so they are submitted together and awaited once."""
+    return [
+        *([e.snapshot_and_scramble.remote() for e in engines] if scramble else []),
+        *[e.resume_memory.remote() for e in engines],
+    ]
+
+
+def _push(
+    cfg: RunConfig, engines: list, version: int, ctx: dict, scramble: bool = False
+) -> Coroutine[Any, Any, Pushed]:
+    """The engines' calls before the transfer (`_before_push`), submitted as this is called, then (awaited) the
+    trainers' weights into them as `version`."""
+    return _push_after(transfer_for(cfg), cfg, engines, version, ctx, _before_push(engines, scramble))
 
 
 async def _push_after(

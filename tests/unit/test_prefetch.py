@@ -1,5 +1,6 @@
-"""tasks/prefetch.py: the next rollout's generation started by the parent, and a rollout's log-prob pass started by
-its flow run, are taken only by the task they were started for, once, and an actor's error surfaces there."""
+"""tasks/prefetch.py: the next rollout's generation started by the parent, and a rollout's log-prob pass, train step
+and weight sync started by its flow run as the stage before each is done, are taken only by the task they were
+started for, once, and an actor's error surfaces there."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from artifacts.store import ArtifactRef
 from config import RunConfig
 from engines.base import GenerateRequest
 from tasks import actors, prefetch, stages
-from tasks.refs import WeightsRef
+from tasks.refs import LogProbs, WeightsRef
+from tasks.transfer import Pushed
 
 
 class _Method:
@@ -248,15 +250,147 @@ def test_the_flow_starts_no_log_prob_pass_when_the_rollout_does_not_train_or_is_
     assert len(started) == 1
 
 
-def test_what_waits_for_a_rollout_to_be_written_runs_once_for_that_rollout_only():
+def test_what_waits_for_a_stage_runs_once_for_that_stage_and_rollout_only():
     cfg, calls = RunConfig(), []
-    prefetch.when_written(cfg, 3, calls.append)
-    prefetch.written(cfg, 4, _rollout("4"))  # another rollout: not this callback's
-    prefetch.written(cfg, 3, _rollout("3"))
+    prefetch.when(cfg, "generate", 3, calls.append)
+    prefetch.done(cfg, "generate", 4, _rollout("4"))  # another rollout: not this callback's
+    prefetch.done(cfg, "log-prob", 3, _rollout("3"))  # another stage
+    prefetch.done(cfg, "generate", 3, _rollout("3"))
     # the flow's call after the task returned (a cached task writes nothing) finds the callback gone
-    prefetch.written(cfg, 3, _rollout("3"))
+    prefetch.done(cfg, "generate", 3, _rollout("3"))
     assert calls == [_rollout("3")]
-    prefetch.when_written(cfg, 6, calls.append)
+    prefetch.when(cfg, "generate", 6, calls.append)
     prefetch.drop()  # the run ended: nothing waits any more
-    prefetch.written(cfg, 6, _rollout("6"))
+    prefetch.done(cfg, "generate", 6, _rollout("6"))
     assert calls == [_rollout("3")]
+
+
+class _Learner(_Trainer):
+    """A trainer rank that also trains."""
+
+    def __init__(self, rank: int, order: list[str]) -> None:
+        super().__init__(rank, order)
+
+        async def train_step(rollout, logprobs, dump, ctx):
+            order.append(f"train {rank} on {logprobs.sha256[0]} attempt {ctx['attempt']}")
+            return [{"train/step": 1.0, "train/loss": 0.5}]
+
+        async def perf():
+            return {"perf/train_time": 0.1}
+
+        self.train_step, self.perf = _Method(train_step), _Method(perf)
+
+
+class _Engines(_Releasing):
+    def __init__(self, order: list[str]) -> None:
+        super().__init__(order)
+
+        async def resume_memory():
+            order.append("resume")
+
+        async def snapshot_and_scramble():
+            order.append("scramble")
+
+        async def tensor_hashes():
+            return {}
+
+        self.resume_memory, self.snapshot_and_scramble = (
+            _Method(resume_memory),
+            _Method(snapshot_and_scramble),
+        )
+        self.tensor_hashes = _Method(tensor_hashes)
+
+
+class _Transfer:
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+
+    async def push(self, cfg, engines, version, ctx):
+        self.order.append(f"push v{version} attempt {ctx['attempt']}")
+        return Pushed(sha256="pushed", tensor_hashes={})
+
+
+@pytest.fixture
+def learners(monkeypatch):
+    order: list[str] = []
+    engine = _Engines(order)
+    trainers = [_Learner(0, order), _Learner(1, order)]
+    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
+    monkeypatch.setattr(actors, "trainers", lambda cfg: trainers)
+    monkeypatch.setattr(stages, "transfer_for", lambda cfg: _Transfer(order))
+    monkeypatch.setattr(stages, "log_metrics", lambda *a, **k: None)
+    yield order, trainers, engine
+    prefetch.drop()
+
+
+def test_the_train_step_starts_once_log_prob_is_done_and_the_sync_once_train_step_is_done(learners):
+    order, trainers, engine = learners
+    cfg, weights, table = RunConfig(), WeightsRef(version=2, sha256="w"), _rollout("c")
+
+    async def go():
+        stages.start_log_prob(cfg, 2, _rollout(), weights)
+        assert [len(t.train_step.calls) for t in trainers] == [0, 0]  # not before log-prob is done
+        prefetch.done(cfg, "log-prob", 2, LogProbs(table=table, stats={}))
+        assert [len(t.train_step.calls) for t in trainers] == [1, 1]  # submitted at once
+        steps = await stages.train_step.fn(cfg, 2, _rollout(), table, "session")
+        assert steps == [{"train/step": 1.0, "train/loss": 0.5}]
+        assert [len(t.train_step.calls) for t in trainers] == [1, 1]  # the task took them
+        assert len(engine.resume_memory.calls) == 1  # train-step done: the sync started
+        assert await stages.sync.fn(cfg, 2) == WeightsRef(version=3, sha256="pushed")
+        assert len(engine.resume_memory.calls) == 1  # the task took it
+
+    asyncio.run(go())
+    trained = [o for o in order if o.startswith("train")]
+    assert trained == ["train 0 on c attempt 0", "train 1 on c attempt 0"]
+    assert order.index("resume") < order.index("push v3 attempt 0") and order.count("push v3 attempt 0") == 1
+
+
+def test_a_train_step_started_for_another_log_prob_table_is_not_taken(learners):
+    order, trainers, _ = learners
+    cfg = RunConfig()
+
+    async def go():
+        stages.start_train_step(cfg, 2, _rollout(), _rollout("a"))
+        await stages.train_step.fn(cfg, 2, _rollout(), _rollout("b"), "session")
+
+    asyncio.run(go())
+    assert [len(t.train_step.calls) for t in trainers] == [2, 2]  # the task asked again, with its own table
+    assert "train 0 on b attempt 0" in order
+
+
+def test_a_sync_is_started_only_for_a_run_whose_engines_take_the_weights(learners):
+    _, _, engine = learners
+    skip = RunConfig.model_validate({"debug": {"debug_skip_weight_update": True}})
+
+    async def go():
+        for cfg in (skip, RunConfig()):
+            stages.start_train_step(cfg, 1, _rollout(), _rollout("c"))
+            prefetch.done(cfg, "train-step", 1, [])
+        assert len(engine.resume_memory.calls) == 1  # the run without --debug-skip-weight-update
+
+    asyncio.run(go())
+
+
+def test_the_weight_update_checkers_sync_never_takes_a_head_start(learners):
+    """That sync scrambles the engines' weights first, which a head start does not."""
+    order, _, engine = learners
+    cfg = RunConfig()
+
+    async def go():
+        stages.start_sync(cfg, 1)
+        await stages.sync.fn(cfg, 1, verify_equal=True)
+
+    asyncio.run(go())
+    # the head start pushed once, the task again after its own scramble
+    assert sorted(order) == ["push v2 attempt 0", "push v2 attempt 0", "resume", "resume", "scramble"]
+    assert [len(engine.snapshot_and_scramble.calls), len(engine.resume_memory.calls)] == [1, 2]
+
+
+def test_a_sync_without_a_head_start_resumes_the_engines_and_pushes_itself(learners):
+    order, _, engine = learners
+
+    async def go():
+        assert await stages.sync.fn(RunConfig(), 4) == WeightsRef(version=5, sha256="pushed")
+
+    asyncio.run(go())
+    assert order == ["resume", "push v5 attempt 0"] and len(engine.resume_memory.calls) == 1
