@@ -75,12 +75,20 @@ class _Started:
 _started: dict[str, _Started] = {}  # by stage: at most one head start each
 
 
-def _start(stage: str, key: tuple[Any, ...], call: Any) -> None:
+def first_attempt(rollout_id: int) -> dict[str, int]:
+    """The context a stage's first attempt passes its actors' fault hooks (`tasks.stages._ctx` at attempt 0)."""
+    return {"rollout_id": rollout_id, "attempt": 0}
+
+
+def start_calls(stage: str, key: tuple[Any, ...], calls: Any) -> None:
+    """Head start `stage` with `calls` (an awaitable of what the stage's first attempt would get from its
+    actors), for the inputs `key`; replaces the stage's head start before."""
     _drop(stage)
-    _started[stage] = _Started(key, asyncio.ensure_future(call))
+    _started[stage] = _Started(key, asyncio.ensure_future(calls))
 
 
-def _take(stage: str, key: tuple[Any, ...]) -> asyncio.Future[Any] | None:
+def take_calls(stage: str, key: tuple[Any, ...]) -> asyncio.Future[Any] | None:
+    """`stage`'s head start if it was started for exactly `key` (None otherwise), at most once."""
     started = _started.pop(stage, None)
     if started is None:
         return None
@@ -105,9 +113,8 @@ def start(
 ) -> None:
     """Ask the run's engines for `parts` (one list of requests per engine) as rollout `rollout_id`'s first
     generate attempt would, on weights (`version`, `sha256`); replaces a generation started before."""
-    ctx = {"rollout_id": rollout_id, "attempt": 0}  # what the generate task's fault hooks would see
     key = (*_weights_key(cfg, rollout_id, version, sha256), parts)
-    _start("generate", key, generate_on(actors.engines(cfg), parts, ctx))
+    start_calls("generate", key, generate_on(actors.engines(cfg), parts, first_attempt(rollout_id)))
 
 
 def take(
@@ -115,7 +122,7 @@ def take(
 ) -> asyncio.Future[tuple[list[list[GenerateOutput]], float]] | None:
     """The answers started for exactly this rollout, weights and requests (None otherwise); each start is
     taken at most once."""
-    return _take("generate", (*_weights_key(cfg, rollout_id, version, sha256), parts))
+    return take_calls("generate", (*_weights_key(cfg, rollout_id, version, sha256), parts))
 
 
 def start_log_probs(
@@ -125,7 +132,7 @@ def start_log_probs(
     attempt would, the engines holding `weights`; replaces a pass started before."""
     released = [e.release_memory.remote() for e in actors.engines(cfg)]  # the engines step aside first
     calls = log_prob_calls(actors.trainers(cfg), rollout, out, after=released)
-    _start("log-prob", _log_prob_key(cfg, rollout_id, rollout, weights, out), answers(calls))
+    start_calls("log-prob", _log_prob_key(cfg, rollout_id, rollout, weights, out), answers(calls))
 
 
 def take_log_probs(
@@ -133,7 +140,7 @@ def take_log_probs(
 ) -> asyncio.Future[list[Any]] | None:
     """The pass started for exactly this rollout artifact, weights and output (None otherwise), at most once:
     the answers of `log_prob_calls`."""
-    return _take("log-prob", _log_prob_key(cfg, rollout_id, rollout, weights, out))
+    return take_calls("log-prob", _log_prob_key(cfg, rollout_id, rollout, weights, out))
 
 
 def _log_prob_key(
@@ -158,17 +165,6 @@ def done(cfg: RunConfig, stage: str, rollout_id: int, result: Any) -> None:
     callback = _when.pop((actors.namespace(cfg), stage, rollout_id), None)
     if callback is not None:
         callback(result)
-
-
-def start_calls(stage: str, key: tuple[Any, ...], calls: Any) -> None:
-    """Head start `stage` with `calls` (an awaitable of what the stage's first attempt would get from its
-    actors), for the inputs `key`; replaces the stage's head start before."""
-    _start(stage, key, calls)
-
-
-def take_calls(stage: str, key: tuple[Any, ...]) -> asyncio.Future[Any] | None:
-    """`stage`'s head start if it was started for exactly `key` (None otherwise), at most once."""
-    return _take(stage, key)
 
 
 def drop() -> None:

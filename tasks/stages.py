@@ -34,7 +34,7 @@ from tasks.metrics import eval_stats, log_metrics, non_finite, reward_stats
 from tasks.recordings import record_rollout
 from tasks.recovery import guarded
 from tasks.refs import LogProbs, WeightsRef
-from tasks.transfer import Pushed, WeightTransfer, trainer_weights, transfer_for
+from tasks.transfer import Pushed, trainer_weights, transfer_for
 
 
 def _paths(cfg: RunConfig) -> RunPaths:
@@ -248,11 +248,13 @@ def _logprobs_out(cfg: RunConfig, rollout_id: int) -> str:
 def start_train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef) -> None:
     """The head start on rollout `rollout_id`'s train-step task, on `rollout` with the log-prob table `logprobs`
     (from within the log-prob task, its own work done), and then on its sync task once train-step is done, when
-    the rollout's weights go to engines (not train-only, not --debug-skip-weight-update)."""
-    ctx = {"rollout_id": rollout_id, "attempt": 0}  # what the task's first attempt would pass
-    key = _train_key(cfg, rollout_id, rollout, logprobs)
-    prefetch.start_calls("train-step", key, prefetch.answers(_train_calls(cfg, rollout, logprobs, ctx)))
-    if not cfg.train_only and not cfg.debug.debug_skip_weight_update:
+    the rollout's weights go to engines (not with --debug-skip-weight-update; a train-only run generates nothing,
+    so nothing starts this)."""
+    calls = _train_calls(cfg, rollout, logprobs, prefetch.first_attempt(rollout_id))
+    prefetch.start_calls(
+        "train-step", _train_key(cfg, rollout_id, rollout, logprobs), prefetch.answers(calls)
+    )
+    if not cfg.debug.debug_skip_weight_update:
         prefetch.when(cfg, "train-step", rollout_id, lambda _: start_sync(cfg, rollout_id))
 
 
@@ -268,7 +270,7 @@ def _train_calls(
 def _train_key(
     cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef
 ) -> tuple[Any, ...]:
-    return (actors.namespace(cfg), rollout_id, rollout.sha256, logprobs.sha256, cfg.train_data_template)
+    return (actors.namespace(cfg), rollout_id, rollout.sha256, logprobs.sha256)
 
 
 @task(
@@ -309,8 +311,7 @@ async def train_step(
 def start_sync(cfg: RunConfig, rollout_id: int) -> None:
     """The head start on rollout `rollout_id`'s sync task (from within its train-step task, its own work done):
     the engines resume, then the trainers' weights go to them as version `rollout_id + 1`."""
-    ctx = {"rollout_id": rollout_id, "attempt": 0}  # what the task's first attempt would pass
-    pushed = _push(cfg, actors.engines(cfg), rollout_id + 1, ctx)
+    pushed = _push(cfg, actors.engines(cfg), rollout_id + 1, prefetch.first_attempt(rollout_id))
     prefetch.start_calls("sync", (actors.namespace(cfg), rollout_id), pushed)
 
 
@@ -371,17 +372,15 @@ def _before_push(engines: list, scramble: bool) -> list:
 def _push(
     cfg: RunConfig, engines: list, version: int, ctx: dict, scramble: bool = False
 ) -> Coroutine[Any, Any, Pushed]:
-    """The engines' calls before the transfer (`_before_push`), submitted as this is called, then (awaited) the
-    trainers' weights into them as `version`."""
-    return _push_after(transfer_for(cfg), cfg, engines, version, ctx, _before_push(engines, scramble))
+    """The engines' calls before the transfer (`_before_push`), submitted as this is called; awaited, they are
+    answered and then the trainers' weights go into the engines as `version`."""
+    before = _before_push(engines, scramble)
 
+    async def push() -> Pushed:
+        await asyncio.gather(*before)
+        return await transfer_for(cfg).push(cfg, engines, version, ctx)
 
-async def _push_after(
-    transfer: WeightTransfer, cfg: RunConfig, engines: list, version: int, ctx: dict, before: list
-) -> Pushed:
-    """The engines' queued calls (`before`: scramble, resume) and then the weight transfer."""
-    await asyncio.gather(*before)
-    return await transfer.push(cfg, engines, version, ctx)
+    return push()
 
 
 @task(name="check", log_prints=True)
