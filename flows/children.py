@@ -3,8 +3,9 @@
 Calling a subflow makes Prefect create it on the spot: a task run in the parent that tracks it, a lookup for an
 earlier attempt of it, the flow's upsert, the flow run and its name: five API round trips (measured: ~70 ms of
 the ~150 ms between two rollouts) while the actors wait. `ChildRuns` makes rollout N+1's tracking task run and
-flow run (Pending, named, a subflow of the run like any other) as soon as rollout N's flow run has begun, so
-that between two rollouts only the runs' own state changes remain; Prefect's flow engine then runs the body in
+flow run (Pending, named, a subflow of the run like any other) as soon as rollout N's flow run has saved its
+rollout (`runtime.rollout_saved`: its trainers' stages run then), so that between two rollouts only the runs'
+own state changes remain; Prefect's flow engine then runs the body in
 the flow run given to it, as a worker runs a deployment's. The one parameter not known ahead, the weights the
 rollout starts from (rollout N's result), is written to the flow run once it starts, off the loop's path.
 
@@ -37,13 +38,14 @@ from prefect.context import FlowRunContext, TagsContext
 from prefect.flow_engine import run_flow_async
 from prefect.states import Pending, State
 
-from flows.runtime import on_rollout_begun, on_rollout_returning
+from flows.runtime import on_rollout_returning, on_rollout_saved
 from tasks import notify
 
 
 class ChildRuns:
     """The child flow runs of the parent flow run this is made in (its context is kept: a run made ahead is
-    created from within a child's body, when the run loop `session` hears that the child has begun), in order."""
+    created from within a child's body, when the run loop `session` hears that the child has saved its rollout),
+    in order."""
 
     def __init__(self, flow: Flow[..., Any], session: str) -> None:
         assert isinstance(flow.flow_run_name, str), "a run made ahead is named from the flow's name template"
@@ -63,9 +65,9 @@ class ChildRuns:
         # the last child's engine, recording its final state
         self._finishing: asyncio.Task[State] | None = None
         _skip_rewrites_of_runs_made_ahead()
-        stop_begun = on_rollout_begun(session, self._begun)
+        stop_saved = on_rollout_saved(session, self._saved)
         stop_returning = on_rollout_returning(session, self._returning)
-        self._stop_listening = lambda: (stop_begun(), stop_returning())
+        self._stop_listening = lambda: (stop_saved(), stop_returning())
 
     async def run(
         self, parameters: dict[str, Any], ahead: dict[str, Any] | None = None
@@ -74,8 +76,8 @@ class ChildRuns:
         and flow run id as soon as its body returns them (`runtime.rollout_returning`: Prefect records its final
         state meanwhile). A body that raises, or never tells its result, is waited for to its final state, and
         that state's error is raised. First raises the previous child's, if its run did not end Completed.
-        `ahead`: the parameters known now of the child that follows, made once this one has begun (the rest are
-        written when it starts)."""
+        `ahead`: the parameters known now of the child that follows, made once this one has saved its rollout
+        (the rest are written when it starts)."""
         self._next = ahead
         flow_run = await self._take(self._template.format(**parameters))
         call: Any
@@ -130,8 +132,9 @@ class ChildRuns:
         except Exception as e:
             _report("could not record the last rollout flow run's parameters", e)
 
-    def _begun(self) -> None:
-        """The child in progress has begun: make the next one in the background (from the parent's context)."""
+    def _saved(self) -> None:
+        """The child in progress has saved its rollout: make the next one in the background (from the parent's
+        context)."""
         known, self._next = self._next, None
         if known is not None and self._ahead is None:
             creating = asyncio.get_running_loop().create_task(self._create(known), context=self._parent)

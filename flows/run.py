@@ -156,7 +156,6 @@ async def rollout_flow(
     --debug-rollout-only stops after save-rollout; --load-debug-rollout-data (train-only) loads a
     recording instead of generating and never syncs; --ci-inject-rollout-data-path generates, then
     checks the generation against the recording and trains on the recording."""
-    runtime.rollout_begun(session)  # the parent may post the previous rollout's artifacts now
     if not isinstance(cfg, RunConfig) or not isinstance(weights, WeightsRef):
         cfg, weights = RunConfig.model_validate(cfg), WeightsRef.model_validate(weights)
         rollout_id = int(rollout_id)
@@ -185,6 +184,7 @@ async def rollout_flow(
         else:  # a cached generate task wrote nothing: what waited for its rollout runs now
             prefetch.done(cfg, "generate", rollout_id, rollout)
     await s.save_rollout(q, rollout_id, rollout, loaded=bool(d.load_debug_rollout_data))
+    runtime.rollout_saved(session)  # the parent's posts and next flow run, off the generation
     steps: list[dict] = []
     logprobs: LogProbs | None = None
     if not cfg.rollout_only:

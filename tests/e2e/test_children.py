@@ -11,14 +11,14 @@ import pytest
 from prefect import flow
 
 from flows.children import ChildRuns
-from flows.runtime import rollout_begun, rollout_returning
+from flows.runtime import rollout_returning, rollout_saved
 
 pytestmark = pytest.mark.e2e
 
 
 @flow(name="child", flow_run_name="child-{n}")
 async def child(n: int, late: str) -> int:
-    rollout_begun("test-session")  # as a rollout flow run's body begins
+    rollout_saved("test-session")  # as a rollout flow run has saved its rollout
     await asyncio.sleep(0.5)  # the stages: time for the next child's run to be made meanwhile
     rollout_returning("test-session", n * 10)
     return n * 10
@@ -30,7 +30,7 @@ async def _slow_to_finish(*_: object) -> None:
 
 @flow(name="slow-child", flow_run_name="slow-child-{n}", on_completion=[_slow_to_finish])
 async def slow_child(n: int, late: str) -> int:
-    rollout_begun("test-session")
+    rollout_saved("test-session")
     await asyncio.sleep(1.0)
     rollout_returning("test-session", n * 10)
     return n * 10
