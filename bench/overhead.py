@@ -13,9 +13,9 @@ which the plain loop then runs too) with --rollouts rollouts. Rollout 0 is a war
 mean. The plain loop runs before the flow (the Prefect server and Ray not yet running) and again after it (Ray
 stopped, the server idle): the machine's speed drifts by 15-30 % within minutes, and the flow is compared with
 the plain loop on both sides of it (their rollouts pooled for the medians and means; the mean of the two for
-the total), not with whichever side ran in a faster minute. The difference flow - plain is the orchestration overhead per rollout
-(Prefect task/flow runs, Ray calls and object transfer, the flow's extra checks, metric logging and
-artifacts).
+the total), not with whichever side ran in a faster minute. The difference flow - plain is the orchestration
+overhead per rollout (Prefect task/flow runs, Ray calls and object transfer, the flow's extra checks, metric
+logging and artifacts).
 
 The two figures of issue 09's "done when", printed last:
 - start to start minus in-process, per rollout (medians; means beside them), target <= 0.1 s on a quiet machine;

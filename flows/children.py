@@ -5,9 +5,9 @@ earlier attempt of it, the flow's upsert, the flow run and its name: five API ro
 the ~150 ms between two rollouts) while the actors wait. `ChildRuns` makes rollout N+1's tracking task run and
 flow run (Pending, named, a subflow of the run like any other) as soon as rollout N's flow run has saved its
 rollout (`runtime.rollout_saved`: its trainers' stages run then), so that between two rollouts only the runs'
-own state changes remain; Prefect's flow engine then runs the body in
-the flow run given to it, as a worker runs a deployment's. The one parameter not known ahead, the weights the
-rollout starts from (rollout N's result), is written to the flow run once it starts, off the loop's path.
+own state changes remain; Prefect's flow engine then runs the body in the flow run given to it, as a worker
+runs a deployment's. The one parameter not known ahead, the weights the rollout starts from (rollout N's
+result), is written to the flow run once it starts, off the loop's path.
 
 Prefect's engine, given a run made ahead, first writes that run's flow version and retry policy again (one more
 round trip, and a write the server's SQLite takes while the previous child records its final state): a write of
