@@ -32,6 +32,7 @@ HOOKS: dict[str, str] = {
     "trainer_step_before_allreduce": "trainer",
     "trainer_export_weights_before_send": "trainer",
     "trainer_save_before_rename": "trainer",
+    "rollout_finish_start": "rollout",
     "orchestrator_rollout_end": "orchestrator",
 }
 
@@ -184,7 +185,8 @@ class FaultHookRequest(_Strict):
         return HOOKS[self.hook_name]
 
     def targets(self, owner: str, index: int | None) -> bool:
-        """Whether this request can fire in the process `owner` (engine/trainer/orchestrator) number `index`."""
+        """Whether this request can fire in the process `owner` (engine/trainer/rollout/orchestrator) number
+        `index`."""
         if owner != self.owner:
             return False
         if self.target is None:

@@ -31,6 +31,7 @@ from tasks.stages import (
     check,
     evaluate,
     generate,
+    injects,
     log_prob,
     save_checkpoint,
     save_rollout,
@@ -171,9 +172,7 @@ async def rollout_flow(
     if recording:
         rollout = await s.load_rollout(q, rollout_id, recording, forge=bool(d.load_forge_rollout_data))
     else:
-        injecting = (
-            bool(d.ci_inject_rollout_data_path) and rollout_id >= d.ci_inject_rollout_data_start_rollout_id
-        )
+        injecting = injects(cfg, rollout_id)
         if not injecting:  # the trainers' log-prob pass starts once generate has written the rollout
             prefetch.when(
                 cfg, "generate", rollout_id, lambda ref: start_log_prob(cfg, rollout_id, ref, weights)
@@ -346,9 +345,11 @@ class _RunLoop:
         )
         result, child = await self.children.run(params, ahead)
         assert isinstance(result, RolloutResult)
+        saves = not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and last))
         if not last:  # the engines generate the next rollout while Prefect records this one
-            start_next_generation(cfg, rollout_id + 1, result.weights)
-        if not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and last)):
+            # its log-prob pass follows on the trainers, unless they save a checkpoint first
+            start_next_generation(cfg, rollout_id + 1, result.weights, log_probs=not saves)
+        if saves:
             await with_retries(cfg, save_checkpoint)(opaque_config(cfg), rollout_id)
         seconds = time.perf_counter() - began
         runtime.log_step_time(cfg, rollout_id, seconds)

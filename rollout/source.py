@@ -70,29 +70,62 @@ def rollout_source(cfg: RunConfig, tokenizer: Any = None) -> RolloutSource:
     return _SOURCES[key]
 
 
-def _source(cfg: RunConfig, tokenizer: Any) -> RolloutSource:
+_SCORING: dict[str, tuple[Any, Stops, Scorer, Scorer]] = {}
+
+
+def scoring_side(cfg: RunConfig) -> tuple[Any, Stops, Scorer, Scorer]:
+    """(tokenizer, stops, train reward scorer, eval reward scorer) of a resolved run config, without loading its
+    prompt data: what a process that only scores rollouts needs (rollout/finish.py). Cached per process by the
+    config's hash."""
+    key = cfg.config_hash()
+    if key in _SOURCES:
+        src = _SOURCES[key]
+        return src.tokenizer, src.stops, src.scorer, src.eval_scorer
+    if key not in _SCORING:
+        if len(_SCORING) > 4:
+            _SCORING.clear()
+        tok = tokenizer_at(_checkpoint(cfg))
+        _SCORING[key] = (tok, _stops(cfg, tok), *_scorers(cfg))
+    return _SCORING[key]
+
+
+def _checkpoint(cfg: RunConfig) -> str:
     if cfg.hf_checkpoint is None:
         raise ValueError("the config is not resolved: --hf-checkpoint is unset (flows.resolve fills it in)")
-    tok = tokenizer if tokenizer is not None else tokenizer_at(cfg.hf_checkpoint)
-    d, r = cfg.data, cfg.reward
-    stops = resolve_stops(
+    return cfg.hf_checkpoint
+
+
+def _stops(cfg: RunConfig, tok: Any) -> Stops:
+    return resolve_stops(
         tok,
         cfg.hf_checkpoint,
         cfg.rollout.rollout_stop,
         cfg.rollout.rollout_stop_token_ids,
-        d.apply_chat_template_kwargs,
+        cfg.data.apply_chat_template_kwargs,
     )
-    train = load_prompts(d.prompt_data, tok, train_keys(cfg)) if d.prompt_data else None
-    evals = tuple(
-        (name, load_prompts(path, tok, eval_keys(cfg), flag=f"--eval-prompt-data {name}"))
-        for name, path in d.eval_datasets
-    )
+
+
+def _scorers(cfg: RunConfig) -> tuple[Scorer, Scorer]:
+    """The train and eval reward scorers."""
+    r = cfg.reward
     settings = {
         "n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
         "rollout_seed": cfg.rollout.rollout_seed,
     }
     scorer = Scorer(r.rm_type, r.custom_rm_path, r.reward_key, settings)
-    eval_scorer = Scorer(r.rm_type, r.custom_rm_path, r.eval_reward_key or r.reward_key, settings)
+    return scorer, Scorer(r.rm_type, r.custom_rm_path, r.eval_reward_key or r.reward_key, settings)
+
+
+def _source(cfg: RunConfig, tokenizer: Any) -> RolloutSource:
+    checkpoint = _checkpoint(cfg)
+    tok = tokenizer if tokenizer is not None else tokenizer_at(checkpoint)
+    d, stops = cfg.data, _stops(cfg, tok)
+    train = load_prompts(d.prompt_data, tok, train_keys(cfg)) if d.prompt_data else None
+    evals = tuple(
+        (name, load_prompts(path, tok, eval_keys(cfg), flag=f"--eval-prompt-data {name}"))
+        for name, path in d.eval_datasets
+    )
+    scorer, eval_scorer = _scorers(cfg)
     return RolloutSource(tok, stops, train, evals, scorer, eval_scorer)
 
 

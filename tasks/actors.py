@@ -1,6 +1,6 @@
 """Creating, finding and re-creating the run's Ray actors.
 
-Actors are named per run (`engine-<i>`, `trainer-<rank>`) in the namespace `rollflow-<run name>`,
+Actors are named per run (`engine-<i>`, `trainer-<rank>`, `rollout`) in the namespace `rollflow-<run name>`,
 so any task, in any process connected to the cluster, finds them with `ray.get_actor`. An actor that died
 or hung is replaced by a new one under the same name (tasks/recovery.py decides when), in the same bundle of the
 run's placement group (tasks/placement.py), so on the same node and slot.
@@ -38,6 +38,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # namespace -> the run's placement group, created with its first actor and kept until stop_actors: every actor of
 # the run, and every replacement of one, is scheduled into its bundles
 _PLACEMENTS: dict[str, placement.Placement] = {}
+ROLLOUT = "rollout"  # the name of the run's rollout actor (rollout/actor.py)
 
 
 def namespace(cfg: RunConfig) -> str:
@@ -49,6 +50,11 @@ def engines(cfg: RunConfig) -> list[Any]:
     if cfg.train_only:
         return []
     return [_get(cfg, f"engine-{i}") for i in range(cfg.rollout.rollout_num_engines)]
+
+
+def rollout_actor(cfg: RunConfig) -> Any:
+    """The run's rollout actor (rollout/actor.py): it scores and writes what the engines generate."""
+    return _get(cfg, ROLLOUT)
 
 
 def trainers(cfg: RunConfig) -> list[Any]:
@@ -171,12 +177,37 @@ def _engine(cfg: RunConfig, i: int, where: placement.Placement, checkpoint: str 
 
 async def start_engines(cfg: RunConfig, checkpoint: str | None = None) -> list[Any]:
     """One engine actor per `--rollout-num-engines`, in its bundle, loading `checkpoint` (default
-    --hf-checkpoint); waits until each answers `health`."""
+    --hf-checkpoint), and the rollout actor that scores and writes what they generate; waits until each answers
+    `health`."""
     where = await _placement(cfg)
     actors = [_engine(cfg, i, where, checkpoint) for i in range(cfg.rollout.rollout_num_engines)]
     _keep(cfg, {f"engine-{i}": a for i, a in enumerate(actors)})
-    await asyncio.gather(*[a.health.remote() for a in actors])
+    finisher = _HANDLES.get((namespace(cfg), ROLLOUT)) or await _with_free_name(lambda: _rollout_actor(cfg))
+    _keep(cfg, {ROLLOUT: finisher})
+    await asyncio.gather(*[a.health.remote() for a in actors], finisher.prepare.remote(cfg))
     return actors
+
+
+def _rollout_actor(cfg: RunConfig) -> Any:
+    """The rollout actor, on this process's node and in its working directory (the reward's imports and the run's
+    relative paths resolve as here); Ray restarts it if it dies (it keeps nothing between calls but caches)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from rollout.actor import RolloutActor
+
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    return RolloutActor.options(  # type: ignore[attr-defined]
+        name=ROLLOUT, namespace=namespace(cfg), scheduling_strategy=here, max_restarts=-1
+    ).remote(os.getcwd(), cfg.faults.requests(), str(cfg.resolved_run_dir), _epoch(cfg))
+
+
+async def restart_rollout_actor(cfg: RunConfig) -> Any:
+    """Kill the rollout actor (hung, stopped or alive) and start a new one; returns it once healthy."""
+    _kill(cfg, ROLLOUT)
+    actor = await _with_free_name(lambda: _rollout_actor(cfg))
+    _keep(cfg, {ROLLOUT: actor})
+    await actor.prepare.remote(cfg)
+    return actor
 
 
 async def restart_engine(cfg: RunConfig, i: int) -> Any:
@@ -250,9 +281,11 @@ def kill_trainers(cfg: RunConfig) -> None:
 
 def stop_actors(cfg: RunConfig) -> None:
     """Kill every actor of the run that is still alive, then give its placement group back."""
-    for name in [f"engine-{i}" for i in range(cfg.rollout.rollout_num_engines)] + [
-        f"trainer-{r}" for r in range(cfg.trainer_world_size)
-    ]:  # all names: modes may differ
+    for name in (
+        [f"engine-{i}" for i in range(cfg.rollout.rollout_num_engines)]
+        + [f"trainer-{r}" for r in range(cfg.trainer_world_size)]
+        + [ROLLOUT]
+    ):  # all names: modes may differ
         _kill(cfg, name)
     held = _PLACEMENTS.pop(namespace(cfg), None)
     if held is not None:

@@ -3,11 +3,14 @@ records the task runs in between (a few ms of client and server work per task ru
 between two flow runs, with the actors idle otherwise). Each stage's calls start as soon as what they need is
 there:
 
-- generation: the parent flow run asks the engines for rollout N+1's samples as soon as the body of rollout N's
-  flow run returns (its weights synced and checked), while Prefect records that run's end and starts the next;
-- log-probs: a rollout flow run starts the trainers' log-prob pass (after the engines' memory release, as the
-  task orders them) as soon as its generate task has written the rollout, while Prefect records generate and
-  runs save-rollout. The calls go out at once, ordered by Ray rather than by an await (`log_prob_calls`);
+- generation: the parent flow run asks the engines for rollout N+1's samples, and the rollout actor to score and
+  write them (rollout/actor.py), as soon as the body of rollout N's flow run returns (its weights synced and
+  checked), while Prefect records that run's end and starts the next;
+- log-probs: the trainers' log-prob pass (after the engines' memory release, as the task orders them) follows on
+  the written file through Ray: the parent submits it with the generation (`start`; not when the trainers save a
+  checkpoint first), and the rollout's generate task hands it to its log-prob task once it has the file's ref
+  (`start_log_probs`), or starts it then if nothing was chained or the chain ran on another file. The calls go
+  out at once, ordered by Ray rather than by an await (`log_prob_calls`);
 - the train step, once the log-prob task has its table, and the weight sync, once the train-step task has
   every rank's metrics: each while Prefect records the task before it and starts its own.
 
@@ -26,27 +29,55 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from artifacts.store import ArtifactRef
 from config import RunConfig
-from engines.base import GenerateOutput, GenerateRequest
+from engines.base import GenerateRequest
+from rollout.finish import Tally
+from rollout.requests import Entry
 from tasks import actors
 from tasks.refs import WeightsRef
 
 
-async def generate_on(
-    engines: list[Any], parts: list[list[GenerateRequest]], ctx: dict[str, Any]
-) -> tuple[list[list[GenerateOutput]], float]:
-    """Each engine's part (empty parts skipped; one list of outputs per non-empty part, in order) and the
-    seconds from the calls to the last answer."""
+@dataclass(frozen=True)
+class Generated:
+    """A generated rollout: its file's ref, its tally, and the seconds from the calls to the last engine's answer
+    (measured from the calls to the ref, less the scoring and writing)."""
+
+    rollout: ArtifactRef
+    tally: Tally
+    seconds: float
+
+
+def generate_rollout(
+    cfg: RunConfig,
+    entries: list[Entry],
+    parts: list[list[GenerateRequest]],
+    rollout_id: int,
+    weights_sha256: str,
+    path: str,
+    ctx: dict[str, Any],
+    eval_mode: bool = False,
+) -> tuple[Any, Coroutine[Any, Any, Generated]]:
+    """Submit now: each engine's part of `entries` (requests `parts`), then the rollout actor scores their answers
+    and writes the rollout (an eval set with `eval_mode`) to `path` (rollout/actor.py). Returns the object ref of
+    the written file's ref (to pass on to other actor calls) and the awaitable `Generated`."""
     began = time.perf_counter()
-    outputs = await asyncio.gather(
-        *[engine.generate.remote(part, ctx) for engine, part in zip(engines, parts, strict=True) if part]
+    engines = actors.engines(cfg)
+    answers = [engine.generate.remote(part, ctx) for engine, part in zip(engines, parts, strict=True) if part]
+    finish = actors.rollout_actor(cfg).finish_rollout
+    ref, tally = finish.remote(
+        cfg, rollout_id, entries, weights_sha256, path, *answers, eval_mode=eval_mode, ctx=ctx
     )
-    return list(outputs), time.perf_counter() - began
+
+    async def generated() -> Generated:
+        rollout, counted = await asyncio.gather(ref, tally)
+        return Generated(rollout, counted, time.perf_counter() - began - counted.seconds)
+
+    return ref, generated()
 
 
 def log_prob_calls(
@@ -70,6 +101,7 @@ async def answers(refs: list[Any]) -> list[Any]:
 class _Started:
     key: tuple[Any, ...]
     answers: asyncio.Future[Any]
+    on: asyncio.Future[Generated] | None = None  # a chained log-prob pass: the generation it runs on
 
 
 _started: dict[str, _Started] = {}  # by stage: at most one head start each
@@ -109,30 +141,68 @@ def _weights_key(cfg: RunConfig, rollout_id: int, version: int, sha256: str) -> 
 
 
 def start(
-    cfg: RunConfig, rollout_id: int, version: int, sha256: str, parts: list[list[GenerateRequest]]
+    cfg: RunConfig,
+    rollout_id: int,
+    weights: tuple[int, str],
+    entries: list[Entry],
+    parts: list[list[GenerateRequest]],
+    path: str,
+    log_probs_out: str | None = None,
 ) -> None:
-    """Ask the run's engines for `parts` (one list of requests per engine) as rollout `rollout_id`'s first
-    generate attempt would, on weights (`version`, `sha256`); replaces a generation started before."""
-    key = (*_weights_key(cfg, rollout_id, version, sha256), parts)
-    start_calls("generate", key, generate_on(actors.engines(cfg), parts, first_attempt(rollout_id)))
+    """Generate rollout `rollout_id` (`entries`, one list of requests per engine in `parts`) and write it to `path`
+    as its first generate attempt would, on the engines' `weights` (version, sha256); replaces a generation
+    started before. `log_probs_out`: also chain the log-prob pass on the written file (the engines step aside
+    first), as the rollout's log-prob task would start it (`start_log_probs` takes it if it is for the same
+    file)."""
+    version, sha256 = weights
+    key = (*_weights_key(cfg, rollout_id, version, sha256), parts, path)
+    ref, generated = generate_rollout(
+        cfg, entries, parts, rollout_id, sha256, path, first_attempt(rollout_id)
+    )
+    start_calls("generate", key, generated)
+    _drop("chained-log-prob")
+    if log_probs_out is not None:
+        released = [e.release_memory.remote() for e in actors.engines(cfg)]
+        calls = log_prob_calls(actors.trainers(cfg), ref, log_probs_out, after=released)
+        chain = (*_weights_key(cfg, rollout_id, version, sha256), log_probs_out)
+        _started["chained-log-prob"] = _Started(
+            chain, asyncio.ensure_future(answers(calls)), _started["generate"].answers
+        )
 
 
 def take(
-    cfg: RunConfig, rollout_id: int, version: int, sha256: str, parts: list[list[GenerateRequest]]
-) -> asyncio.Future[tuple[list[list[GenerateOutput]], float]] | None:
-    """The answers started for exactly this rollout, weights and requests (None otherwise); each start is
-    taken at most once."""
-    return take_calls("generate", (*_weights_key(cfg, rollout_id, version, sha256), parts))
+    cfg: RunConfig, rollout_id: int, weights: tuple[int, str], parts: list[list[GenerateRequest]], path: str
+) -> asyncio.Future[Generated] | None:
+    """The generation started for exactly this rollout, weights, requests and file (None otherwise); each start
+    is taken at most once."""
+    return take_calls("generate", (*_weights_key(cfg, rollout_id, *weights), parts, path))
 
 
 def start_log_probs(
     cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef, out: str
 ) -> None:
     """Start rollout `rollout_id`'s log-prob pass over `rollout` (written to `out`) as its log-prob task's first
-    attempt would, the engines holding `weights`; replaces a pass started before."""
+    attempt would, the engines holding `weights`; replaces a pass started before. The pass chained on this
+    rollout's generation (`start`) is taken instead, if it runs on this very file."""
+    key = _log_prob_key(cfg, rollout_id, rollout, weights, out)
+    chained = _started.pop("chained-log-prob", None)
+    if chained is not None:
+        on = chained.on
+        same = (
+            chained.key == (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), out)
+            and on is not None
+            and on.done()
+            and not on.cancelled()
+            and on.exception() is None
+            and on.result().rollout == rollout
+        )
+        if same:
+            start_calls("log-prob", key, chained.answers)
+            return
+        _discard(chained)
     released = [e.release_memory.remote() for e in actors.engines(cfg)]  # the engines step aside first
     calls = log_prob_calls(actors.trainers(cfg), rollout, out, after=released)
-    start_calls("log-prob", _log_prob_key(cfg, rollout_id, rollout, weights, out), answers(calls))
+    start_calls("log-prob", key, answers(calls))
 
 
 def take_log_probs(

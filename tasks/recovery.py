@@ -8,6 +8,8 @@ that Prefect's retry of the stage runs on healthy actors holding the right weigh
 - The trainers are re-created together (one dead rank breaks the gloo group) from their latest step-boundary
   snapshot (trainers/actor.py), or from the run's starting weights before the first train-step; the
   apply-once guard travels in the snapshot, so a retried train-step of an applied rollout returns its metrics.
+- The rollout actor (it scores and writes what the engines generate) keeps nothing between calls: Ray restarts
+  a dead one by itself, and one that hangs is re-created; the retried stage sends it the engines' answers again.
 - A fault that raised inside a live actor (an exception, not a death) needs no replacement: the retry runs
   on the same actor. A checker failure is never retried (tasks/checks.py).
 """
@@ -69,6 +71,10 @@ async def guarded(
         if dead:
             await restart_engines(cfg, dead, weights)
             replaced.append(f"engines {dead}")
+        # the engines' companion: Ray brings a dead one back by itself, a hung one is replaced here
+        if not cfg.train_only and await _unhealthy([actors.rollout_actor(cfg)]):
+            await actors.restart_rollout_actor(cfg)
+            replaced.append("the rollout actor")
     done = f"replaced {' and '.join(replaced)}" if replaced else "every actor answers"
     notice(f"{what}: {cause}; {done}; the stage will be retried", logging.WARNING)
     raise ActorLost(f"{what}: {cause}; {done}; the stage will be retried")

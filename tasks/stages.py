@@ -4,18 +4,18 @@ check (and eval). Each resolves refs, calls the run's actors, writes artifacts a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from prefect import task
 from prefect.artifacts import acreate_markdown_artifact
 
 from artifacts.hashing import differing_tensors
-from artifacts.store import ArtifactRef, RunPaths, read_rollout, write_rollout
+from artifacts.store import ArtifactRef, RunPaths, read_rollout
 from config import RunConfig
 from engines.base import GenerateRequest
 from rollout.data import prompts_for_rollout
-from rollout.requests import Entry, build_requests, sampling_metadata, split_for_engines, to_samples
+from rollout.requests import Entry, build_requests, split_for_engines
 from rollout.source import eval_params, rollout_source, train_params
 from tasks import actors, prefetch
 from tasks.cache import RefCachePolicy
@@ -48,40 +48,6 @@ def _ctx(rollout_id: int) -> dict[str, int]:
     return {"rollout_id": rollout_id, "attempt": max(0, int(task_run.run_count or 1) - 1)}
 
 
-async def _on_engines(
-    cfg: RunConfig,
-    entries: list[Entry],
-    what: str,
-    rollout_id: int,
-    weights: WeightsRef,
-    *,
-    prefetched: bool = False,
-) -> tuple[list, float]:
-    """Spread whole groups over the engines; outputs in entry order, and the engines' seconds. `prefetched`:
-    take the answers the parent already asked for, if it asked for exactly these (tasks/prefetch.py)."""
-    parts, requests = _per_engine(cfg, entries)
-    ctx = _ctx(rollout_id)
-    started = (
-        prefetch.take(cfg, rollout_id, weights.version, weights.sha256, requests)
-        if prefetched and ctx["attempt"] == 0
-        else None
-    )
-    results, seconds = await guarded(
-        cfg,
-        what,
-        started if started is not None else prefetch.generate_on(actors.engines(cfg), requests, ctx),
-        cfg.faults.rollout_timeout,
-        engines=True,
-        weights=weights,
-    )
-    by_index = {
-        e.sample_index: out
-        for part, outs in zip([p for p in parts if p], results, strict=True)
-        for e, out in zip(part, outs, strict=True)
-    }
-    return [by_index[e.sample_index] for e in entries], seconds
-
-
 def _per_engine(
     cfg: RunConfig, entries: list[Entry]
 ) -> tuple[list[list[Entry]], list[list[GenerateRequest]]]:
@@ -102,14 +68,41 @@ def train_requests(cfg: RunConfig, rollout_id: int) -> list[Entry]:
     )
 
 
-def start_next_generation(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> None:
+def _rollout_path(cfg: RunConfig, rollout_id: int, fresh: bool) -> str:
+    """Where generate writes rollout `rollout_id` (`fresh_<id>.parquet` when a recording is injected in its place)."""
+    path = _paths(cfg).rollout(rollout_id)
+    return str(path.with_name(f"fresh_{rollout_id:06d}.parquet") if fresh else path)
+
+
+def injects(cfg: RunConfig, rollout_id: int) -> bool:
+    """Whether rollout `rollout_id` trains on an injected recording instead of its generation."""
+    d = cfg.debug
+    return bool(d.ci_inject_rollout_data_path) and rollout_id >= d.ci_inject_rollout_data_start_rollout_id
+
+
+def start_next_generation(
+    cfg: RunConfig, rollout_id: int, weights: WeightsRef, log_probs: bool = True
+) -> None:
     """The parent's head start on rollout `rollout_id`'s generate task (tasks/prefetch.py), when that rollout
-    generates on the engines (not train-only, not a loaded recording) and --debug-sequential-stages is off."""
+    generates on the engines (not train-only, not a loaded recording) and --debug-sequential-stages is off; with
+    `log_probs`, its log-prob pass follows on the written file when the rollout trains on it (not rollout-only,
+    no injected recording)."""
     d = cfg.debug
     if cfg.train_only or d.load_debug_rollout_data or d.load_forge_rollout_data or d.debug_sequential_stages:
         return
-    _, requests = _per_engine(cfg, train_requests(cfg, rollout_id))
-    prefetch.start(cfg, rollout_id, weights.version, weights.sha256, requests)
+    entries = train_requests(cfg, rollout_id)
+    _, requests = _per_engine(cfg, entries)
+    injected = injects(cfg, rollout_id)
+    chain = log_probs and not cfg.rollout_only and not injected
+    prefetch.start(
+        cfg,
+        rollout_id,
+        (weights.version, weights.sha256),
+        entries,
+        requests,
+        _rollout_path(cfg, rollout_id, injected),
+        _logprobs_out(cfg, rollout_id) if chain else None,
+    )
 
 
 @task(
@@ -123,40 +116,36 @@ def start_next_generation(cfg: RunConfig, rollout_id: int, weights: WeightsRef) 
 )
 async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: bool = False) -> ArtifactRef:
     """Sample `rollout_batch_size x n_samples_per_prompt` responses, score them and write
-    rollout_{id}.parquet (`fresh_{id}.parquet` when a recording will be injected in its place)."""
-    src, r = rollout_source(cfg), cfg.rollout
-    params = train_params(cfg, src.stops)
+    rollout_{id}.parquet (`fresh_{id}.parquet` when a recording will be injected in its place): the engines
+    generate, the rollout actor scores and writes (rollout/actor.py)."""
     entries = train_requests(cfg, rollout_id)
-    outputs, seconds = await _on_engines(
-        cfg, entries, f"generate {rollout_id}", rollout_id, weights, prefetched=True
+    _, requests = _per_engine(cfg, entries)
+    path, ctx = _rollout_path(cfg, rollout_id, fresh), _ctx(rollout_id)
+    weights_key = (weights.version, weights.sha256)
+    started = prefetch.take(cfg, rollout_id, weights_key, requests, path) if ctx["attempt"] == 0 else None
+    calls: Awaitable[prefetch.Generated] = (
+        started
+        if started is not None
+        else prefetch.generate_rollout(cfg, entries, requests, rollout_id, weights.sha256, path, ctx)[1]
     )
-    samples = await to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, rollout_id)
-    tokens = sum(s.response_length for s in samples)
+    generated = await guarded(
+        cfg, f"generate {rollout_id}", calls, cfg.faults.rollout_timeout, engines=True, weights=weights
+    )
+    seconds, tally = generated.seconds, generated.tally
     log_metrics(
         cfg,
         "perf",
         rollout_id,
         {
             "perf/rollout_time": seconds,
-            "perf/tokens_per_sec": tokens / seconds,
+            "perf/tokens_per_sec": tally.tokens / seconds,
             # slime's per-GPU throughput; on CPU an engine is the unit
-            "perf/tokens_per_engine_per_sec": tokens / seconds / r.rollout_num_engines,
-            "perf/longest_sample_tokens_per_sec": max(s.response_length for s in samples) / seconds,
+            "perf/tokens_per_engine_per_sec": tally.tokens / seconds / cfg.rollout.rollout_num_engines,
+            "perf/longest_sample_tokens_per_sec": tally.longest / seconds,
         },
     )
-    # only content-determined metadata: the same samples must give the same bytes (and sha256)
-    meta = {
-        **sampling_metadata(params, r.rollout_seed),
-        "config_hash": cfg.config_hash(),
-        "weights_sha256": weights.sha256,
-        "tokenizer": cfg.hf_checkpoint or "",
-    }
-    path = _paths(cfg).rollout(rollout_id)
-    ref = write_rollout(
-        path.with_name(f"fresh_{rollout_id:06d}.parquet") if fresh else path, samples, metadata=meta
-    )
-    prefetch.done(cfg, "generate", rollout_id, ref)
-    return ref
+    prefetch.done(cfg, "generate", rollout_id, generated.rollout)
+    return generated.rollout
 
 
 @task(
@@ -515,11 +504,17 @@ async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> dict[st
         eval_mode=True,
         datasets=names,
     )
-    outputs, _ = await _on_engines(cfg, entries, f"eval {eval_id}", eval_id, weights)
-    samples = await to_samples(entries, outputs, src.tokenizer, src.stops, src.eval_scorer, eval_id)
-    write_rollout(
-        _paths(cfg).eval_rollout(eval_id), samples, metadata={"weights_sha256": weights.sha256}, kind="eval"
+    path = str(_paths(cfg).eval_rollout(eval_id))
+    _, requests = _per_engine(cfg, entries)
+    _, generated = prefetch.generate_rollout(
+        cfg, entries, requests, eval_id, weights.sha256, path, _ctx(eval_id), eval_mode=True
     )
+    ref = (
+        await guarded(
+            cfg, f"eval {eval_id}", generated, cfg.faults.rollout_timeout, engines=True, weights=weights
+        )
+    ).rollout
+    samples = read_rollout(ref)
     record_rollout(cfg, f"eval_{eval_id}", samples)
     metrics = eval_stats(samples, [name for name, _ in src.evals])
     log_metrics(cfg, "eval", eval_id, {**metrics, "eval/step": eval_id})

@@ -35,7 +35,7 @@ def fault_log(cfg) -> list[dict]:
     return [json.loads(line) for line in (cfg.resolved_run_dir / "faults.jsonl").read_text().splitlines()]
 
 
-def test_a_killed_engine_and_a_killed_trainer_are_survived_bitwise(
+def test_a_killed_engine_trainer_and_rollout_actor_are_survived_bitwise(
     tmp_path, ray_session, prefect_server, base_checkpoint
 ):
     from flows.run import run_flow
@@ -55,6 +55,12 @@ def test_a_killed_engine_and_a_killed_trainer_are_survived_bitwise(
             "action": {"kind": "kill_process"},
             "rollout_id": 2,
         },
+        {  # rollout 2's generation is the parent's head start: the chained log-prob pass fails with it
+            "request_id": "kill-rollout",
+            "hook_name": "rollout_finish_start",
+            "action": {"kind": "kill_process"},
+            "rollout_id": 2,
+        },
     ]
     faulted = faulted_config(tmp_path, base_checkpoint, "faulted", hooks)
     asyncio.run(run_flow(faulted))
@@ -65,6 +71,9 @@ def test_a_killed_engine_and_a_killed_trainer_are_survived_bitwise(
     assert (
         fired["kill-trainer"]["process"] == "trainer-0"
         and fired["kill-trainer"]["context"]["rollout_id"] == 2
+    )
+    assert (
+        fired["kill-rollout"]["process"] == "rollout" and fired["kill-rollout"]["context"]["rollout_id"] == 2
     )
     # every sample, every metric and the per-layer hashes of every checkpoint as in the fault-free run
     assert first_divergence(clean.resolved_run_dir, faulted.resolved_run_dir) is None

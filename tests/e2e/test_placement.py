@@ -100,12 +100,14 @@ def test_trainers_on_one_node_engines_on_the_other(tmp_path, base_checkpoint):
         ],
         slots_per_node=2,
     )
-    # Ray's actor table: each actor ran once, every trainer rank on the trainer machine, every engine on the other
+    # Ray's actor table: each actor ran once, every trainer rank on the trainer machine, every engine on the other,
+    # and the rollout actor beside `rollflow run` (which joined the cluster at its head, the trainer machine)
     assert placed == {
         "trainer-0": ["trainer_node"],
         "trainer-1": ["trainer_node"],
         "engine-0": ["rollout_node"],
         "engine-1": ["rollout_node"],
+        "rollout": ["trainer_node"],
     }, placed
     assert "placement: 4 slot(s) of rollflow_slot" in report["output"]
     assert (

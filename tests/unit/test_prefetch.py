@@ -11,27 +11,37 @@ import pytest
 from artifacts.store import ArtifactRef
 from config import RunConfig
 from engines.base import GenerateRequest
+from rollout.finish import Tally
 from tasks import actors, prefetch, stages
 from tasks.refs import LogProbs, WeightsRef
 from tasks.transfer import Pushed
 
 
 class _Method:
-    def __init__(self, fn):
-        self.fn, self.calls = fn, []
+    def __init__(self, fn, num_returns: int = 1):
+        self.fn, self.calls, self.num_returns = fn, [], num_returns
 
-    def remote(self, *args):
+    def remote(self, *args, **kwargs):
         """As Ray runs an actor call: once every object ref (here, future) among its arguments is done, on their
-        values."""
+        values; `num_returns` > 1: one ref per item of what the call returns."""
         self.calls.append(args)
 
         async def run():
-            return await self.fn(*[await a if isinstance(a, asyncio.Future) else a for a in args])
+            return await self.fn(*[await a if isinstance(a, asyncio.Future) else a for a in args], **kwargs)
 
-        return asyncio.ensure_future(run())
+        answer = asyncio.ensure_future(run())
+        if self.num_returns == 1:
+            return answer
+
+        async def item(i):
+            return (await answer)[i]
+
+        return [asyncio.ensure_future(item(i)) for i in range(self.num_returns)]
 
 
 class _Engine:
+    """generate answers `out-<seed>` per request."""
+
     def __init__(self, fail: bool = False) -> None:
         async def generate(part, ctx):
             await asyncio.sleep(0)
@@ -42,8 +52,43 @@ class _Engine:
         self.generate = _Method(generate)
 
 
+class _Finisher:
+    """The rollout actor: finish_rollout "writes" the rollout the engines' answers make."""
+
+    def __init__(self) -> None:
+        async def finish_rollout(
+            cfg, rollout_id, entries, weights_sha256, path, *answers, eval_mode=False, ctx=None
+        ):
+            return (
+                ArtifactRef(
+                    path=path, sha256=_sha(answers), rows=len(entries), schema_version=1, kind="rollout"
+                ),
+                Tally(tokens=4, longest=2, seconds=0.0),
+            )
+
+        self.finish_rollout = _Method(finish_rollout, num_returns=2)
+
+
+@pytest.fixture(autouse=True)
+def finisher(monkeypatch):
+    finisher = _Finisher()
+    monkeypatch.setattr(actors, "rollout_actor", lambda cfg: finisher)
+    return finisher
+
+
+def _sha(answers) -> str:
+    return (str(len(answers)) * 64)[:64]
+
+
 def _parts() -> list[list[GenerateRequest]]:
     return [[GenerateRequest(prompt_tokens=(1, 2), seed=s) for s in (0, 1)], []]
+
+
+_ENTRIES = [
+    "entry-0",
+    "entry-1",
+]  # what the rollout actor scores the answers with: passed through as they are
+_PATH = "/run/rollouts/rollout_000003.parquet"
 
 
 @pytest.fixture
@@ -54,37 +99,48 @@ def engines(monkeypatch):
     prefetch.drop()
 
 
-def test_the_same_rollout_weights_and_requests_take_the_answers_once(engines):
+def _start(cfg, rollout_id=3, weights=(3, "sha"), parts=None, path=_PATH, log_probs_out=None):
+    prefetch.start(cfg, rollout_id, weights, _ENTRIES, parts or _parts(), path, log_probs_out)
+
+
+def test_the_same_rollout_weights_requests_and_file_take_the_generation_once(engines, finisher):
     cfg = RunConfig()
 
     async def go():
-        prefetch.start(cfg, 3, 3, "sha", _parts())
-        answers = prefetch.take(cfg, 3, 3, "sha", _parts())
+        _start(cfg)
+        answers = prefetch.take(cfg, 3, (3, "sha"), _parts(), _PATH)
         assert answers is not None
-        outputs, seconds = await answers
-        assert outputs == [["out-0", "out-1"]] and seconds >= 0  # the empty part asks nobody
-        assert prefetch.take(cfg, 3, 3, "sha", _parts()) is None  # taken once
+        generated = await answers
+        assert generated.rollout.path == _PATH and generated.tally.tokens == 4 and generated.seconds >= 0
+        assert prefetch.take(cfg, 3, (3, "sha"), _parts(), _PATH) is None  # taken once
 
     asyncio.run(go())
     assert engines[0].generate.calls == [(_parts()[0], {"rollout_id": 3, "attempt": 0})]
-    assert engines[1].generate.calls == []
+    assert engines[1].generate.calls == []  # the empty part asks nobody
+    # the rollout actor scores and writes, on the answers of the engines that had a part (refs Ray resolves)
+    ((cfg_, rollout_id, entries, sha, path, answer),) = finisher.finish_rollout.calls
+    assert (rollout_id, entries, sha, path) == (3, _ENTRIES, "sha", _PATH) and answer.result() == [
+        "out-0",
+        "out-1",
+    ]
 
 
 @pytest.mark.parametrize(
     "other",
     [
-        (4, 3, "sha", _parts()),  # another rollout
-        (3, 3, "other", _parts()),  # other weights
-        (3, 3, "sha", [[GenerateRequest(prompt_tokens=(1, 2), seed=9)], []]),  # other requests
+        (4, (3, "sha"), _parts(), _PATH),  # another rollout
+        (3, (3, "other"), _parts(), _PATH),  # other weights
+        (3, (3, "sha"), [[GenerateRequest(prompt_tokens=(1, 2), seed=9)], []], _PATH),  # other requests
+        (3, (3, "sha"), _parts(), "/run/rollouts/fresh_000003.parquet"),  # another file
     ],
 )
 def test_anything_else_drops_it(engines, other):
     cfg = RunConfig()
 
     async def go():
-        prefetch.start(cfg, 3, 3, "sha", _parts())
+        _start(cfg)
         assert prefetch.take(cfg, *other) is None
-        assert prefetch.take(cfg, 3, 3, "sha", _parts()) is None  # dropped, not kept for later
+        assert prefetch.take(cfg, 3, (3, "sha"), _parts(), _PATH) is None  # dropped, not kept for later
 
     asyncio.run(go())
 
@@ -94,12 +150,12 @@ def test_an_engine_error_surfaces_in_the_taker_and_a_dropped_one_nowhere(monkeyp
     monkeypatch.setattr(actors, "engines", lambda cfg: [_Engine(fail=True), _Engine()])
 
     async def go():
-        prefetch.start(cfg, 0, 0, "sha", _parts())
-        answers = prefetch.take(cfg, 0, 0, "sha", _parts())
+        _start(cfg, rollout_id=0, weights=(0, "sha"))
+        answers = prefetch.take(cfg, 0, (0, "sha"), _parts(), _PATH)
         assert answers is not None
         with pytest.raises(RuntimeError, match="engine fault"):
             await answers
-        prefetch.start(cfg, 1, 0, "sha", _parts())
+        _start(cfg, rollout_id=1, weights=(0, "sha"))
         await asyncio.sleep(0.01)  # it fails before anyone takes it
         prefetch.drop()
 
@@ -394,3 +450,131 @@ def test_a_sync_without_a_head_start_resumes_the_engines_and_pushes_itself(learn
 
     asyncio.run(go())
     assert order == ["resume", "push v5 attempt 0"] and len(engine.resume_memory.calls) == 1
+
+
+def _one() -> list[list[GenerateRequest]]:
+    """The parts of a run with one engine."""
+    return _parts()[:1]
+
+
+@pytest.fixture
+def chain(monkeypatch):
+    order: list[str] = []
+    engine = _Engine()
+    engine.release_memory = _Releasing(order).release_memory
+    trainers = [_Trainer(0, order), _Trainer(1, order)]
+    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
+    monkeypatch.setattr(actors, "trainers", lambda cfg: trainers)
+    yield order, engine, trainers
+    prefetch.drop()
+
+
+def test_a_chained_log_prob_pass_follows_the_written_file_and_the_log_prob_stage_takes_it(chain):
+    order, engine, trainers = chain
+    cfg, weights, out = RunConfig(), WeightsRef(version=3, sha256="sha"), "/run/lp.parquet"
+
+    async def go():
+        _start(cfg, parts=_one(), log_probs_out=out)
+        # every call goes out at once: the trainers' passes wait for the file's ref and the engines' release
+        assert [len(m.calls) for m in (engine.release_memory, *[t.compute_log_probs for t in trainers])] == [
+            1,
+            1,
+            1,
+        ]
+        answers = prefetch.take(cfg, 3, (3, "sha"), _one(), _PATH)
+        assert answers is not None
+        rollout = (await answers).rollout
+        prefetch.start_log_probs(
+            cfg, 3, rollout, weights, out
+        )  # what generate's task asks once it has the file
+        assert len(trainers[0].compute_log_probs.calls) == 1  # the chained pass, not a second one
+        taken = prefetch.take_log_probs(cfg, 3, rollout, weights, out)
+        assert taken is not None
+        assert await taken == [f"{out}@{rollout.sha256}", None, {"written": f"{out}@{rollout.sha256}"}]
+
+    asyncio.run(go())
+    assert order == ["release", "log-probs 0 after 1", "log-probs 1 after 1", "stats"]
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"rollout": _rollout("9")},  # generate wrote another file (a retry, a cached task)
+        {"weights": WeightsRef(version=3, sha256="other")},
+        {"out": "/run/other.parquet"},
+    ],
+)
+def test_a_chained_log_prob_pass_for_anything_else_is_dropped_and_the_pass_asked_afresh(chain, other):
+    order, engine, trainers = chain
+    cfg = RunConfig()
+
+    async def go():
+        _start(cfg, parts=_one(), log_probs_out="/run/lp.parquet")
+        generated = await prefetch.take(cfg, 3, (3, "sha"), _one(), _PATH)  # type: ignore[misc]
+        asked = {
+            "rollout": generated.rollout,
+            "weights": WeightsRef(version=3, sha256="sha"),
+            "out": "/run/lp.parquet",
+        }
+        asked.update(other)
+        prefetch.start_log_probs(cfg, 3, asked["rollout"], asked["weights"], asked["out"])
+        assert len(trainers[0].compute_log_probs.calls) == 2
+        taken = prefetch.take_log_probs(cfg, 3, asked["rollout"], asked["weights"], asked["out"])
+        assert taken is not None
+        assert (await taken)[0] == f"{asked['out']}@{asked['rollout'].sha256}"
+
+    asyncio.run(go())
+
+
+def test_a_chained_log_prob_pass_on_a_failed_generation_is_dropped(monkeypatch):
+    order: list[str] = []
+    engine = _Engine(fail=True)
+    engine.release_memory = _Releasing(order).release_memory
+    trainer = _Trainer(0, order)
+    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
+    monkeypatch.setattr(actors, "trainers", lambda cfg: [trainer])
+    cfg, weights = RunConfig(), WeightsRef(version=3, sha256="sha")
+
+    async def go():
+        _start(cfg, parts=_one(), log_probs_out="/run/lp.parquet")
+        answers = prefetch.take(cfg, 3, (3, "sha"), _one(), _PATH)
+        with pytest.raises(RuntimeError, match="engine fault"):
+            await answers  # type: ignore[misc]
+        prefetch.start_log_probs(cfg, 3, _rollout(), weights, "/run/lp.parquet")  # the retry's file
+        taken = prefetch.take_log_probs(cfg, 3, _rollout(), weights, "/run/lp.parquet")
+        assert taken is not None
+        assert (await taken)[0] == "/run/lp.parquet@" + "1" * 64
+        prefetch.drop()
+
+    asyncio.run(go())
+    assert len(trainer.compute_log_probs.calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("settings", "chained"),
+    [
+        ({}, True),
+        ({"debug": {"debug_rollout_only": True}}, False),  # nothing trains on it
+        (
+            {"debug": {"ci_inject_rollout_data_path": "rec/rollout_{rollout_id}.parquet"}},
+            False,
+        ),  # a recording is
+        ({"log_probs": False}, False),  # the trainers save a checkpoint first
+    ],
+)
+def test_the_parent_chains_the_log_prob_pass_only_when_the_rollout_trains_on_its_generation(
+    monkeypatch, settings, chained
+):
+    started = []
+    monkeypatch.setattr(prefetch, "start", lambda *a: started.append(a))
+    entry = type("E", (), {"group_index": 0, "request": GenerateRequest(prompt_tokens=(1,), seed=0)})()
+    monkeypatch.setattr(stages, "train_requests", lambda cfg, rollout_id: [entry])
+    cfg = RunConfig.model_validate(
+        {"run_dir": "/run", **{k: v for k, v in settings.items() if k != "log_probs"}}
+    )
+    stages.start_next_generation(cfg, 1, WeightsRef(version=1, sha256="w"), settings.get("log_probs", True))
+    ((_, rollout_id, weights, entries, parts, path, log_probs_out),) = started
+    assert (rollout_id, weights, entries, parts) == (1, (1, "w"), [entry], [[entry.request]])
+    injected = "ci_inject_rollout_data_path" in settings.get("debug", {})
+    assert path.endswith("fresh_000001.parquet" if injected else "rollout_000001.parquet")
+    assert (log_probs_out is not None) == chained

@@ -1,0 +1,76 @@
+"""The Ray actor that finishes the run's rollouts: the orchestrator's rollout side in a process of its own, as
+slime's rollout manager is. It scores what the engines generated with the run's reward and writes the rollout's
+Parquet file (rollout/finish.py), so the orchestrating process, which drives Prefect, does neither, and the
+trainers' log-prob pass can follow on the file through Ray. Rewards run here, never in an engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from engines.base import GenerateOutput
+from faults import FaultHookRequest, FaultInjector
+from procs import freeze_heap
+from rollout.finish import Tally, finish_rollout, in_entry_order
+
+if TYPE_CHECKING:
+    from artifacts.store import ArtifactRef
+    from config import RunConfig
+    from rollout.requests import Entry
+
+
+@ray.remote(num_cpus=0)
+class RolloutActor:
+    """Scores and writes rollouts (one at a time, in call order). Created per run next to the engines, on the
+    orchestrator's node and in its working directory (tasks/actors.py): a `--custom-rm-path` module and the
+    run's relative paths resolve as they do in `rollflow run`."""
+
+    def __init__(
+        self,
+        cwd: str,
+        faults: list[FaultHookRequest] | None = None,
+        run_dir: str | None = None,
+        epoch: float | None = None,
+    ) -> None:
+        os.chdir(cwd)
+        self.faults = FaultInjector(faults or [], "rollout", None, run_dir, epoch)
+        self._loop = asyncio.Runner()  # one event loop for the actor's life: async rewards run on it
+
+    def health(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "cwd": os.getcwd()}
+
+    def prepare(self, cfg: RunConfig) -> None:
+        """Load what scoring `cfg`'s rollouts needs (tokenizer, stops, the reward functions: a `--custom-rm-path`
+        module that does not import fails here, as the run starts), then keep it out of Python's full garbage
+        collections, as the engines and trainers do with their models once set up."""
+        from rollout.source import scoring_side
+
+        scoring_side(cfg)
+        freeze_heap()
+
+    @ray.method(num_returns=2)
+    def finish_rollout(
+        self,
+        cfg: RunConfig,
+        rollout_id: int,
+        entries: list[Entry],
+        weights_sha256: str,
+        path: str,
+        *answers: list[GenerateOutput],
+        eval_mode: bool = False,
+        ctx: dict[str, Any] | None = None,
+    ) -> tuple[ArtifactRef, Tally]:
+        """Score and write rollout `rollout_id` (an eval set with `eval_mode`; rollout/finish.py) from the engines'
+        `answers`: one list of outputs per non-empty engine part of `entries`, in part order (object refs of their
+        `generate` calls, resolved by Ray before this runs). Two returns, the file's ref and its tally: a caller
+        may pass the ref on to the trainers without waiting for it. `ctx`: the stage's (rollout_id, attempt), for the
+        fault hooks."""
+        self.faults.reach("rollout_finish_start", **(ctx or {}))
+        outputs = in_entry_order(entries, cfg.rollout.rollout_num_engines, list(answers))
+        finished = finish_rollout(
+            cfg, rollout_id, entries, outputs, weights_sha256, path, eval_mode=eval_mode
+        )
+        return self._loop.run(finished)

@@ -1,0 +1,78 @@
+"""A rollout finished: the engines' outputs scored with the run's reward, packaged as samples and written as the
+rollout's Parquet artifact. It runs in the run's rollout actor (rollout/actor.py), as slime's rollout manager scores
+and stores what it generated, so the orchestrating process only waits for the file's ref and the trainers' log-prob
+pass can follow on it through Ray. Everything here depends only on its arguments: the same outputs give the same
+file."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from artifacts.store import ArtifactRef, write_rollout
+from engines.base import GenerateOutput
+from rollout.requests import Entry, sampling_metadata, split_for_engines, to_samples
+from rollout.source import scoring_side, train_params
+
+if TYPE_CHECKING:
+    from config import RunConfig
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What the generate stage logs about a finished rollout besides its file."""
+
+    tokens: int  # response tokens over every sample
+    longest: int  # the longest response, in tokens
+    seconds: float  # spent scoring and writing (the rest of the stage's time is the generation)
+
+
+def in_entry_order(
+    entries: list[Entry], num_engines: int, answers: list[list[GenerateOutput]]
+) -> list[GenerateOutput]:
+    """The engines' outputs in `entries`' order; `answers`: one list per non-empty part of
+    `split_for_engines(entries, num_engines)`, in part order (what each engine answered for its part)."""
+    parts = [p for p in split_for_engines(entries, num_engines) if p]
+    if len(parts) != len(answers):
+        raise ValueError(f"{len(answers)} engine answers for {len(parts)} non-empty parts")
+    by_index = {
+        e.sample_index: out
+        for part, outs in zip(parts, answers, strict=True)
+        for e, out in zip(part, outs, strict=True)
+    }
+    return [by_index[e.sample_index] for e in entries]
+
+
+async def finish_rollout(
+    cfg: RunConfig,
+    rollout_id: int,
+    entries: list[Entry],
+    outputs: list[GenerateOutput],
+    weights_sha256: str,
+    path: str | Path,
+    *,
+    eval_mode: bool = False,
+) -> tuple[ArtifactRef, Tally]:
+    """Score `outputs` (in `entries`' order) with the run's reward, write them to `path` as rollout `rollout_id`
+    generated on the weights `weights_sha256`, and return the file's ref and the tally. `eval_mode`: an eval set
+    (the eval reward, `kind="eval"`; `rollout_id` is the eval id). The file's metadata holds only what its content
+    determines, so the same samples give the same bytes (and sha256)."""
+    began = time.perf_counter()
+    tokenizer, stops, scorer, eval_scorer = scoring_side(cfg)
+    samples = await to_samples(
+        entries, outputs, tokenizer, stops, eval_scorer if eval_mode else scorer, rollout_id
+    )
+    if eval_mode:
+        ref = write_rollout(path, samples, metadata={"weights_sha256": weights_sha256}, kind="eval")
+    else:
+        meta = {
+            **sampling_metadata(train_params(cfg, stops), cfg.rollout.rollout_seed),
+            "config_hash": cfg.config_hash(),
+            "weights_sha256": weights_sha256,
+            "tokenizer": cfg.hf_checkpoint or "",
+        }
+        ref = write_rollout(path, samples, metadata=meta)
+    lengths = [s.response_length for s in samples]
+    return ref, Tally(sum(lengths), max(lengths, default=0), time.perf_counter() - began)
