@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -35,11 +36,17 @@ def _free_port() -> int:
 
 
 def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
-    """Run rollouts 0..n-1 in process and return each one's wall seconds (index 0 is the warm-up).
+    """Run rollouts 0..n-1 in process and return each one's wall seconds (index 0 is the warm-up)."""
+    return list(plain_steps(cfg, n))
+
+
+def plain_steps(cfg: RunConfig, n: int) -> Iterator[float]:
+    """Run rollouts 0..n-1 in process, yielding each one's wall seconds as it ends (the first is the warm-up),
+    so that a caller can run other work between them (bench/vs_trl.py alternates with TRL's steps).
 
     `cfg.run_dir` receives the rollout / log-prob Parquet files; the config is resolved as `rollflow run`
     resolves it (the recipe fills in model, data and reward). Uses `cfg.num_threads` torch threads (world
-    size 1, gloo group).
+    size 1, gloo group). Loading the model and trainer happens before the first rollout's clock starts.
     """
     cfg, src = resolve(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"num_rollout": n})}))
     assert src.train is not None and cfg.hf_checkpoint is not None
@@ -49,7 +56,6 @@ def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
     engine = TorchEngine(cfg.hf_checkpoint, num_threads=cfg.num_threads)
     trainer = TorchTrainer(trainer_settings(cfg), cfg.hf_checkpoint, rank=0, world_size=1)
     trainer.setup("127.0.0.1", _free_port())
-    seconds: list[float] = []
     evaluates = bool(cfg.eval.eval_interval and src.evals)
 
     def evaluate(eval_id: int) -> None:  # tasks.stages.evaluate's work
@@ -91,12 +97,11 @@ def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
             every = cfg.eval.eval_interval
             if evaluates and every and ((rollout_id + 1) % every == 0 or rollout_id + 1 == n):
                 evaluate(rollout_id + 1)
-            seconds.append(time.perf_counter() - start)
+            yield time.perf_counter() - start
     finally:
         loop.close()
         if dist.is_initialized():
             dist.destroy_process_group()
-    return seconds
 
 
 def mean(xs: list[float]) -> float:

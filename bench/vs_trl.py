@@ -16,7 +16,10 @@ reward of `--recipe` (tiny-arith; long-arith for 64-256-token responses, where L
             wrapping the recipe's reward (rollout.rewards.builtin_reward); a TrainerCallback times on_step_begin ->
             on_step_end (generation, reward, loss and optimizer step all fall inside).
 The TRL half always runs in a subprocess (`--side trl`), under this interpreter if it can import
-`trl`, else under `--trl-python`. Step 0 of each side is a warm-up and is left out of the means.
+`trl`, else under `--trl-python`. The sides take turns step by step (rollflow, rollflow
+--use-rollout-logprobs, TRL, rollflow, ...): the child waits at each step's start until it is told to go, so
+that a machine that slows down or speeds up during the run (these shared 2-core machines drift by 15-30%)
+weighs on every side alike. Step 0 of each side is a warm-up and is left out of the means.
 
     python bench/vs_trl.py [--recipe tiny-arith|long-arith] [--prompts 8] [--generations 8] [--completion-len L]
                            [--steps 16] [--with-flow]
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
+from bench._plain_loop import mean, plain_steps, table  # noqa: E402
 from config import RunConfig  # noqa: E402
 from flows.resolve import resolve  # noqa: E402
 from recipes.registry import RECIPES, get_recipe  # noqa: E402
@@ -72,8 +75,9 @@ def bench_config(args: argparse.Namespace, run_dir: Path, use_rollout_logprobs: 
     )
 
 
-def trl_steps(args: argparse.Namespace, out_dir: Path) -> list[float]:
-    """Train TRL's GRPOTrainer for `args.steps` steps; per-step seconds (step_begin -> step_end)."""
+def trl_steps(args: argparse.Namespace, out_dir: Path) -> None:
+    """Train TRL's GRPOTrainer for `args.steps` steps in lockstep with the parent: "ready" on `--done-fd` once
+    set up, then each step waits for a byte on `--go-fd` and reports its seconds (step_begin -> step_end) there."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -100,17 +104,20 @@ def trl_steps(args: argparse.Namespace, out_dir: Path) -> list[float]:
     def arith_reward(completions: list[str], label: list[str], **_: object) -> list[float]:
         return [reward(c, y) for c, y in zip(completions, label, strict=True)]
 
+    go, done = os.fdopen(args.go_fd, "rb", buffering=0), os.fdopen(args.done_fd, "w")
+
     class StepTimer(TrainerCallback):
-        def __init__(self) -> None:
-            self.seconds: list[float] = []
+        def on_train_begin(self, *_: object, **__: object) -> None:
+            print("ready", file=done, flush=True)
 
         def on_step_begin(self, *_: object, **__: object) -> None:
+            if not go.read(1):
+                raise SystemExit("vs_trl: the parent benchmark went away")
             self.start = time.perf_counter()
 
         def on_step_end(self, *_: object, **__: object) -> None:
-            self.seconds.append(time.perf_counter() - self.start)
+            print(time.perf_counter() - self.start, file=done, flush=True)
 
-    timer = StepTimer()
     config = GRPOConfig(
         output_dir=str(out_dir / "trl"),
         per_device_train_batch_size=args.prompts * args.generations,
@@ -139,44 +146,54 @@ def trl_steps(args: argparse.Namespace, out_dir: Path) -> list[float]:
         args=config,
         train_dataset=dataset,
         processing_class=tok,
-        callbacks=[timer],
+        callbacks=[StepTimer()],
     )
     trainer.train()
-    return timer.seconds
 
 
-def run_trl_subprocess(args: argparse.Namespace, out_dir: Path) -> list[float]:
-    """Run `--side trl` in a child process and read its per-step seconds back."""
-    python = sys.executable if importlib.util.find_spec("trl") else args.trl_python
-    if python is None:
-        raise SystemExit(
-            "trl is not installed here: `ROLLFLOW_EXTRAS=dev,bench scripts/setup` installs the bench "
-            "extra into .venv, or pass --trl-python PATH to an interpreter that has it"
-        )
-    out = out_dir / "trl.json"
-    cmd = [
-        python,
-        str(Path(__file__).resolve()),
-        "--side",
-        "trl",
-        "--json-out",
-        str(out),
-        "--recipe",
-        args.recipe,
-        "--prompts",
-        str(args.prompts),
-        "--generations",
-        str(args.generations),
-        "--completion-len",
-        str(args.completion_len),
-        "--steps",
-        str(args.steps),
-        "--threads",
-        str(args.threads),
-    ]
-    print("TRL side:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
-    return json.loads(out.read_text())["seconds"]
+class TrlInLockstep:
+    """TRL's GRPOTrainer (`--side trl`) in a child process that runs one step per `step()`."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        python = sys.executable if importlib.util.find_spec("trl") else args.trl_python
+        if python is None:
+            raise SystemExit(
+                "trl is not installed here: `ROLLFLOW_EXTRAS=dev,bench scripts/setup` installs the bench "
+                "extra into .venv, or pass --trl-python PATH to an interpreter that has it"
+            )
+        go_r, go_w = os.pipe()
+        done_r, done_w = os.pipe()
+        cmd = [python, str(Path(__file__).resolve()), "--side", "trl", "--go-fd", str(go_r)]
+        cmd += ["--done-fd", str(done_w), "--recipe", args.recipe, "--prompts", str(args.prompts)]
+        cmd += ["--generations", str(args.generations), "--completion-len", str(args.completion_len)]
+        cmd += ["--steps", str(args.steps), "--threads", str(args.threads)]
+        print("TRL side:", " ".join(cmd), flush=True)
+        self.proc = subprocess.Popen(cmd, pass_fds=(go_r, done_w))
+        os.close(go_r)
+        os.close(done_w)
+        self.go, self.done = os.fdopen(go_w, "wb", buffering=0), os.fdopen(done_r)
+        self.steps = 0
+        if self.done.readline().strip() != "ready":
+            self.close()
+            raise SystemExit("vs_trl: the TRL side ended before its first step")
+
+    def step(self) -> float:
+        """Let the child run its next step; that step's seconds."""
+        self.go.write(b"g")
+        line = self.done.readline()
+        if not line:
+            self.close()
+            raise SystemExit(f"vs_trl: the TRL side ended before step {self.steps}")
+        self.steps += 1
+        return float(line)
+
+    def close(self) -> None:
+        """Wait for the child (it ends after its last step); raise SystemExit if it failed."""
+        self.go.close()
+        rc = self.proc.wait()
+        self.done.close()
+        if rc:
+            raise SystemExit(f"vs_trl: the TRL side exited with status {rc}")
 
 
 def main() -> None:
@@ -199,7 +216,8 @@ def main() -> None:
         "--trl-python", default=None, help="interpreter for the TRL half when this one cannot import trl"
     )
     p.add_argument("--side", choices=["both", "trl"], default="both", help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
+    p.add_argument("--go-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--done-fd", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     # tiny-arith's answers take at most 4 tokens; a recipe with longer ones names its maximum (long-arith: 256)
     args.completion_len = args.completion_len or get_recipe(args.recipe).rollout.get(
@@ -210,31 +228,28 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rf-bench-vs-trl-"))
 
     if args.side == "trl":
-        Path(args.json_out).write_text(json.dumps({"seconds": trl_steps(args, tmp)}))
+        trl_steps(args, tmp)
         return
 
-    plain = plain_rollouts(bench_config(args, tmp / "plain"), args.steps)
-    print("rollflow plain s/step:", " ".join(f"{s:.3f}" for s in plain), flush=True)
-    no_recompute = plain_rollouts(
-        bench_config(args, tmp / "plain-rollout-lp", use_rollout_logprobs=True), args.steps
-    )
-    print(
-        "rollflow plain --use-rollout-logprobs s/step:",
-        " ".join(f"{s:.3f}" for s in no_recompute),
-        flush=True,
-    )
-    trl = run_trl_subprocess(args, tmp)
-    print("TRL GRPOTrainer s/step:", " ".join(f"{s:.3f}" for s in trl), flush=True)
-    base = mean(trl[1:])
-    rows = [
-        ["TRL GRPOTrainer", f"{base:.3f}", "1.00x"],
-        ["rollflow plain loop", f"{mean(plain[1:]):.3f}", f"{base / mean(plain[1:]):.2f}x"],
-        [
-            "rollflow plain loop, --use-rollout-logprobs",
-            f"{mean(no_recompute[1:]):.3f}",
-            f"{base / mean(no_recompute[1:]):.2f}x",
-        ],
-    ]
+    trl = TrlInLockstep(args)
+    sides = {
+        "rollflow plain loop": plain_steps(bench_config(args, tmp / "plain"), args.steps),
+        "rollflow plain loop, --use-rollout-logprobs": plain_steps(
+            bench_config(args, tmp / "plain-rollout-lp", use_rollout_logprobs=True), args.steps
+        ),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in ["TRL GRPOTrainer", *sides]}
+    for _ in range(args.steps):  # one step of each side in turn
+        for name, steps in sides.items():
+            seconds[name].append(next(steps))
+        seconds["TRL GRPOTrainer"].append(trl.step())
+    trl.close()
+    for steps in sides.values():
+        steps.close()
+    for name, xs in seconds.items():
+        print(f"{name} s/step:", " ".join(f"{x:.3f}" for x in xs), flush=True)
+    base = mean(seconds["TRL GRPOTrainer"][1:])
+    rows = [[name, f"{mean(xs[1:]):.3f}", f"{base / mean(xs[1:]):.2f}x"] for name, xs in seconds.items()]
     if args.with_flow:
         from bench.overhead import flow_rollouts  # sets Prefect/Ray env vars on import
 
