@@ -253,7 +253,7 @@ def main() -> None:
     if args.with_flow:
         from bench.overhead import flow_rollouts  # sets Prefect/Ray env vars on import
 
-        flow, cadence, _, _ = flow_rollouts(bench_config(args, tmp / "flow"))
+        flow, cadence, *_ = flow_rollouts(bench_config(args, tmp / "flow"))
         rows.append(
             ["rollflow flow (rollout-* run)", f"{mean(flow[1:]):.3f}", f"{base / mean(flow[1:]):.2f}x"]
         )
