@@ -4,8 +4,9 @@ resolved run config: tokenizer, stop conditions, training prompts, eval datasets
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from engines.base import SamplingParams
 from rollout.data import Keys, PromptSet, load_prompts, tokenizer_at
@@ -55,6 +56,7 @@ def eval_keys(cfg: RunConfig) -> Keys:
 
 
 _SOURCES: dict[str, RolloutSource] = {}
+_T = TypeVar("_T")
 
 
 def rollout_source(cfg: RunConfig, tokenizer: Any = None) -> RolloutSource:
@@ -62,12 +64,16 @@ def rollout_source(cfg: RunConfig, tokenizer: Any = None) -> RolloutSource:
     `tokenizer` stands in for the checkpoint's when that is not built yet (a dry run)."""
     if tokenizer is not None:
         return _source(cfg, tokenizer)
-    key = cfg.config_hash()
-    if key not in _SOURCES:
-        if len(_SOURCES) > 4:
-            _SOURCES.clear()
-        _SOURCES[key] = _source(cfg, None)
-    return _SOURCES[key]
+    return _cached(_SOURCES, cfg.config_hash(), lambda: _source(cfg, None))
+
+
+def _cached(cache: dict[str, _T], key: str, make: Callable[[], _T]) -> _T:
+    """`cache[key]`, made on first use; a process holds a few configs' worth at most (tests run many)."""
+    if key not in cache:
+        if len(cache) > 4:
+            cache.clear()
+        cache[key] = make()
+    return cache[key]
 
 
 _SCORING: dict[str, tuple[Any, Stops, Scorer, Scorer]] = {}
@@ -81,12 +87,12 @@ def scoring_side(cfg: RunConfig) -> tuple[Any, Stops, Scorer, Scorer]:
     if key in _SOURCES:
         src = _SOURCES[key]
         return src.tokenizer, src.stops, src.scorer, src.eval_scorer
-    if key not in _SCORING:
-        if len(_SCORING) > 4:
-            _SCORING.clear()
+
+    def make() -> tuple[Any, Stops, Scorer, Scorer]:
         tok = tokenizer_at(_checkpoint(cfg))
-        _SCORING[key] = (tok, _stops(cfg, tok), *_scorers(cfg))
-    return _SCORING[key]
+        return (tok, _stops(cfg, tok), *_scorers(cfg))
+
+    return _cached(_SCORING, key, make)
 
 
 def _checkpoint(cfg: RunConfig) -> str:

@@ -80,10 +80,8 @@ def generate_rollout(
     return ref, generated()
 
 
-def log_prob_calls(
-    trainers: list[Any], rollout: ArtifactRef, out: str, after: list[Any] | None = None
-) -> list[Any]:
-    """Every trainer rank's log-prob pass over `rollout`, written to `out` by rank 0, then rank 0's trainer-side
+def log_prob_calls(trainers: list[Any], rollout: Any, out: str, after: list[Any] | None = None) -> list[Any]:
+    """Every trainer rank's log-prob pass over `rollout` (an ArtifactRef or the object ref of one), written to `out` by rank 0, then rank 0's trainer-side
     rollout stats, submitted now: [ref per rank (rank 0's the written log-prob table, None elsewhere)..., stats].
     `after`: object refs of calls the passes must follow; Ray runs them once those are done, with no await in the
     caller (whose event loop a task's own work may hold for tens of ms)."""
@@ -162,11 +160,11 @@ def start(
     start_calls("generate", key, generated)
     _drop("chained-log-prob")
     if log_probs_out is not None:
-        released = [e.release_memory.remote() for e in actors.engines(cfg)]
-        calls = log_prob_calls(actors.trainers(cfg), ref, log_probs_out, after=released)
         chain = (*_weights_key(cfg, rollout_id, version, sha256), log_probs_out)
         _started["chained-log-prob"] = _Started(
-            chain, asyncio.ensure_future(answers(calls)), _started["generate"].answers
+            chain,
+            asyncio.ensure_future(_log_prob_pass(cfg, ref, log_probs_out)),
+            _started["generate"].answers,
         )
 
 
@@ -187,22 +185,32 @@ def start_log_probs(
     key = _log_prob_key(cfg, rollout_id, rollout, weights, out)
     chained = _started.pop("chained-log-prob", None)
     if chained is not None:
-        on = chained.on
-        same = (
-            chained.key == (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), out)
-            and on is not None
-            and on.done()
-            and not on.cancelled()
-            and on.exception() is None
-            and on.result().rollout == rollout
-        )
-        if same:
+        if chained.key == (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), out) and _wrote(
+            chained.on, rollout
+        ):
             start_calls("log-prob", key, chained.answers)
             return
         _discard(chained)
-    released = [e.release_memory.remote() for e in actors.engines(cfg)]  # the engines step aside first
-    calls = log_prob_calls(actors.trainers(cfg), rollout, out, after=released)
-    start_calls("log-prob", key, answers(calls))
+    start_calls("log-prob", key, _log_prob_pass(cfg, rollout, out))
+
+
+def _log_prob_pass(cfg: RunConfig, rollout: Any, out: str) -> Coroutine[Any, Any, list[Any]]:
+    """The trainers' log-prob pass over `rollout` (an ArtifactRef, or the object ref of one still being written),
+    submitted now behind the engines' memory release (the engines step aside first); awaits `log_prob_calls`'s
+    answers."""
+    released = [e.release_memory.remote() for e in actors.engines(cfg)]
+    return answers(log_prob_calls(actors.trainers(cfg), rollout, out, after=released))
+
+
+def _wrote(generation: asyncio.Future[Generated] | None, rollout: ArtifactRef) -> bool:
+    """Whether `generation` has finished and wrote exactly `rollout`."""
+    return (
+        generation is not None
+        and generation.done()
+        and not generation.cancelled()
+        and generation.exception() is None
+        and generation.result().rollout == rollout
+    )
 
 
 def take_log_probs(
