@@ -182,30 +182,33 @@ async def start_engines(cfg: RunConfig, checkpoint: str | None = None) -> list[A
     where = await _placement(cfg)
     actors = [_engine(cfg, i, where, checkpoint) for i in range(cfg.rollout.rollout_num_engines)]
     _keep(cfg, {f"engine-{i}": a for i, a in enumerate(actors)})
-    finisher = _HANDLES.get((namespace(cfg), ROLLOUT)) or await _with_free_name(lambda: _rollout_actor(cfg))
-    _keep(cfg, {ROLLOUT: finisher})
+    finisher = _HANDLES.get((namespace(cfg), ROLLOUT)) or await _start_rollout_actor(cfg)
     await asyncio.gather(*[a.health.remote() for a in actors], finisher.prepare.remote(cfg))
     return actors
 
 
-def _rollout_actor(cfg: RunConfig) -> Any:
-    """The rollout actor, on this process's node and in its working directory (the reward's imports and the run's
-    relative paths resolve as here); Ray restarts it if it dies (it keeps nothing between calls but caches)."""
+async def _start_rollout_actor(cfg: RunConfig) -> Any:
+    """A new rollout actor under its name, kept as the run's: on this process's node and in its working directory
+    (the reward's imports and the run's relative paths resolve as here); Ray restarts it if it dies (it keeps
+    nothing between calls but caches)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from rollout.actor import RolloutActor
 
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-    return RolloutActor.options(  # type: ignore[attr-defined]
-        name=ROLLOUT, namespace=namespace(cfg), scheduling_strategy=here, max_restarts=-1
-    ).remote(os.getcwd(), cfg.faults.requests(), str(cfg.resolved_run_dir), _epoch(cfg))
+    actor = await _with_free_name(
+        lambda: RolloutActor.options(  # type: ignore[attr-defined]
+            name=ROLLOUT, namespace=namespace(cfg), scheduling_strategy=here, max_restarts=-1
+        ).remote(os.getcwd(), cfg.faults.requests(), str(cfg.resolved_run_dir), _epoch(cfg))
+    )
+    _keep(cfg, {ROLLOUT: actor})
+    return actor
 
 
 async def restart_rollout_actor(cfg: RunConfig) -> Any:
     """Kill the rollout actor (hung, stopped or alive) and start a new one; returns it once healthy."""
     _kill(cfg, ROLLOUT)
-    actor = await _with_free_name(lambda: _rollout_actor(cfg))
-    _keep(cfg, {ROLLOUT: actor})
+    actor = await _start_rollout_actor(cfg)
     await actor.prepare.remote(cfg)
     return actor
 
