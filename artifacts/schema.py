@@ -150,6 +150,11 @@ class Sample:
             )
 
 
+# table_to_samples builds each Sample by position
+if [f.name for f in dataclasses.fields(Sample)] != SAMPLE_SCHEMA.names:
+    raise AssertionError("SAMPLE_SCHEMA must list Sample's fields in their order")
+
+
 def samples_to_table(samples: Iterable[Sample]) -> pa.Table:
     """Convert samples to a table with exactly ``SAMPLE_SCHEMA`` (no validation; see ``Sample.validate``).
 
@@ -213,12 +218,9 @@ def table_to_samples(table: pa.Table) -> list[Sample]:
                 f"column 'metadata' row {row} is JSON {type(metadata_column[row]).__name__}, not an object"
             )
 
-    names = SAMPLE_SCHEMA.names
     _check_rows(table)
-    return [
-        Sample(**dict(zip(names, values, strict=True)))
-        for values in zip(*(columns[n] for n in names), strict=True)
-    ]
+    # positional: SAMPLE_SCHEMA lists Sample's fields in their order (checked at import, below Sample)
+    return [Sample(*values) for values in zip(*(columns[n] for n in SAMPLE_SCHEMA.names), strict=True)]
 
 
 def _check_rows(table: pa.Table) -> None:

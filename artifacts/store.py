@@ -65,6 +65,15 @@ _PARQUET_OPTIONS: dict[str, Any] = {
     "write_page_checksum": True,  # page CRCs: a flipped byte fails at decode, naming the page
     "store_schema": True,  # ARROW:schema restores Arrow types (uint32, large_string, ...) on read
 }
+# Tables whose content (its canonical serialisation, `table_content_sha256`) is smaller are written uncompressed: a
+# tiny-arith rollout (64 samples, 15 KB of content) compresses from 8.4 to 7.3 KB, and zstd took 0.35 ms of a
+# ~35 ms RL step to do it, once for the rollout and once for its log-probs. Decided by the content's size, so that
+# equal tables still give equal bytes.
+_COMPRESS_FROM_BYTES = 64 << 10
+_UNCOMPRESSED_OPTIONS = {
+    **{k: v for k, v in _PARQUET_OPTIONS.items() if k != "compression_level"},
+    "compression": "none",
+}
 
 
 class ArtifactError(RuntimeError):
@@ -157,14 +166,16 @@ def _may_hold_nulls(array: pa.Array) -> bool:
 
 
 class _HashSink:
-    """A write-only file object that feeds everything written into a sha256 (no buffering)."""
+    """A write-only file object that feeds everything written into a sha256 (no buffering) and counts it."""
 
     def __init__(self) -> None:
         self._digest = hashlib.sha256()
         self.closed = False
+        self.size = 0
 
     def write(self, data: bytes) -> int:
         self._digest.update(data)
+        self.size += len(data)
         return len(data)
 
     def flush(self) -> None:
@@ -186,6 +197,11 @@ def table_content_sha256(table: pa.Table) -> str:
     chunking. Values under null slots are undefined in Arrow (the Parquet reader leaves leftovers
     there), so columns holding nulls are rebuilt from Python values, which zeroes those slots.
     """
+    return _content_digest(table)[0]
+
+
+def _content_digest(table: pa.Table) -> tuple[str, int]:
+    """`table_content_sha256` and the size in bytes of the serialisation it hashes."""
     schema = _canonical_schema(table.schema, decode_dictionaries=True)
     table = table.replace_schema_metadata(None).cast(schema)
     arrays = []
@@ -198,7 +214,7 @@ def table_content_sha256(table: pa.Table) -> str:
     sink = _HashSink()
     with pa.ipc.new_stream(sink, schema) as writer:
         writer.write_batch(batch)
-    return sink.hexdigest()
+    return sink.hexdigest(), sink.size
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,12 +319,15 @@ def write_table(
             raise ValueError(f"write_table: metadata[{key!r}] is not JSON-serialisable: {e}") from e
     kv[(_PREFIX + "schema_version").encode()] = _encode(SCHEMA_VERSION).encode()
     kv[(_PREFIX + "kind").encode()] = _encode(kind).encode()
-    kv[(_PREFIX + "content_sha256").encode()] = _encode(table_content_sha256(table)).encode()
+    content_sha256, content_bytes = _content_digest(table)
+    kv[(_PREFIX + "content_sha256").encode()] = _encode(content_sha256).encode()
     # Sorted so the footer does not depend on the caller's dict order.
     table = table.replace_schema_metadata(dict(sorted(kv.items())))
 
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, **_PARQUET_OPTIONS)
+    pq.write_table(
+        table, sink, **(_PARQUET_OPTIONS if content_bytes >= _COMPRESS_FROM_BYTES else _UNCOMPRESSED_OPTIONS)
+    )
     data = sink.getvalue()
 
     _check_round_trip(table.schema, data)

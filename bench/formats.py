@@ -1,7 +1,7 @@
 """Rollout file formats: our Parquet against slime's ``.pt`` pickle, load seconds and bytes.
 
 One recorded rollout of N samples (N = each ``--sizes`` entry) is written both ways:
-  parquet  ``artifacts.store.write_rollout`` (zstd, page CRCs, content checksum);
+  parquet  ``artifacts.store.write_rollout`` (zstd from 64 KiB of content, page CRCs, content checksum);
   pt       ``artifacts.slime_format.save_slime_dump`` (``torch.save`` of slime sample dicts).
 Load = read back into a ``list[Sample]``: ``read_rollout`` against ``load_slime_dump`` (which
 uses ``torch.load(weights_only=True)``, the safe loader). Best of ``--repeats`` runs each.

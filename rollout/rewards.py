@@ -201,17 +201,34 @@ class Scorer:
         self._style = "builtin" if self.builtin else _calling_style(self.fn, custom_rm_path or "")
 
     async def score(self, requests: list[RewardRequest]) -> list[Scored]:
-        """Rewards in request order; async functions run concurrently."""
-        return list(await asyncio.gather(*[self._one(r) for r in requests]))
+        """Rewards in request order; async functions run concurrently. A plain function's values are taken as
+        it returns them: only awaitables get a task each (64 tasks cost ~0.25 ms, a tenth of a tiny-arith
+        rollout's scoring and write)."""
+        values = [self._guarded(r) for r in requests]
+        waiting = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
+        if waiting:
+            done = await asyncio.gather(*[self._awaited(values[i]) for i in waiting])
+            for i, value in zip(waiting, done, strict=True):
+                values[i] = value
+        return [
+            v if isinstance(v, Scored) else self._to_scored(v, r)
+            for v, r in zip(values, requests, strict=True)
+        ]
 
-    async def _one(self, r: RewardRequest) -> Scored:
+    def _guarded(self, r: RewardRequest) -> Any:
+        """The reward's value (or awaitable) for `r`; its own failure marks the sample failed, the rollout goes on."""
         try:
-            value = self._call(r)
-            if inspect.isawaitable(value):
-                value = await value
-        except Exception as e:  # the reward's own failure: this sample is marked failed, the rollout goes on
-            return Scored(0.0, error=f"{type(e).__name__}: {e}")
-        return self._to_scored(value, r)
+            return self._call(r)
+        except Exception as e:
+            return _failed(e)
+
+    @staticmethod
+    async def _awaited(value: Any) -> Any:
+        """An async reward's value; its failure marks the sample failed, as in `_guarded`."""
+        try:
+            return await value
+        except Exception as e:
+            return _failed(e)
 
     def _call(self, r: RewardRequest) -> Any:
         if self._style == "builtin":
@@ -252,6 +269,11 @@ class Scorer:
                 f"{r.sample_index} (prompt {r.prompt[:60]!r}): expected a finite number"
             )
         return Scored(float(value), extra=_jsonable(extra))
+
+
+def _failed(e: Exception) -> Scored:
+    """A sample whose reward raised `e`: reward 0, the error kept in its metadata."""
+    return Scored(0.0, error=f"{type(e).__name__}: {e}")
 
 
 def _calling_style(fn: Callable[..., Any], path: str) -> Any:

@@ -136,6 +136,30 @@ def test_write_is_deterministic(tmp_path: Path) -> None:
     assert changed.sha256 != first.sha256
 
 
+def test_small_tables_are_stored_uncompressed_and_large_ones_with_zstd(tmp_path: Path) -> None:
+    """The codec follows the content's size (64 KiB), so equal content still gives equal bytes at either size."""
+    small = write_rollout(tmp_path / "small.parquet", [make_sample(i, n=8) for i in range(16)])
+    samples = [make_sample(i, n=256) for i in range(64)]
+    large = write_rollout(tmp_path / "large.parquet", samples)
+    codecs = {
+        name: {
+            pq.ParquetFile(ref.path).metadata.row_group(0).column(c).compression
+            for c in range(pq.ParquetFile(ref.path).metadata.num_columns)
+        }
+        for name, ref in (("small", small), ("large", large))
+    }
+    assert codecs == {"small": {"UNCOMPRESSED"}, "large": {"ZSTD"}}
+    assert read_rollout(large) == samples
+    table = samples_to_table(samples)
+    rechunked = write_table(
+        tmp_path / "rechunked.parquet",
+        pa.concat_tables([table.slice(0, 5), table.slice(5)]),
+        kind="rollout",
+        metadata={},
+    )
+    assert rechunked.sha256 == large.sha256
+
+
 def test_content_hash_ignores_layout_and_garbage_under_nulls() -> None:
     values = pa.array([1, 2, 3], pa.int64())
     # Same logical column [1, null, 3] with different bytes under the null slot.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 
 import pytest
@@ -179,6 +180,54 @@ def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkp
     assert trainer.train_step(ref, lp_ref) == expected
     assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())
     assert trainer.optimizer.param_groups[0]["lr"] == clean.optimizer.param_groups[0]["lr"]
+
+
+def test_failures_after_a_trained_rollout_restore_its_moments_every_time(engine, base_checkpoint, tmp_path):
+    """Once AdamW holds moments, the snapshot restores weights and moments after each of two failed attempts in a
+    row (the first restore must not leave the optimizer holding the snapshot's own tensors), and the retry then
+    trains exactly as a trainer that never failed."""
+    cfg = RunConfig.model_validate(
+        {
+            "hf_checkpoint": base_checkpoint,
+            "run_dir": str(tmp_path),
+            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
+            "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3},
+        }
+    )
+    samples, first = _rollout(engine, cfg, tmp_path)
+    second = write_rollout(
+        tmp_path / "rollout_1.parquet", [dataclasses.replace(s, rollout_id=1) for s in samples]
+    )
+    clean = _trainer(cfg, base_checkpoint)
+    for i, ref in enumerate((first, second)):
+        expected = clean.train_step(ref, clean.compute_log_probs(ref, str(tmp_path / f"clean_{i}.parquet")))
+
+    trainer = _trainer(cfg, base_checkpoint)
+    trainer.train_step(first, trainer.compute_log_probs(first, str(tmp_path / "lp_0.parquet")))
+    weights = {k: v.clone() for k, v in trainer.export_weights().items()}
+    moments = [{k: v.clone() for k, v in trainer.optimizer.state[p].items()} for p in trainer.params]
+    assert moments[0], "the first rollout left AdamW's moments"
+    lp_ref = trainer.compute_log_probs(second, str(tmp_path / "lp_1.parquet"))
+    real_step = trainer.scheduler.step
+    for _ in range(2):
+        calls: list[int] = []
+
+        def failing_step(calls=calls):  # the second optimizer step dies after AdamW moved weights and moments
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("planted failure")
+            real_step()
+
+        trainer.scheduler.step = failing_step
+        with pytest.raises(RuntimeError, match="planted failure"):
+            trainer.train_step(second, lp_ref)
+        assert all(torch.equal(weights[k], v) for k, v in trainer.export_weights().items())
+        for p, saved in zip(trainer.params, moments, strict=True):
+            assert all(torch.equal(saved[k], v) for k, v in trainer.optimizer.state[p].items())
+
+    trainer.scheduler.step = real_step
+    assert trainer.train_step(second, lp_ref) == expected
+    assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.float16])

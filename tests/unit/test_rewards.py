@@ -98,6 +98,20 @@ def reward_module(tmp_path, monkeypatch):
         def returns_text(response, label):
             return "yes"
 
+        async def async_raises_on_seven(response, label):
+            await asyncio.sleep(0)
+            if "7" in response:
+                raise RuntimeError("judge timed out")
+            return 1.0
+
+        STARTED = []
+
+        async def waits_for_three(response, label):  # returns once three calls are in flight together
+            STARTED.append(response)
+            while len(STARTED) < 3:
+                await asyncio.sleep(0)
+            return 1.0
+
         NOT_CALLABLE = 3
     """)
     )
@@ -121,6 +135,20 @@ def test_a_reward_that_raises_fails_its_sample_only(reward_module):
     )
     assert out[0].reward == 1.0 and out[0].error is None
     assert out[1].reward == 0.0 and out[1].error == "RuntimeError: judge unavailable"
+
+
+def test_async_rewards_run_concurrently_and_a_failure_fails_its_sample_only(reward_module):
+    scorer = Scorer(None, f"{reward_module}.async_raises_on_seven", None)
+    out = asyncio.run(scorer.score([_req("4"), _req("7", index=1), _req("5", index=2)]))
+    assert [(s.reward, s.error) for s in out] == [
+        (1.0, None),
+        (0.0, "RuntimeError: judge timed out"),
+        (1.0, None),
+    ]
+    together = Scorer(None, f"{reward_module}.waits_for_three", None)
+    requests = [_req(str(i), index=i) for i in range(3)]
+    out = asyncio.run(asyncio.wait_for(together.score(requests), timeout=10))
+    assert [s.reward for s in out] == [1.0, 1.0, 1.0]
 
 
 def test_a_reward_that_returns_a_non_number_names_the_sample(reward_module):
