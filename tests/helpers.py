@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -69,3 +71,18 @@ def wandb_records(path: str) -> list:
             record.ParseFromString(pending)
             out.append(record)
     return out
+
+
+def fail_second_scheduler_step(trainer: Any) -> Callable[[], None]:
+    """Make `trainer`'s second LR-scheduler step of a rollout raise "planted failure": the optimizer step before it
+    has moved weights and AdamW's moments by then. Returns what puts the real step back."""
+    real_step, calls = trainer.scheduler.step, []
+
+    def failing_step() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("planted failure")
+        real_step()
+
+    trainer.scheduler.step = failing_step
+    return lambda: setattr(trainer.scheduler, "step", real_step)

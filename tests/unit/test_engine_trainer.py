@@ -17,6 +17,7 @@ from flows.resolve import resolve
 from rollout.data import prompts_for_rollout
 from rollout.requests import build_requests, to_samples
 from rollout.source import train_params
+from tests.helpers import fail_second_scheduler_step
 from trainers.settings import trainer_settings
 
 
@@ -29,6 +30,18 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def engine(base_checkpoint):
     return TorchEngine(base_checkpoint)
+
+
+def _config(base_checkpoint, tmp_path, **train):
+    """16 samples (4 prompts x 4), two optimizer steps of two micro-batches each, lr 1e-3 (and `train`)."""
+    return RunConfig.model_validate(
+        {
+            "hf_checkpoint": base_checkpoint,
+            "run_dir": str(tmp_path),
+            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
+            "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3, **train},
+        }
+    )
 
 
 def _rollout(engine, cfg, tmp_path):
@@ -101,14 +114,7 @@ def test_engine_tensor_hashes_follow_its_weights_and_name_what_changed(engine):
 def test_trainer_logprobs_match_engine_and_step_is_applied_once(engine, base_checkpoint, tmp_path):
     from trainers.torch_trainer.trainer import TorchTrainer
 
-    cfg = RunConfig.model_validate(
-        {
-            "hf_checkpoint": base_checkpoint,
-            "run_dir": str(tmp_path),
-            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
-            "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3},
-        }
-    )
+    cfg = _config(base_checkpoint, tmp_path)
     samples, ref = _rollout(engine, cfg, tmp_path)
     trainer = TorchTrainer(trainer_settings(cfg), base_checkpoint, rank=0, world_size=1)
     trainer.setup("127.0.0.1", _free_port())
@@ -142,14 +148,7 @@ def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkp
     from artifacts.store import read_rollout
     from trainers.rollout_stats import logprob_stats
 
-    cfg = RunConfig.model_validate(
-        {
-            "hf_checkpoint": base_checkpoint,
-            "run_dir": str(tmp_path),
-            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
-            "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3, "lr_decay_style": "cosine"},
-        }
-    )
+    cfg = _config(base_checkpoint, tmp_path, lr_decay_style="cosine")
     _, ref = _rollout(engine, cfg, tmp_path)
     clean = _trainer(cfg, base_checkpoint)
     expected = clean.train_step(ref, clean.compute_log_probs(ref, str(tmp_path / "lp0.parquet")))
@@ -161,22 +160,14 @@ def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkp
         read_rollout(ref), read_table(lp_ref).to_pylist()
     )
     initial = {k: v.clone() for k, v in trainer.export_weights().items()}
-    real_step, calls = trainer.scheduler.step, []
-
-    def failing_step():  # the second optimizer step dies after AdamW already moved weights and moments
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("planted failure")
-        real_step()
-
-    trainer.scheduler.step = failing_step
+    restore_step = fail_second_scheduler_step(trainer)
     with pytest.raises(RuntimeError, match="planted failure"):
         trainer.train_step(ref, lp_ref)
     assert all(torch.equal(initial[k], v) for k, v in trainer.export_weights().items())
     assert not trainer.optimizer.state and trainer.global_step == 0
     assert trainer.optimizer.param_groups[0]["lr"] == clean.s.lr and trainer.scheduler.last_epoch == 0
 
-    trainer.scheduler.step = real_step  # the retry trains exactly as if nothing had failed
+    restore_step()  # the retry trains exactly as if nothing had failed
     assert trainer.train_step(ref, lp_ref) == expected
     assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())
     assert trainer.optimizer.param_groups[0]["lr"] == clean.optimizer.param_groups[0]["lr"]
@@ -186,14 +177,7 @@ def test_failures_after_a_trained_rollout_restore_its_moments_every_time(engine,
     """Once AdamW holds moments, the snapshot restores weights and moments after each of two failed attempts in a
     row (the first restore must not leave the optimizer holding the snapshot's own tensors), and the retry then
     trains exactly as a trainer that never failed."""
-    cfg = RunConfig.model_validate(
-        {
-            "hf_checkpoint": base_checkpoint,
-            "run_dir": str(tmp_path),
-            "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 4},
-            "train": {"global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3},
-        }
-    )
+    cfg = _config(base_checkpoint, tmp_path)
     samples, first = _rollout(engine, cfg, tmp_path)
     second = write_rollout(
         tmp_path / "rollout_1.parquet", [dataclasses.replace(s, rollout_id=1) for s in samples]
@@ -208,24 +192,15 @@ def test_failures_after_a_trained_rollout_restore_its_moments_every_time(engine,
     moments = [{k: v.clone() for k, v in trainer.optimizer.state[p].items()} for p in trainer.params]
     assert moments[0], "the first rollout left AdamW's moments"
     lp_ref = trainer.compute_log_probs(second, str(tmp_path / "lp_1.parquet"))
-    real_step = trainer.scheduler.step
     for _ in range(2):
-        calls: list[int] = []
-
-        def failing_step(calls=calls):  # the second optimizer step dies after AdamW moved weights and moments
-            calls.append(1)
-            if len(calls) == 2:
-                raise RuntimeError("planted failure")
-            real_step()
-
-        trainer.scheduler.step = failing_step
+        restore_step = fail_second_scheduler_step(trainer)
         with pytest.raises(RuntimeError, match="planted failure"):
             trainer.train_step(second, lp_ref)
+        restore_step()
         assert all(torch.equal(weights[k], v) for k, v in trainer.export_weights().items())
         for p, saved in zip(trainer.params, moments, strict=True):
             assert all(torch.equal(saved[k], v) for k, v in trainer.optimizer.state[p].items())
 
-    trainer.scheduler.step = real_step
     assert trainer.train_step(second, lp_ref) == expected
     assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())
 

@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from config import DebugConfig, RunConfig  # noqa: E402
+from tests.helpers import fail_second_scheduler_step  # noqa: E402
 from tests.megatron_helpers import (  # noqa: E402
     build_hf_model,
     free_port,
@@ -97,20 +98,12 @@ def test_failed_step_restores_weights_optimizer_and_schedule(models, rollouts, t
     trainer = _trainer(MegatronTrainer, _megatron_cfg(ckpt), ckpt)
     lp = trainer.compute_log_probs(rollout, str(tmp_path / "lp.parquet"))
     initial = trainer.export_weights()
-    real_step, calls = trainer.scheduler.step, []
-
-    def failing_step():  # the second optimizer step dies after AdamW already moved weights and moments
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("planted failure")
-        real_step()
-
-    trainer.scheduler.step = failing_step
+    restore_step = fail_second_scheduler_step(trainer)
     with pytest.raises(RuntimeError, match="planted failure"):
         trainer.train_step(rollout, lp)
     assert all(torch.equal(initial[k], v) for k, v in trainer.export_weights().items())
     assert not trainer.optimizer.state and trainer.global_step == 0 and trainer.scheduler.last_epoch == 0
-    trainer.scheduler.step = real_step
+    restore_step()
     assert trainer.train_step(rollout, lp) == expected
     assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())
 
