@@ -81,8 +81,9 @@ def generate_rollout(
 
 
 def log_prob_calls(trainers: list[Any], rollout: Any, out: str, after: list[Any] | None = None) -> list[Any]:
-    """Every trainer rank's log-prob pass over `rollout` (an ArtifactRef or the object ref of one), written to `out` by rank 0, then rank 0's trainer-side
-    rollout stats, submitted now: [ref per rank (rank 0's the written log-prob table, None elsewhere)..., stats].
+    """Every trainer rank's log-prob pass over `rollout` (an ArtifactRef or the object ref of one), written to
+    `out` by rank 0, then rank 0's trainer-side rollout stats, submitted now: [ref per rank (rank 0's the written
+    log-prob table, None elsewhere)..., stats].
     `after`: object refs of calls the passes must follow; Ray runs them once those are done, with no await in the
     caller (whose event loop a task's own work may hold for tens of ms)."""
     written = [t.compute_log_probs.remote(rollout, out, *(after or [])) for t in trainers]
