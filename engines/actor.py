@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
 import torch
 
 from artifacts.wire import WireWeights, from_wire, to_wire
-from engines.base import Engine, GenerateOutput, GenerateRequest
+from engines.base import Engine, EngineAnswer, GenerateRequest
 from engines.registry import get_engine_class
 from faults import FaultHookRequest, FaultInjector
 from faults.drop_weight import dropped_weights
@@ -43,12 +44,12 @@ class EngineActor:
         self._receiving: set[str] | None = None  # names of a streamed sync's buckets so far
         freeze_heap()  # the model, torch and Ray live as long as the actor
 
-    def generate(
-        self, requests: list[GenerateRequest], ctx: dict[str, Any] | None = None
-    ) -> list[GenerateOutput]:
+    def generate(self, requests: list[GenerateRequest], ctx: dict[str, Any] | None = None) -> EngineAnswer:
         self.faults.reach("engine_generate_start", weight_version=self.engine.weight_version(), **(ctx or {}))
         self.generate_calls += 1
-        return self.engine.generate(requests)
+        began = time.perf_counter()
+        outputs = self.engine.generate(requests)
+        return EngineAnswer(outputs, time.perf_counter() - began)
 
     def update_weights(
         self, weights: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None

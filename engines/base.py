@@ -41,6 +41,15 @@ class GenerateOutput:
     weight_version: int
 
 
+@dataclass(frozen=True)
+class EngineAnswer:
+    """What an engine actor answers a `generate` call: the outputs, in request order, and the seconds the engine
+    spent on them (timed in the engine, so a call made ahead of its stage is not charged for the wait)."""
+
+    outputs: list[GenerateOutput]
+    seconds: float
+
+
 class Engine(Protocol):
     """What every inference backend provides. One instance lives in one Ray actor; it is built from an HF
     checkpoint dir (model + tokenizer) with the torch thread count of the run."""

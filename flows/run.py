@@ -28,6 +28,7 @@ from tasks.metrics import close_run, log_metrics
 from tasks.recordings import inject, load_rollout
 from tasks.refs import LogProbs, WeightsRef
 from tasks.stages import (
+    ask_engines_after_sync,
     check,
     evaluate,
     generate,
@@ -343,6 +344,8 @@ class _RunLoop:
         ahead = (
             None if last else dict(cfg=cfg, rollout_id=rollout_id + 1, session=session, refresh=self.refresh)
         )
+        if not last and not (_eval_due(cfg, rollout_id) and _evaluates(cfg)):  # an eval would wait behind it
+            ask_engines_after_sync(cfg, rollout_id)  # the next generation overlaps this run's check and end
         result, child = await self.children.run(params, ahead)
         assert isinstance(result, RolloutResult)
         saves = not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and last))

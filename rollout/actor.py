@@ -6,12 +6,13 @@ trainers' log-prob pass can follow on the file through Ray. Rewards run here, ne
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from engines.base import GenerateOutput
+from engines.base import EngineAnswer
 from faults import FaultHookRequest, FaultInjector
 from procs import freeze_heap
 from rollout.finish import Tally, finish_rollout, in_entry_order
@@ -59,18 +60,19 @@ class RolloutActor:
         entries: list[Entry],
         weights_sha256: str,
         path: str,
-        *answers: list[GenerateOutput],
+        *answers: EngineAnswer,
         eval_mode: bool = False,
         ctx: dict[str, Any] | None = None,
     ) -> tuple[ArtifactRef, Tally]:
         """Score and write rollout `rollout_id` (an eval set with `eval_mode`; rollout/finish.py) from the engines'
-        `answers`: one list of outputs per non-empty engine part of `entries`, in part order (object refs of their
-        `generate` calls, resolved by Ray before this runs). Two returns, the file's ref and its tally: a caller
-        may pass the ref on to the trainers without waiting for it. `ctx`: the stage's (rollout_id, attempt), for the
-        fault hooks."""
+        `answers`: one per non-empty engine part of `entries`, in part order (object refs of their `generate`
+        calls, resolved by Ray before this runs). Two returns, the file's ref and its tally (with the longest
+        engine's generation time): a caller may pass the ref on to the trainers without waiting for it. `ctx`: the
+        stage's (rollout_id, attempt), for the fault hooks."""
         self.faults.reach("rollout_finish_start", **(ctx or {}))
-        outputs = in_entry_order(entries, cfg.rollout.rollout_num_engines, list(answers))
+        outputs = in_entry_order(entries, cfg.rollout.rollout_num_engines, [a.outputs for a in answers])
         finished = finish_rollout(
             cfg, rollout_id, entries, outputs, weights_sha256, path, eval_mode=eval_mode
         )
-        return self._loop.run(finished)
+        ref, tally = self._loop.run(finished)
+        return ref, dataclasses.replace(tally, generation=max((a.seconds for a in answers), default=0.0))

@@ -26,7 +26,10 @@ class Tally:
 
     tokens: int  # response tokens over every sample
     longest: int  # the longest response, in tokens
-    seconds: float  # spent scoring and writing (the rest of the stage's time is the generation)
+    seconds: float  # spent scoring and writing
+    generation: float = (
+        0.0  # the longest engine's generate call (EngineAnswer.seconds), set by the rollout actor
+    )
 
 
 def in_entry_order(

@@ -64,10 +64,10 @@ def rollout_source(cfg: RunConfig, tokenizer: Any = None) -> RolloutSource:
     `tokenizer` stands in for the checkpoint's when that is not built yet (a dry run)."""
     if tokenizer is not None:
         return _source(cfg, tokenizer)
-    return _cached(_SOURCES, cfg.config_hash(), lambda: _source(cfg, None))
+    return cached(_SOURCES, cfg.config_hash(), lambda: _source(cfg, None))
 
 
-def _cached(cache: dict[str, _T], key: str, make: Callable[[], _T]) -> _T:
+def cached(cache: dict[str, _T], key: str, make: Callable[[], _T]) -> _T:
     """`cache[key]`, made on first use; a process holds a few configs' worth at most (tests run many)."""
     if key not in cache:
         if len(cache) > 4:
@@ -92,7 +92,7 @@ def scoring_side(cfg: RunConfig) -> tuple[Any, Stops, Scorer, Scorer]:
         tok = tokenizer_at(_checkpoint(cfg))
         return (tok, _stops(cfg, tok), *_scorers(cfg))
 
-    return _cached(_SCORING, key, make)
+    return cached(_SCORING, key, make)
 
 
 def _checkpoint(cfg: RunConfig) -> str:

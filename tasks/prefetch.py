@@ -3,9 +3,10 @@ records the task runs in between (a few ms of client and server work per task ru
 between two flow runs, with the actors idle otherwise). Each stage's calls start as soon as what they need is
 there:
 
-- generation: the parent flow run asks the engines for rollout N+1's samples, and the rollout actor to score and
-  write them (rollout/actor.py), as soon as the body of rollout N's flow run returns (its weights synced and
-  checked), while Prefect records that run's end and starts the next;
+- generation: the engines are asked for rollout N+1's samples as soon as rollout N's sync task has put the new
+  weights in them (`ask_engines`: behind rollout N's check's own questions to the engines), and the rollout actor
+  is asked to score and write them (rollout/actor.py) once the body of rollout N's flow run returns (its weights
+  synced and checked), while Prefect records that run's end and starts the next;
 - log-probs: the trainers' log-prob pass (after the engines' memory release, as the task orders them) follows on
   the written file through Ray: the parent submits it with the generation (`start`; not when the trainers save a
   checkpoint first), and the rollout's generate task hands it to its log-prob task once it has the file's ref
@@ -15,10 +16,11 @@ there:
   every rank's metrics: each while Prefect records the task before it and starts its own.
 
 A stage that others wait for says so from within its task, before Prefect records the task's end
-(`when` / `done`); a stage whose calls change actor state (train-step, sync) is started only once the task
-before it has done all its own work, so a head start never runs ahead of a task that could still fail on its
-own. Nothing computed changes: sampling is seeded per sample, so a request gives the same tokens whenever it runs
-on the same weights, and every call is the one the task's first attempt would make. A head start is used only by
+(`when` / `done`); a stage whose calls change actor state or write files (train-step, sync, a rollout's scoring and
+writing) is started only once the task before it has done all its own work, so a head start never runs ahead of a
+task that could still fail on its own. The engines' generation alone changes neither (their answers are dropped if
+rollout N's check fails). Nothing computed changes: sampling is seeded per sample, so a request gives the same
+tokens whenever it runs on the same weights, and every call is the one the task's first attempt would make. A head start is used only by
 the first attempt of the task it was started for (same run actors, rollout, weights, inputs); anything else
 (a retry, a cached task, a run that ends first) drops it. An error an actor raised surfaces in that task, as if
 it had asked (its retry then asks afresh). `--debug-sequential-stages` turns them all off: every actor call is
@@ -28,7 +30,6 @@ then made inside its own task.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +45,7 @@ from tasks.refs import WeightsRef
 
 @dataclass(frozen=True)
 class Generated:
-    """A generated rollout: its file's ref, its tally, and the seconds from the calls to the last engine's answer
-    (measured from the calls to the ref, less the scoring and writing)."""
+    """A generated rollout: its file's ref, its tally, and the seconds the longest engine spent generating it."""
 
     rollout: ArtifactRef
     tally: Tally
@@ -61,13 +61,13 @@ def generate_rollout(
     path: str,
     ctx: dict[str, Any],
     eval_mode: bool = False,
+    asked: list[Any] | None = None,
 ) -> tuple[Any, Coroutine[Any, Any, Generated]]:
-    """Submit now: each engine's part of `entries` (requests `parts`), then the rollout actor scores their answers
-    and writes the rollout (an eval set with `eval_mode`) to `path` (rollout/actor.py). Returns the object ref of
-    the written file's ref (to pass on to other actor calls) and the awaitable `Generated`."""
-    began = time.perf_counter()
-    engines = actors.engines(cfg)
-    answers = [engine.generate.remote(part, ctx) for engine, part in zip(engines, parts, strict=True) if part]
+    """Submit now: each engine's part of `entries` (requests `parts`; `asked`: the object refs of those calls, if
+    they were made already), then the rollout actor scores their answers and writes the rollout (an eval set with
+    `eval_mode`) to `path` (rollout/actor.py). Returns the object ref of the written file's ref (to pass on to other
+    actor calls) and the awaitable `Generated`."""
+    answers = asked if asked is not None else _ask_engines(cfg, parts, ctx)
     finish = actors.rollout_actor(cfg).finish_rollout
     ref, tally = finish.remote(
         cfg, rollout_id, entries, weights_sha256, path, *answers, eval_mode=eval_mode, ctx=ctx
@@ -75,9 +75,16 @@ def generate_rollout(
 
     async def generated() -> Generated:
         rollout, counted = await asyncio.gather(ref, tally)
-        return Generated(rollout, counted, time.perf_counter() - began - counted.seconds)
+        return Generated(rollout, counted, counted.generation)
 
     return ref, generated()
+
+
+def _ask_engines(cfg: RunConfig, parts: list[list[GenerateRequest]], ctx: dict[str, Any]) -> list[Any]:
+    """Each engine's `generate` call on its part of a rollout's requests, submitted now: one object ref per
+    non-empty part."""
+    engines = actors.engines(cfg)
+    return [engine.generate.remote(part, ctx) for engine, part in zip(engines, parts, strict=True) if part]
 
 
 def log_prob_calls(trainers: list[Any], rollout: Any, out: str, after: list[Any] | None = None) -> list[Any]:
@@ -139,6 +146,27 @@ def _weights_key(cfg: RunConfig, rollout_id: int, version: int, sha256: str) -> 
     return (actors.namespace(cfg), rollout_id, version, sha256)
 
 
+@dataclass(frozen=True)
+class _Asked:
+    key: tuple[Any, ...]
+    answers: list[Any]  # object refs of the engines' calls
+
+
+_asked: dict[str, _Asked] = {}  # "generate": the next rollout's engine calls, made before `start`
+
+
+def ask_engines(
+    cfg: RunConfig, rollout_id: int, weights: tuple[int, str], parts: list[list[GenerateRequest]]
+) -> None:
+    """Ask the engines, holding `weights` (version, sha256), for rollout `rollout_id`'s samples (one list of
+    requests per engine in `parts`) now, as its first generate attempt would: only the engines' calls, which write
+    nothing and change no weights. `start` has their answers scored and written if it is called for the same
+    rollout, weights and requests; they are dropped otherwise."""
+    _asked["generate"] = _Asked(
+        (*_weights_key(cfg, rollout_id, *weights), parts), _ask_engines(cfg, parts, first_attempt(rollout_id))
+    )
+
+
 def start(
     cfg: RunConfig,
     rollout_id: int,
@@ -155,8 +183,16 @@ def start(
     file)."""
     version, sha256 = weights
     key = (*_weights_key(cfg, rollout_id, version, sha256), parts, path)
+    asked = _asked.pop("generate", None)
     ref, generated = generate_rollout(
-        cfg, entries, parts, rollout_id, sha256, path, first_attempt(rollout_id)
+        cfg,
+        entries,
+        parts,
+        rollout_id,
+        sha256,
+        path,
+        first_attempt(rollout_id),
+        asked=asked.answers if asked is not None and asked.key == key[:-1] else None,
     )
     start_calls("generate", key, generated)
     _drop("chained-log-prob")
@@ -251,6 +287,7 @@ def drop() -> None:
     for stage in list(_started):
         _drop(stage)
     _when.clear()
+    _asked.clear()
 
 
 def _discard(started: _Started) -> None:

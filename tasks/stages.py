@@ -16,7 +16,7 @@ from config import RunConfig
 from engines.base import GenerateRequest
 from rollout.data import prompts_for_rollout
 from rollout.requests import Entry, build_requests, split_for_engines
-from rollout.source import eval_params, rollout_source, train_params
+from rollout.source import cached, eval_params, rollout_source, train_params
 from tasks import actors, prefetch
 from tasks.cache import RefCachePolicy
 from tasks.checks import (
@@ -57,15 +57,24 @@ def _per_engine(
 
 
 def train_requests(cfg: RunConfig, rollout_id: int) -> list[Entry]:
-    """Rollout `rollout_id`'s requests: its prompts, each `n_samples_per_prompt` times, seeded per sample."""
-    src, r = rollout_source(cfg), cfg.rollout
-    assert src.train is not None
-    prompts = prompts_for_rollout(
-        src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed, cfg.data.rollout_shuffle
-    )
-    return build_requests(
-        prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, train_params(cfg, src.stops)
-    )
+    """Rollout `rollout_id`'s requests: its prompts, each `n_samples_per_prompt` times, seeded per sample. Made
+    once per process and config (the head starts and the generate task ask for the same rollout's: a sha256 per
+    sample); callers do not modify the list."""
+
+    def make() -> list[Entry]:
+        src, r = rollout_source(cfg), cfg.rollout
+        assert src.train is not None
+        prompts = prompts_for_rollout(
+            src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed, cfg.data.rollout_shuffle
+        )
+        return build_requests(
+            prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, train_params(cfg, src.stops)
+        )
+
+    return cached(_REQUESTS, f"{cfg.config_hash()}:{rollout_id}", make)
+
+
+_REQUESTS: dict[str, list[Entry]] = {}
 
 
 def _rollout_path(cfg: RunConfig, rollout_id: int, fresh: bool) -> str:
@@ -80,15 +89,23 @@ def injects(cfg: RunConfig, rollout_id: int) -> bool:
     return bool(d.ci_inject_rollout_data_path) and rollout_id >= d.ci_inject_rollout_data_start_rollout_id
 
 
+def _generates_ahead(cfg: RunConfig) -> bool:
+    """Whether a rollout's generation may start before its generate task (tasks/prefetch.py): it generates on the
+    engines (not train-only, not a loaded recording) and --debug-sequential-stages is off."""
+    d = cfg.debug
+    return not (
+        cfg.train_only or d.load_debug_rollout_data or d.load_forge_rollout_data or d.debug_sequential_stages
+    )
+
+
 def start_next_generation(
     cfg: RunConfig, rollout_id: int, weights: WeightsRef, log_probs: bool = True
 ) -> None:
     """The parent's head start on rollout `rollout_id`'s generate task (tasks/prefetch.py), when that rollout
-    generates on the engines (not train-only, not a loaded recording) and --debug-sequential-stages is off; with
-    `log_probs`, its log-prob pass follows on the written file when the rollout trains on it (not rollout-only,
-    no injected recording)."""
-    d = cfg.debug
-    if cfg.train_only or d.load_debug_rollout_data or d.load_forge_rollout_data or d.debug_sequential_stages:
+    generates ahead (`_generates_ahead`): the engines' calls (unless `ask_engines_after_sync` made them already),
+    then the scoring and writing; with `log_probs`, its log-prob pass follows on the written file when the rollout
+    trains on it (not rollout-only, no injected recording)."""
+    if not _generates_ahead(cfg):
         return
     entries = train_requests(cfg, rollout_id)
     _, requests = _per_engine(cfg, entries)
@@ -103,6 +120,31 @@ def start_next_generation(
         _rollout_path(cfg, rollout_id, injected),
         _logprobs_out(cfg, rollout_id) if chain else None,
     )
+
+
+def ask_engines_after_sync(cfg: RunConfig, rollout_id: int) -> None:
+    """The parent's earlier head start on rollout `rollout_id + 1`, set before rollout `rollout_id`'s flow run:
+    once that run's sync task has the new weights in the engines (`prefetch.done`), its check task's questions to
+    the engines go out, then the next rollout's requests (`prefetch.ask_engines`). An engine answers one caller's
+    calls in order, so the check is not held up; the generation overlaps the check and the flow runs' end and
+    start. Only the engines' calls: the scoring and writing wait for `start_next_generation`, after the check, and
+    if the check fails the answers are dropped. Nothing when the rollout syncs no weights (rollout-only,
+    --debug-skip-weight-update) or the next one does not generate ahead."""
+    if not _generates_ahead(cfg) or cfg.rollout_only or cfg.debug.debug_skip_weight_update:
+        return
+
+    def ask(weights: WeightsRef) -> None:
+        engines = actors.engines(cfg)
+        calls = [*[e.weight_version.remote() for e in engines], *[e.weights_sha256.remote() for e in engines]]
+        prefetch.start_calls("check", _check_key(cfg, rollout_id, weights), prefetch.answers(calls))
+        _, parts = _per_engine(cfg, train_requests(cfg, rollout_id + 1))
+        prefetch.ask_engines(cfg, rollout_id + 1, (weights.version, weights.sha256), parts)
+
+    prefetch.when(cfg, "sync", rollout_id, ask)
+
+
+def _check_key(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> tuple[Any, ...]:
+    return (actors.namespace(cfg), rollout_id, weights.version, weights.sha256)
 
 
 @task(
@@ -345,7 +387,9 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
         log_metrics(cfg, "check", rollout_id + 1, {"check/weight_update_equal": 0.0 if bad else 1.0})
         if bad:
             raise CheckFailed("; ".join(weight_update_failure(i, names) for i, names in bad.items()))
-    return WeightsRef(version=version, sha256=pushed.sha256)
+    synced = WeightsRef(version=version, sha256=pushed.sha256)
+    prefetch.done(cfg, "sync", rollout_id, synced)
+    return synced
 
 
 def _before_push(engines: list, scramble: bool) -> list:
@@ -402,10 +446,13 @@ async def check(
         log_metrics(cfg, "check", rollout_id, result)
         return result
     engines = actors.engines(cfg)
+    started = prefetch.take_calls("check", _check_key(cfg, rollout_id, weights))
     answers = await guarded(
         cfg,
         f"check {rollout_id}",
-        asyncio.gather(
+        started
+        if started is not None
+        else asyncio.gather(
             *[e.weight_version.remote() for e in engines], *[e.weights_sha256.remote() for e in engines]
         ),
         cfg.faults.rollout_timeout,

@@ -392,8 +392,11 @@ def test_the_train_step_starts_once_log_prob_is_done_and_the_sync_once_train_ste
         assert steps == [{"train/step": 1.0, "train/loss": 0.5}]
         assert [len(t.train_step.calls) for t in trainers] == [1, 1]  # the task took them
         assert len(engine.resume_memory.calls) == 1  # train-step done: the sync started
+        synced: list[WeightsRef] = []
+        prefetch.when(cfg, "sync", 2, synced.append)
         assert await stages.sync.fn(cfg, 2) == WeightsRef(version=3, sha256="pushed")
         assert len(engine.resume_memory.calls) == 1  # the task took it
+        assert synced == [WeightsRef(version=3, sha256="pushed")]  # what waits for the sync was told
 
     asyncio.run(go())
     trained = [o for o in order if o.startswith("train")]
@@ -578,3 +581,119 @@ def test_the_parent_chains_the_log_prob_pass_only_when_the_rollout_trains_on_its
     injected = "ci_inject_rollout_data_path" in settings.get("debug", {})
     assert path.endswith("fresh_000001.parquet" if injected else "rollout_000001.parquet")
     assert (log_probs_out is not None) == chained
+
+
+def test_engines_asked_ahead_are_scored_and_written_by_the_start_for_the_same_rollout(engines, finisher):
+    cfg = RunConfig()
+
+    async def go():
+        prefetch.ask_engines(cfg, 3, (3, "sha"), _parts())
+        assert (
+            len(engines[0].generate.calls) == 1 and finisher.finish_rollout.calls == []
+        )  # nothing written yet
+        _start(cfg)
+        generated = await prefetch.take(cfg, 3, (3, "sha"), _parts(), _PATH)  # type: ignore[misc]
+        assert generated.rollout.path == _PATH
+
+    asyncio.run(go())
+    assert engines[0].generate.calls == [(_parts()[0], {"rollout_id": 3, "attempt": 0})]  # asked once
+    ((*_, answer),) = finisher.finish_rollout.calls
+    assert answer.result() == ["out-0", "out-1"]
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        (4, (3, "sha"), _parts()),  # another rollout
+        (3, (3, "other"), _parts()),  # other weights
+        (3, (3, "sha"), [[GenerateRequest(prompt_tokens=(1, 2), seed=9)], []]),  # other requests
+    ],
+)
+def test_engines_asked_ahead_for_anything_else_are_dropped_and_asked_afresh(engines, finisher, other):
+    cfg = RunConfig()
+
+    async def go():
+        prefetch.ask_engines(cfg, *other)
+        _start(cfg)
+        await prefetch.take(cfg, 3, (3, "sha"), _parts(), _PATH)  # type: ignore[misc]
+
+    asyncio.run(go())
+    assert engines[0].generate.calls[-1] == (_parts()[0], {"rollout_id": 3, "attempt": 0})
+    assert len(engines[0].generate.calls) == 2
+
+
+class _Held(_Engine):
+    """An engine that logs its calls in the order it runs them and holds version 3."""
+
+    def __init__(self, order: list[str]) -> None:
+        super().__init__()
+        generate = self.generate.fn
+
+        async def logged_generate(part, ctx):
+            order.append(f"generate {ctx['rollout_id']}")
+            return await generate(part, ctx)
+
+        async def weight_version():
+            order.append("weight_version")
+            return 3
+
+        async def weights_sha256():
+            order.append("weights_sha256")
+            return "pushed"
+
+        self.generate = _Method(logged_generate)
+        self.weight_version, self.weights_sha256 = _Method(weight_version), _Method(weights_sha256)
+
+
+def test_after_the_sync_the_checks_questions_then_the_next_generation_go_to_the_engines(
+    monkeypatch, finisher
+):
+    order: list[str] = []
+    engine = _Held(order)
+    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
+    entry = type("E", (), {"group_index": 0, "request": GenerateRequest(prompt_tokens=(1,), seed=0)})()
+    monkeypatch.setattr(stages, "train_requests", lambda cfg, rollout_id: [entry])
+    monkeypatch.setattr(stages, "log_metrics", lambda *a, **k: None)
+    cfg, weights = RunConfig(), WeightsRef(version=3, sha256="pushed")
+
+    async def go():
+        stages.ask_engines_after_sync(cfg, 2)
+        assert engine.generate.calls == []  # not before rollout 2's sync
+        prefetch.done(cfg, "sync", 2, weights)
+        assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256, engine.generate)] == [
+            1,
+            1,
+            1,
+        ]
+        result = await stages.check.fn(cfg, 2, [], weights)
+        assert result["check/engines_in_sync"] == 1.0
+        assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256)] == [
+            1,
+            1,
+        ]  # check took them
+        stages.start_next_generation(cfg, 3, weights, log_probs=False)
+        path = str(stages._paths(cfg).rollout(3))
+        await prefetch.take(cfg, 3, (3, "pushed"), [[entry.request]], path)  # type: ignore[misc]
+        prefetch.drop()
+
+    asyncio.run(go())
+    assert order == ["weight_version", "weights_sha256", "generate 3"]  # generated once, after the questions
+    assert len(finisher.finish_rollout.calls) == 1
+
+
+@pytest.mark.parametrize(
+    "debug",
+    [
+        {"debug_rollout_only": True},  # no sync
+        {"debug_skip_weight_update": True},  # no weights reach the engines
+        {"debug_sequential_stages": True},
+        {"debug_train_only": True},
+    ],
+)
+def test_nothing_is_asked_after_a_sync_that_moves_no_weights_or_when_told_not_to(monkeypatch, debug):
+    asked = []
+    monkeypatch.setattr(prefetch, "ask_engines", lambda *a: asked.append(a))
+    cfg = RunConfig.model_validate({"debug": debug})
+    stages.ask_engines_after_sync(cfg, 2)
+    prefetch.done(cfg, "sync", 2, WeightsRef(version=3, sha256="w"))
+    assert asked == []
