@@ -27,9 +27,8 @@ class Tally:
     tokens: int  # response tokens over every sample
     longest: int  # the longest response, in tokens
     seconds: float  # spent scoring and writing
-    generation: float = (
-        0.0  # the longest engine's generate call (EngineAnswer.seconds), set by the rollout actor
-    )
+    # the longest engine's generate call (EngineAnswer.seconds): set by the rollout actor, which has the answers
+    generation: float = 0.0
 
 
 def in_entry_order(

@@ -20,9 +20,9 @@ A stage that others wait for says so from within its task, before Prefect record
 writing) is started only once the task before it has done all its own work, so a head start never runs ahead of a
 task that could still fail on its own. The engines' generation alone changes neither (their answers are dropped if
 rollout N's check fails). Nothing computed changes: sampling is seeded per sample, so a request gives the same
-tokens whenever it runs on the same weights, and every call is the one the task's first attempt would make. A head start is used only by
-the first attempt of the task it was started for (same run actors, rollout, weights, inputs); anything else
-(a retry, a cached task, a run that ends first) drops it. An error an actor raised surfaces in that task, as if
+tokens whenever it runs on the same weights, and every call is the one the task's first attempt would make. A head
+start is used only by the first attempt of the task it was started for (same run actors, rollout, weights,
+inputs); anything else (a retry, a cached task, a run that ends first) drops it. An error an actor raised surfaces in that task, as if
 it had asked (its retry then asks afresh). `--debug-sequential-stages` turns them all off: every actor call is
 then made inside its own task.
 """
@@ -182,7 +182,11 @@ def start(
     first), as the rollout's log-prob task would start it (`start_log_probs` takes it if it is for the same
     file)."""
     version, sha256 = weights
-    key = (*_weights_key(cfg, rollout_id, version, sha256), parts, path)
+    on_engines = (
+        *_weights_key(cfg, rollout_id, version, sha256),
+        parts,
+    )  # what `ask_engines` keys its calls by
+    key = (*on_engines, path)
     asked = _asked.pop("generate", None)
     ref, generated = generate_rollout(
         cfg,
@@ -192,7 +196,7 @@ def start(
         sha256,
         path,
         first_attempt(rollout_id),
-        asked=asked.answers if asked is not None and asked.key == key[:-1] else None,
+        asked=asked.answers if asked is not None and asked.key == on_engines else None,
     )
     start_calls("generate", key, generated)
     _drop("chained-log-prob")

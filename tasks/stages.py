@@ -134,9 +134,8 @@ def ask_engines_after_sync(cfg: RunConfig, rollout_id: int) -> None:
         return
 
     def ask(weights: WeightsRef) -> None:
-        engines = actors.engines(cfg)
-        calls = [*[e.weight_version.remote() for e in engines], *[e.weights_sha256.remote() for e in engines]]
-        prefetch.start_calls("check", _check_key(cfg, rollout_id, weights), prefetch.answers(calls))
+        questions = prefetch.answers(_weights_questions(actors.engines(cfg)))
+        prefetch.start_calls("check", _check_key(cfg, rollout_id, weights), questions)
         _, parts = _per_engine(cfg, train_requests(cfg, rollout_id + 1))
         prefetch.ask_engines(cfg, rollout_id + 1, (weights.version, weights.sha256), parts)
 
@@ -145,6 +144,12 @@ def ask_engines_after_sync(cfg: RunConfig, rollout_id: int) -> None:
 
 def _check_key(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> tuple[Any, ...]:
     return (actors.namespace(cfg), rollout_id, weights.version, weights.sha256)
+
+
+def _weights_questions(engines: list[Any]) -> list[Any]:
+    """The check task's questions to `engines`, submitted now: every engine's weight version, then every engine's
+    weights sha256."""
+    return [*[e.weight_version.remote() for e in engines], *[e.weights_sha256.remote() for e in engines]]
 
 
 @task(
@@ -450,11 +455,7 @@ async def check(
     answers = await guarded(
         cfg,
         f"check {rollout_id}",
-        started
-        if started is not None
-        else asyncio.gather(
-            *[e.weight_version.remote() for e in engines], *[e.weights_sha256.remote() for e in engines]
-        ),
+        started if started is not None else prefetch.answers(_weights_questions(engines)),
         cfg.faults.rollout_timeout,
         engines=True,
         weights=weights,
