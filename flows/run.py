@@ -21,7 +21,7 @@ from flows import run_page, runtime
 from flows.children import ChildRuns
 from flows.failure import explain, note_stage
 from flows.report import RunReport, observers
-from procs import freeze_heap
+from procs import freeze_heap, preload_arrow
 from tasks import STAGE_NAMES, actors, notify, prefetch
 from tasks.checks import metric_gate, raise_if_any, retry_unless_check_failed
 from tasks.metrics import close_run, log_metrics
@@ -279,6 +279,7 @@ class _RunLoop:
         ok = False
         try:
             weights = await self._start_actors()
+            preload_arrow()
             freeze_heap()  # Prefect, Ray, torch and the config are set up for the run
             last: tuple[uuid.UUID | None, int] | None = None
             for rollout_id in range(owned.start, self.report.end):

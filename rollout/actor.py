@@ -14,7 +14,7 @@ import ray
 
 from engines.base import EngineAnswer
 from faults import FaultHookRequest, FaultInjector
-from procs import freeze_heap
+from procs import freeze_heap, preload_arrow
 from rollout.finish import Tally, finish_rollout, in_entry_order
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class RolloutActor:
         from rollout.source import scoring_side
 
         scoring_side(cfg)
+        preload_arrow()
         freeze_heap()
 
     @ray.method(num_returns=2)

@@ -13,7 +13,7 @@ from artifacts.hashing import tensor_hashes
 from artifacts.store import ArtifactRef
 from artifacts.wire import WireWeights, to_wire
 from faults import FaultHookRequest, FaultInjector
-from procs import freeze_heap
+from procs import freeze_heap, preload_arrow
 from trainers.base import Trainer
 from trainers.collectives import use_interface_for
 from trainers.registry import get_trainer_class
@@ -73,6 +73,7 @@ class TrainerActor:
         spans nodes) and build the backend's model and optimizer."""
         use_interface_for(master_addr, ray.util.get_node_ip_address())
         info = self.trainer.setup(master_addr, master_port)
+        preload_arrow()
         freeze_heap()  # the model, optimizer and imports live as long as the actor
         return info
 

@@ -109,6 +109,40 @@ def test_deterministic_and_pure(name: str) -> None:
     assert torch.equal(rewards, before)
 
 
+def _one_group_at_a_time(name: str, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """The estimators' formulas on each group's 1-D rewards alone."""
+    out = torch.empty_like(rewards)
+    for gid in torch.unique(groups):
+        idx = torch.nonzero(groups == gid, as_tuple=True)[0]
+        r, n = rewards[idx], len(idx)
+        if name == "grpo":
+            c = r - r.mean()
+            out[idx] = c / (((c * c).sum() / (n - 1)).sqrt() + GRPO_STD_EPS) if n > 1 else c
+        elif name == "rloo":
+            out[idx] = r - (r.sum() - r) / (n - 1) if n > 1 else torch.zeros_like(r)
+        else:
+            out[idx] = r - r.mean()
+    return out
+
+
+@pytest.mark.parametrize("name", ["grpo", "reinforce_plus_plus_baseline", "rloo"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_all_groups_at_once_give_the_bits_of_one_group_at_a_time(name: str, dtype: torch.dtype) -> None:
+    # equal group sizes take one batched reduction over rows [G, k]; it must round exactly as a group alone
+    # (torch.std does not in float64: grpo's std is written out)
+    gen = torch.Generator().manual_seed(1)
+    for size in (1, 2, 3, 4, 5, 8, 16, 33, 64, 128):
+        for equal in (True, False):
+            groups = torch.arange(24).repeat_interleave(size)
+            if not equal:
+                groups = groups[size // 2 :]  # the first group smaller than the others
+            groups = groups[torch.randperm(len(groups), generator=gen)] * 7 - 50  # interleaved, unsorted ids
+            rewards = (torch.randn(len(groups), generator=gen) * 3).to(dtype)
+            rewards[: len(rewards) // 3] = rewards[: len(rewards) // 3].round()  # ties, as 0/1 rewards give
+            got = get_advantage_estimator(name)(rewards, groups)
+            assert torch.equal(got, _one_group_at_a_time(name, rewards, groups)), (size, equal)
+
+
 def test_bad_inputs_rejected() -> None:
     with pytest.raises(ValueError, match="1-D"):
         grpo(torch.zeros(4), torch.zeros(3, dtype=torch.long))

@@ -575,3 +575,25 @@ def test_metrics_truncated_last_line_is_skipped_and_repaired(tmp_path: Path) -> 
 def test_metrics_rejects_non_serialisable(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         append_metrics(tmp_path / "m.jsonl", {"x": object()})
+
+
+def test_after_preload_arrow_a_rollout_write_and_read_import_nothing_heavy(tmp_path: Path) -> None:
+    # the actors and the driver call procs.preload_arrow at set-up, so that the first rollout does not import
+    # pandas and pyarrow.compute (0.4-0.8 s) on the loop's path
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from artifacts import read_rollout, write_rollout
+from procs import preload_arrow
+from tests.helpers import make_sample
+preload_arrow()
+before = set(sys.modules)
+read_rollout(write_rollout({str(tmp_path / "r.parquet")!r}, [make_sample(0), make_sample(1)]))
+print(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("pandas", "pyarrow", "numpy")))
+"""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
