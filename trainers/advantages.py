@@ -92,7 +92,7 @@ def _per_group(rewards: Tensor, group_index: Tensor, rows_fn: Callable[[Tensor],
 def grpo(rewards: Tensor, group_index: Tensor, *, normalize_std: bool = True) -> Tensor:
     """GRPO: ``(r - mean_g) / (std_g + 1e-6)`` per group ``g``.
 
-    ``std_g`` is the unbiased std, ``sqrt(sum((r - mean_g)**2) / (n_g - 1))``. With ``normalize_std=False`` (slime
+    ``std_g`` is the unbiased std, ``sqrt(sum((r - mean_g)**2) / (n_g - 1))`` in float64. With ``normalize_std=False`` (slime
     ``--disable-grpo-std-normalization``) only the mean is subtracted. Groups of size 1 skip the std
     division (their unbiased std is undefined; slime disables it for ``n_samples_per_prompt == 1`` and miles
     applies it only to groups > 1), so they get advantage 0.
@@ -104,8 +104,11 @@ def grpo(rewards: Tensor, group_index: Tensor, *, normalize_std: bool = True) ->
     def centre(rows: Tensor) -> Tensor:
         centred = rows - rows.mean(dim=1, keepdim=True)
         if normalize_std and rows.shape[1] > 1:
-            # two-pass, not torch.std: its float64 kernel rounds a row differently with more rows beside it
-            std = ((centred * centred).sum(dim=1, keepdim=True) / (rows.shape[1] - 1)).sqrt()
+            # in float64, as torch.std computes a float32 row's (the same bits for these), but two-pass: torch.std's
+            # float64 kernel rounds a row differently with more rows beside it
+            wide = rows.double()
+            dev = wide - wide.mean(dim=1, keepdim=True)
+            std = ((dev * dev).sum(dim=1, keepdim=True) / (rows.shape[1] - 1)).sqrt().to(rows.dtype)
             centred = centred / (std + GRPO_STD_EPS)
         return centred
 

@@ -116,8 +116,9 @@ def _one_group_at_a_time(name: str, rewards: torch.Tensor, groups: torch.Tensor)
         idx = torch.nonzero(groups == gid, as_tuple=True)[0]
         r, n = rewards[idx], len(idx)
         if name == "grpo":
-            c = r - r.mean()
-            out[idx] = c / (((c * c).sum() / (n - 1)).sqrt() + GRPO_STD_EPS) if n > 1 else c
+            w = r.double()
+            std = (((w - w.mean()) ** 2).sum() / (n - 1)).sqrt().to(r.dtype)
+            out[idx] = (r - r.mean()) / (std + GRPO_STD_EPS) if n > 1 else r - r.mean()
         elif name == "rloo":
             out[idx] = r - (r.sum() - r) / (n - 1) if n > 1 else torch.zeros_like(r)
         else:
@@ -141,6 +142,16 @@ def test_all_groups_at_once_give_the_bits_of_one_group_at_a_time(name: str, dtyp
             rewards[: len(rewards) // 3] = rewards[: len(rewards) // 3].round()  # ties, as 0/1 rewards give
             got = get_advantage_estimator(name)(rewards, groups)
             assert torch.equal(got, _one_group_at_a_time(name, rewards, groups)), (size, equal)
+
+
+def test_grpo_of_binary_rewards_has_the_bits_of_torch_std() -> None:
+    # slime's formula, (r - mean) / (torch.std(r) + eps) per group, computes a float32 std in float64: so does grpo
+    gen = torch.Generator().manual_seed(2)
+    for size in (2, 3, 4, 8, 16):
+        rewards = torch.randint(0, 2, (32 * size,), generator=gen).float()
+        groups = torch.arange(32).repeat_interleave(size)
+        want = torch.cat([(r - r.mean()) / (r.std() + GRPO_STD_EPS) for r in rewards.view(32, size)])
+        assert torch.equal(grpo(rewards, groups), want), size
 
 
 def test_bad_inputs_rejected() -> None:
