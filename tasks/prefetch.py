@@ -22,9 +22,9 @@ task that could still fail on its own. The engines' generation alone changes nei
 rollout N's check fails). Nothing computed changes: sampling is seeded per sample, so a request gives the same
 tokens whenever it runs on the same weights, and every call is the one the task's first attempt would make. A head
 start is used only by the first attempt of the task it was started for (same run actors, rollout, weights,
-inputs); anything else (a retry, a cached task, a run that ends first) drops it. An error an actor raised surfaces in that task, as if
-it had asked (its retry then asks afresh). `--debug-sequential-stages` turns them all off: every actor call is
-then made inside its own task.
+inputs); anything else (a retry, a cached task, a run that ends first) drops it. An error an actor raised
+surfaces in that task, as if it had asked (its retry then asks afresh). `--debug-sequential-stages` turns them all
+off: every actor call is then made inside its own task.
 """
 
 from __future__ import annotations
@@ -182,10 +182,8 @@ def start(
     first), as the rollout's log-prob task would start it (`start_log_probs` takes it if it is for the same
     file)."""
     version, sha256 = weights
-    on_engines = (
-        *_weights_key(cfg, rollout_id, version, sha256),
-        parts,
-    )  # what `ask_engines` keys its calls by
+    # what `ask_engines` keys its calls by
+    on_engines = (*_weights_key(cfg, rollout_id, version, sha256), parts)
     key = (*on_engines, path)
     asked = _asked.pop("generate", None)
     ref, generated = generate_rollout(
