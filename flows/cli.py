@@ -420,6 +420,7 @@ def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: fl
     """Run the flow under the console (quiet or `--verbose`); exit 0, or 1 with the root cause as the last line."""
     import asyncio
 
+    from flows import runtime
     from flows.console import header, open_console
     from flows.failure import failure_line
     from flows.run import run_flow
@@ -427,6 +428,7 @@ def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: fl
     with open_console(sys.stdout, verbose=args.verbose, began=began) as console:
         console.write(header(cfg, args.verbose))
         try:
+            runtime.start_prefect_beside_ray(cfg)
             result = asyncio.run(
                 run_flow(cfg, refresh=refresh, resume=bool(args.resume), overwrite=args.overwrite)
             )

@@ -306,12 +306,7 @@ class _RunLoop:
     async def _start_actors(self) -> WeightsRef:
         """Engines and trainers started (trainers restored on a resume); the weights the engines hold."""
         cfg, owned = self.cfg, self.owned
-        engines = [] if cfg.train_only else await actors.start_engines(cfg)
-        trainers = (
-            []
-            if cfg.rollout_only
-            else await actors.start_trainers(cfg, actors.start_weights(cfg, owned.trainer_state))
-        )
+        engines, trainers = await actors.start_run_actors(cfg, actors.start_weights(cfg, owned.trainer_state))
         start = owned.start
         if owned.trainer_state is not None and trainers:
             await asyncio.gather(*[t.load.remote(str(owned.trainer_state)) for t in trainers])

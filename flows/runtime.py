@@ -258,6 +258,39 @@ async def crash_stale_flow_run(flow_run_id: str | None) -> None:
                 notice(f"marked stale flow run {run.name} ({run.id}) Crashed")
 
 
+def start_prefect_beside_ray(cfg: RunConfig) -> None:
+    """Start Prefect's temporary server (in a thread) while this thread starts Ray (`tasks.actors.ensure_ray`);
+    return once both are up, or raise the first error. Each takes seconds of process start-up, mostly in
+    processes of their own: left to the flow, Prefect starts its server at the flow's first request and the flow
+    starts Ray once it runs, one after the other. With PREFECT_API_URL set (a `rollflow server`) only Ray
+    starts. Ray stays in the calling thread: `ray.init` sets its SIGTERM handler only from the main thread."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    from tasks import actors
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        actors.ensure_ray(cfg)
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    failed: list[BaseException] = []
+
+    def start_server() -> None:
+        try:
+            SubprocessASGIServer().start()  # the instance the flow's client then finds running
+        except BaseException as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=start_server, name="prefect-server-start", daemon=True)
+    thread.start()
+    try:
+        actors.ensure_ray(cfg)
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]
+
+
 def start_api_watchdog(api_url: str, timeout: float, run_dir: Path) -> threading.Event:
     """A thread that ends this process, with a message, once the Prefect API has not answered `/health` for
     `timeout` seconds (Prefect's client would retry for minutes; the run cannot record anything meanwhile).

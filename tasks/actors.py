@@ -262,6 +262,33 @@ async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
     return actors
 
 
+async def start_run_actors(cfg: RunConfig, trainer_checkpoint: str) -> tuple[list[Any], list[Any]]:
+    """The run's engines (with its rollout actor) and its trainers built from `trainer_checkpoint`, each side
+    only where the mode has it: (engines, trainers). The two sides start at the same time (each is seconds of
+    process start, imports and model loading, most of a short run's wall time), except with --colocate, where the
+    engines start first, so that they size their memory before the trainers take theirs on the same devices. If one side fails, the other is cancelled and the first error raised; its actors stay registered for
+    `stop_actors`."""
+    await _placement(cfg)  # one group for both sides, made before either asks for it
+
+    async def engines() -> list[Any]:
+        return [] if cfg.train_only else await start_engines(cfg)
+
+    async def trainers() -> list[Any]:
+        return [] if cfg.rollout_only else await start_trainers(cfg, trainer_checkpoint)
+
+    if cfg.placement.colocate:
+        return await engines(), await trainers()
+    jobs = [asyncio.ensure_future(engines()), asyncio.ensure_future(trainers())]
+    try:
+        started = await asyncio.gather(*jobs)
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        raise
+    return started[0], started[1]
+
+
 def start_weights(cfg: RunConfig, resume: Path | None) -> str:
     """The trainer's starting weights, as slime picks them: the checkpoint it resumes from is loaded on top of
     --hf-checkpoint; without one, --load itself when it is an HF model dir, else --ref-load if given, else
