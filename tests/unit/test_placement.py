@@ -169,3 +169,76 @@ def test_rendezvous_is_loopback_on_one_node_and_rank0_ip_across_nodes(monkeypatc
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")
     use_interface_for("192.0.2.8", "127.0.0.1")
     assert os.environ["GLOO_SOCKET_IFNAME"] == "ib0"  # the user's own choice stays
+
+
+def _fake_starts(monkeypatch, fail: str | None = None) -> list[str]:
+    """Stand-ins for the two sides of `start_run_actors` that log when each begins and ends (the engines take two
+    event loop turns, the trainers four), `fail` raising as it ends; the placement group is a no-op."""
+    import asyncio
+
+    from tasks import actors
+
+    log: list[str] = []
+
+    def side(name: str, turns: int):
+        async def start(*args, **kwargs):
+            log.append(f"{name} begins")
+            try:
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                log.append(f"{name} cancelled")
+                raise
+            if name == fail:
+                raise RuntimeError(f"{name} could not start")
+            log.append(f"{name} ends")
+            return [name]
+
+        return start
+
+    async def placed(cfg):
+        return None
+
+    monkeypatch.setattr(actors, "_placement", placed)
+    monkeypatch.setattr(actors, "start_engines", side("engines", 2))
+    monkeypatch.setattr(actors, "start_trainers", side("trainers", 4))
+    return log
+
+
+def test_engines_and_trainers_start_side_by_side_unless_colocated(monkeypatch):
+    import asyncio
+
+    from tasks.actors import start_run_actors
+
+    log = _fake_starts(monkeypatch)
+    assert asyncio.run(start_run_actors(RunConfig(), "ckpt")) == (["engines"], ["trainers"])
+    assert log[:2] == ["engines begins", "trainers begins"]
+    log.clear()
+    colocated = parse("--colocate")
+    assert asyncio.run(start_run_actors(colocated, "ckpt")) == (["engines"], ["trainers"])
+    assert log == [
+        "engines begins",
+        "engines ends",
+        "trainers begins",
+        "trainers ends",
+    ]  # engines size memory first
+    log.clear()
+    rollout_only = parse("--debug-rollout-only")
+    assert asyncio.run(start_run_actors(rollout_only, "ckpt")) == (["engines"], [])
+    assert log == ["engines begins", "engines ends"]
+
+
+def test_a_side_that_fails_cancels_the_other_and_its_error_is_raised(monkeypatch):
+    import asyncio
+
+    from tasks.actors import start_run_actors
+
+    log = _fake_starts(monkeypatch, fail="engines")
+
+    async def start() -> list[str]:
+        with pytest.raises(RuntimeError, match="^engines could not start$"):
+            await start_run_actors(RunConfig(), "ckpt")
+        return list(log)  # before asyncio.run cancels whatever is left at its end
+
+    assert asyncio.run(start())[-1] == "trainers cancelled"
+    assert "trainers ends" not in log
