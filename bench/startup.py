@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,10 +60,10 @@ def one_run(home: Path, run_dir: Path) -> dict[str, float]:
     )
     assert proc.stdout is not None
     seen: dict[str, float] = {}
-    tail: list[str] = []
+    tail: deque[str] = deque(maxlen=40)  # printed if the run fails
     for line in proc.stdout:
         now = time.monotonic() - began
-        tail = [*tail[-40:], line]
+        tail.append(line)
         for phase, text in MARKS:
             if phase not in seen and text in line:
                 seen[phase] = now

@@ -271,24 +271,16 @@ def start_prefect_beside_ray(cfg: RunConfig) -> None:
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         actors.ensure_ray(cfg)
         return
+    from concurrent.futures import ThreadPoolExecutor
+
     from prefect.server.api.server import SubprocessASGIServer
 
-    failed: list[BaseException] = []
-
-    def start_server() -> None:
-        try:
-            SubprocessASGIServer().start()  # the instance the flow's client then finds running
-        except BaseException as e:
-            failed.append(e)
-
-    thread = threading.Thread(target=start_server, name="prefect-server-start", daemon=True)
-    thread.start()
-    try:
+    with ThreadPoolExecutor(1, thread_name_prefix="prefect-server-start") as pool:
+        server = pool.submit(
+            SubprocessASGIServer().start
+        )  # the instance the flow's client then finds running
         actors.ensure_ray(cfg)
-    finally:
-        thread.join()
-    if failed:
-        raise failed[0]
+        server.result()
 
 
 def start_api_watchdog(api_url: str, timeout: float, run_dir: Path) -> threading.Event:

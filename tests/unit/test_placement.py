@@ -3,6 +3,7 @@ bundle order by node, actor options per slot kind, and where the trainers meet."
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -10,6 +11,8 @@ import yaml
 
 from config import SLOT_RESOURCE, RunConfig, dump_yaml
 from flows.cli import build_config, make_parser
+from tasks import actors
+from tasks.actors import start_run_actors
 from tasks.placement import (
     ENGINE_SHARE,
     TRAINER_SHARE,
@@ -174,10 +177,6 @@ def test_rendezvous_is_loopback_on_one_node_and_rank0_ip_across_nodes(monkeypatc
 def _fake_starts(monkeypatch, fail: str | None = None) -> list[str]:
     """Stand-ins for the two sides of `start_run_actors` that log when each begins and ends (the engines take two
     event loop turns, the trainers four), `fail` raising as it ends; the placement group is a no-op."""
-    import asyncio
-
-    from tasks import actors
-
     log: list[str] = []
 
     def side(name: str, turns: int):
@@ -206,10 +205,6 @@ def _fake_starts(monkeypatch, fail: str | None = None) -> list[str]:
 
 
 def test_engines_and_trainers_start_side_by_side_unless_colocated(monkeypatch):
-    import asyncio
-
-    from tasks.actors import start_run_actors
-
     log = _fake_starts(monkeypatch)
     assert asyncio.run(start_run_actors(RunConfig(), "ckpt")) == (["engines"], ["trainers"])
     assert log[:2] == ["engines begins", "trainers begins"]
@@ -229,10 +224,6 @@ def test_engines_and_trainers_start_side_by_side_unless_colocated(monkeypatch):
 
 
 def test_a_side_that_fails_cancels_the_other_and_its_error_is_raised(monkeypatch):
-    import asyncio
-
-    from tasks.actors import start_run_actors
-
     log = _fake_starts(monkeypatch, fail="engines")
 
     async def start() -> list[str]:
