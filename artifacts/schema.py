@@ -22,6 +22,7 @@ __all__ = [
     "Sample",
     "samples_to_table",
     "table_to_samples",
+    "validated_table",
 ]
 
 SCHEMA_VERSION = 1
@@ -52,10 +53,16 @@ SAMPLE_SCHEMA: pa.Schema = pa.schema(
 _INT32_MAX = 2**31 - 1
 
 
+# Sorted keys and fixed separators: equal dicts give equal bytes, hence equal file hashes.
+# allow_nan=False: the column is JSON text for any reader (duckdb, pandas), and NaN is not JSON.
+# One encoder for every row (json.dumps with options builds a new one per call: a third of its cost on small dicts).
+_METADATA_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def _metadata_json(metadata: dict[str, Any]) -> str:
-    # Sorted keys and fixed separators: equal dicts give equal bytes, hence equal file hashes.
-    # allow_nan=False: the column is JSON text for any reader (duckdb, pandas), and NaN is not JSON.
-    return json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _METADATA_ENCODER.encode(metadata)
 
 
 @dataclasses.dataclass
@@ -174,6 +181,69 @@ def samples_to_table(samples: Iterable[Sample]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=SAMPLE_SCHEMA)
 
 
+_INT_FIELDS = ("rollout_id", "group_index", "sample_index", "response_length", "weight_version", "seed")
+_STR_FIELDS = ("prompt", "response", "label", "status")
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def validated_table(samples: Sequence[Sample]) -> pa.Table:
+    """`samples` as a ``SAMPLE_SCHEMA`` table, each checked as `Sample.validate` checks it: the same rows pass
+    and fail, and the first failing sample raises `validate`'s own ``ValueError``, prefixed with its position and
+    ids. The checks run column-wise (Python types per column, the row invariants in Arrow: `_check_rows`), each
+    sample's metadata serialised once; only when one fails are the samples validated one by one, for the message
+    (measured on 3,172 eval samples: 70 -> 25 ms a write)."""
+    try:
+        table = samples_to_table(samples)
+        fast = _plain_columns(samples) and _check_rows(table, raise_errors=False)
+    except (TypeError, ValueError):  # e.g. metadata that is not JSON, a value Arrow cannot convert
+        table, fast = None, False
+    if fast and table is not None:
+        return table
+    for position, sample in enumerate(samples):
+        try:
+            sample.validate()
+        except ValueError as e:
+            raise ValueError(
+                f"sample {position} (rollout_id={sample.rollout_id!r}, group_index={sample.group_index!r}, "
+                f"sample_index={sample.sample_index!r}): {e}"
+            ) from e
+    # every sample is valid, so what stopped the fast path is the conversion (e.g. an int past int64): its error
+    return samples_to_table(samples) if table is None else table
+
+
+def _plain_columns(samples: Sequence[Sample]) -> bool:
+    """Whether every sample's fields have the plain types `Sample.validate` accepts (exact ints, strs, float or
+    int rewards; a False here only means "validate one by one"), non-negative token ids below 2**31, and
+    metadata that a JSON round trip keeps unchanged (str keys; lists, dicts and scalars; finite floats)."""
+    for name in _INT_FIELDS:
+        if {type(getattr(s, name)) for s in samples} - {int}:
+            return False
+    for name in _STR_FIELDS:
+        if {type(getattr(s, name)) for s in samples} - {str}:
+            return False
+    if {type(s.reward) for s in samples} - {float, int}:
+        return False
+    for s in samples:
+        for tokens in (s.prompt_tokens, s.response_tokens):
+            if tokens and (min(tokens) < 0 or max(tokens) > _INT32_MAX):
+                return False
+        if type(s.metadata) is not dict or not _plain_json(s.metadata):
+            return False
+    return True
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether `value` survives a JSON round trip unchanged, decided by its types (a sufficient condition)."""
+    kind = type(value)
+    if kind is dict:
+        return all(type(k) is str and _plain_json(v) for k, v in value.items())
+    if kind is list:
+        return all(_plain_json(v) for v in value)
+    if kind is float:
+        return value == value and value not in (float("inf"), float("-inf"))
+    return kind in _JSON_SCALARS
+
+
 def table_to_samples(table: pa.Table) -> list[Sample]:
     """Convert a table with (at least) the ``SAMPLE_SCHEMA`` columns back to samples.
 
@@ -223,9 +293,11 @@ def table_to_samples(table: pa.Table) -> list[Sample]:
     return [Sample(*values) for values in zip(*(columns[n] for n in SAMPLE_SCHEMA.names), strict=True)]
 
 
-def _check_rows(table: pa.Table) -> None:
+def _check_rows(table: pa.Table, *, raise_errors: bool = True) -> bool:
     """The per-row invariants of `Sample.validate`, checked column-wise in Arrow (about 40x cheaper than
-    validating sample by sample): aligned per-token lists, 0/1 loss mask, known statuses, non-negative ids."""
+    validating sample by sample): aligned per-token lists, 0/1 loss mask, known statuses, non-negative ids.
+    Raises a ``ValueError`` naming the column and row of the first failure; with `raise_errors` False, returns
+    whether all hold instead."""
     import pyarrow.compute as pc
 
     n = table.column("response_length")
@@ -263,11 +335,16 @@ def _check_rows(table: pa.Table) -> None:
         checks.append((name, pc.greater_equal(table.column(name), 0), "is negative"))
     flat_mask = pc.list_flatten(table.column("loss_mask"))
     if len(flat_mask) and not pc.all(pc.is_in(flat_mask, value_set=pa.array([0, 1], pa.int8()))).as_py():
-        raise ValueError("column 'loss_mask' holds values other than 0 and 1")
+        if raise_errors:
+            raise ValueError("column 'loss_mask' holds values other than 0 and 1")
+        return False
     for name, ok, what in checks:
         row = first_bad(ok)
         if row is not None:
-            raise ValueError(f"column {name!r} row {row} {what}")
+            if raise_errors:
+                raise ValueError(f"column {name!r} row {row} {what}")
+            return False
+    return True
 
 
 def _same_family(found: pa.DataType, wanted: pa.DataType) -> bool:

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, Field, field_validator
 
 from artifacts.atomic import atomic_write_bytes, sha256_bytes, sha256_file
-from artifacts.schema import SCHEMA_VERSION, Sample, samples_to_table, table_to_samples
+from artifacts.schema import SCHEMA_VERSION, Sample, table_to_samples, validated_table
 
 __all__ = [
     "ArtifactError",
@@ -423,16 +423,7 @@ def write_rollout(
 
     Raises ``ValueError`` naming the first invalid sample (position and ids) and field.
     """
-    samples = list(samples)
-    for position, sample in enumerate(samples):
-        try:
-            sample.validate()
-        except ValueError as e:
-            raise ValueError(
-                f"sample {position} (rollout_id={sample.rollout_id!r}, group_index={sample.group_index!r}, "
-                f"sample_index={sample.sample_index!r}): {e}"
-            ) from e
-    return write_table(path, samples_to_table(samples), kind=kind, metadata=metadata)
+    return write_table(path, validated_table(list(samples)), kind=kind, metadata=metadata)
 
 
 def read_rollout(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> list[Sample]:

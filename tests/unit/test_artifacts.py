@@ -412,26 +412,30 @@ def test_artifact_ref_rejects_bad_fields(field: str, value: object) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("changes", "field"),
-    [
-        ({"status": "done"}, "status"),
-        ({"response_length": 5}, "response_tokens"),
-        ({"loss_mask": [1, 1, 1]}, "loss_mask"),
-        ({"loss_mask": [1, 2, 1, 0]}, "loss_mask"),
-        ({"rollout_log_probs": [-0.5]}, "rollout_log_probs"),
-        ({"prompt_tokens": [1, -2]}, "prompt_tokens"),
-        ({"response_tokens": [1, 2, 3, 2**31]}, "response_tokens"),
-        ({"metadata": {"pair": (1, 2)}}, "metadata"),
-        ({"metadata": {1: "int key"}}, "metadata"),
-        ({"metadata": {"x": object()}}, "metadata"),
-        ({"metadata": {"x": math.nan}}, "metadata"),
-        ({"reward": "1.0"}, "reward"),
-        ({"seed": 1.5}, "seed"),
-        ({"sample_index": -1}, "sample_index"),
-        ({"label": None}, "label"),
-    ],
-)
+BAD_SAMPLES: list[tuple[dict[str, object], str]] = [
+    ({"status": "done"}, "status"),
+    ({"response_length": 5}, "response_tokens"),
+    ({"loss_mask": [1, 1, 1]}, "loss_mask"),
+    ({"loss_mask": [1, 2, 1, 0]}, "loss_mask"),
+    ({"rollout_log_probs": [-0.5]}, "rollout_log_probs"),
+    ({"prompt_tokens": [1, -2]}, "prompt_tokens"),
+    ({"response_tokens": [1, 2, 3, 2**31]}, "response_tokens"),
+    ({"metadata": {"pair": (1, 2)}}, "metadata"),
+    ({"metadata": {1: "int key"}}, "metadata"),
+    ({"metadata": {"x": object()}}, "metadata"),
+    ({"metadata": {"x": math.nan}}, "metadata"),
+    ({"reward": "1.0"}, "reward"),
+    ({"seed": 1.5}, "seed"),
+    ({"sample_index": -1}, "sample_index"),
+    ({"label": None}, "label"),
+    ({"reward": True}, "reward"),
+    ({"group_index": False}, "group_index"),
+    ({"metadata": {"x": [math.inf]}}, "metadata"),
+    ({"metadata": "not a dict"}, "metadata"),
+]
+
+
+@pytest.mark.parametrize(("changes", "field"), BAD_SAMPLES)
 def test_sample_validate_names_the_field(changes: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=rf"Sample\.{field}"):
         make_sample(**changes).validate()
@@ -450,6 +454,44 @@ def test_write_rollout_validates_first(tmp_path: Path) -> None:
     ):
         write_rollout(tmp_path / "r.parquet", samples)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("changes", [c for c, _ in BAD_SAMPLES])
+def test_write_rollout_rejects_what_validate_rejects(tmp_path: Path, changes: dict[str, object]) -> None:
+    """The column-wise checks of a write fail exactly where `Sample.validate` fails, with its message."""
+    samples = [make_sample(0), make_sample(1), make_sample(2, **changes)]
+    with pytest.raises(ValueError) as write_error:
+        write_rollout(tmp_path / "r.parquet", samples)
+    with pytest.raises(ValueError) as validate_error:
+        samples[2].validate()
+    bad = samples[2]
+    assert str(write_error.value) == (
+        f"sample 2 (rollout_id=7, group_index={bad.group_index!r}, sample_index={bad.sample_index!r}): "
+        f"{validate_error.value}"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_rollout_checks_valid_samples_column_wise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Valid plain samples are written without validating them one by one; a sample whose values are valid but
+    not of the plain types (an int subclass, a tuple-free nested dict) is validated one by one and written."""
+    samples = [
+        make_sample(i, metadata={"finish_reason": "stop", "nested": {"a": [1, 2.5, None]}}) for i in range(4)
+    ]
+    calls = []
+    original = Sample.validate
+    monkeypatch.setattr(Sample, "validate", lambda self: (calls.append(self), original(self))[1])
+    ref = write_rollout(tmp_path / "plain.parquet", samples)
+    assert calls == [] and read_rollout(ref) == samples
+
+    class Seed(int):
+        pass
+
+    odd = [*samples, make_sample(4, seed=Seed(3))]
+    ref = write_rollout(tmp_path / "odd.parquet", odd)
+    assert len(calls) == len(odd) and read_rollout(ref)[-1].seed == 3
 
 
 def test_samples_to_table_names_unconvertible_column() -> None:
