@@ -129,6 +129,11 @@ def flow_rollouts(cfg: RunConfig) -> tuple[list[float], list[float], list[float]
     return durations, cadence, gaps, span, wall
 
 
+# The in-process passes before and after the flow do the same work: when their wall times differ by more than
+# this, the machine's speed changed during the run (these shared 2-core machines drift by 15-30 % within minutes).
+QUIET_DRIFT = 0.10
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rollouts", type=int, default=6, help="rollouts per side (rollout 0 is the warm-up)")
@@ -212,6 +217,16 @@ def main() -> None:
         f"(all {args.rollouts} rollouts; first child start -> last child end; in-process: the mean of the passes "
         f"before and after, {sum(before):.1f} and {sum(after):.1f} s); target <= 1.3x for "
         f"--default-recipe --rollouts 40"
+    )
+    drift = abs(sum(before) - sum(after)) / min(sum(before), sum(after))
+    print(
+        f"machine drift: the in-process passes differ by {100 * drift:.1f} % for the same work"
+        + (
+            f" (over {100 * QUIET_DRIFT:.0f} %: the machine's speed moved during this run, so the two figures above "
+            "do not describe a quiet machine; compare alternated runs)"
+            if drift > QUIET_DRIFT
+            else ""
+        )
     )
 
 
