@@ -184,6 +184,9 @@ def samples_to_table(samples: Iterable[Sample]) -> pa.Table:
 _INT_FIELDS = ("rollout_id", "group_index", "sample_index", "response_length", "weight_version", "seed")
 _STR_FIELDS = ("prompt", "response", "label", "status")
 _JSON_SCALARS = (str, int, float, bool, type(None))
+# Below this many samples the per-sample checks cost less than the column-wise ones' fixed cost (measured on the
+# default recipe's samples: 64 samples 1.25 ms one by one, 1.4-1.55 ms column-wise; 512 samples 10.8 vs 7.8 ms).
+COLUMN_WISE_FROM = 128
 
 
 def validated_table(samples: Sequence[Sample]) -> pa.Table:
@@ -191,7 +194,11 @@ def validated_table(samples: Sequence[Sample]) -> pa.Table:
     and fail, and the first failing sample raises `validate`'s own ``ValueError``, prefixed with its position and
     ids. The checks run column-wise (Python types per column, the row invariants in Arrow: `_check_rows`), each
     sample's metadata serialised once; only when one fails are the samples validated one by one, for the message
-    (measured on 3,172 eval samples: 70 -> 25 ms a write)."""
+    (measured on 3,172 eval samples: validation and conversion 68-87 -> 40-43 ms). Fewer than `COLUMN_WISE_FROM`
+    samples are validated one by one."""
+    if len(samples) < COLUMN_WISE_FROM:
+        _validate_each(samples)
+        return samples_to_table(samples)
     try:
         table = samples_to_table(samples)
         fast = _plain_columns(samples) and _check_rows(table, raise_errors=False)
@@ -199,6 +206,13 @@ def validated_table(samples: Sequence[Sample]) -> pa.Table:
         table, fast = None, False
     if fast and table is not None:
         return table
+    _validate_each(samples)
+    # every sample is valid, so what stopped the fast path is the conversion (e.g. an int past int64): its error
+    return samples_to_table(samples) if table is None else table
+
+
+def _validate_each(samples: Sequence[Sample]) -> None:
+    """`Sample.validate` on each sample in order; the first failure raises, prefixed with its position and ids."""
     for position, sample in enumerate(samples):
         try:
             sample.validate()
@@ -207,8 +221,6 @@ def validated_table(samples: Sequence[Sample]) -> pa.Table:
                 f"sample {position} (rollout_id={sample.rollout_id!r}, group_index={sample.group_index!r}, "
                 f"sample_index={sample.sample_index!r}): {e}"
             ) from e
-    # every sample is valid, so what stopped the fast path is the conversion (e.g. an int past int64): its error
-    return samples_to_table(samples) if table is None else table
 
 
 def _plain_columns(samples: Sequence[Sample]) -> bool:

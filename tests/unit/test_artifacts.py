@@ -34,6 +34,7 @@ from artifacts import (
     read_rollout,
     read_table,
     samples_to_table,
+    schema,
     sha256_bytes,
     sha256_file,
     store,
@@ -456,7 +457,14 @@ def test_write_rollout_validates_first(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.fixture
+def column_wise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes check even a few samples column-wise (as they do from `COLUMN_WISE_FROM` samples up)."""
+    monkeypatch.setattr(schema, "COLUMN_WISE_FROM", 1)
+
+
 @pytest.mark.parametrize("changes", [c for c, _ in BAD_SAMPLES])
+@pytest.mark.usefixtures("column_wise")
 def test_write_rollout_rejects_what_validate_rejects(tmp_path: Path, changes: dict[str, object]) -> None:
     """The column-wise checks of a write fail exactly where `Sample.validate` fails, with its message."""
     samples = [make_sample(0), make_sample(1), make_sample(2, **changes)]
@@ -472,6 +480,7 @@ def test_write_rollout_rejects_what_validate_rejects(tmp_path: Path, changes: di
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.usefixtures("column_wise")
 def test_write_rollout_checks_valid_samples_column_wise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
