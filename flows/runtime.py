@@ -276,9 +276,8 @@ def start_prefect_beside_ray(cfg: RunConfig) -> None:
     from prefect.server.api.server import SubprocessASGIServer
 
     with ThreadPoolExecutor(1, thread_name_prefix="prefect-server-start") as pool:
-        server = pool.submit(
-            SubprocessASGIServer().start
-        )  # the instance the flow's client then finds running
+        # the instance the flow's client then finds running
+        server = pool.submit(SubprocessASGIServer().start)
         actors.ensure_ray(cfg)
         server.result()
 

@@ -94,8 +94,8 @@ def grpo(rewards: Tensor, group_index: Tensor, *, normalize_std: bool = True) ->
 
     ``std_g`` is the unbiased std, ``sqrt(sum((r - mean_g)**2) / (n_g - 1))`` in float64. With
     ``normalize_std=False`` (slime ``--disable-grpo-std-normalization``) only the mean is subtracted. Groups of
-    size 1 skip the std division (their unbiased std is undefined; slime disables it for ``n_samples_per_prompt == 1`` and miles
-    applies it only to groups > 1), so they get advantage 0.
+    size 1 skip the std division (their unbiased std is undefined; slime disables it for
+    ``n_samples_per_prompt == 1`` and miles applies it only to groups > 1), so they get advantage 0.
 
     Shapes: rewards [B] float, group_index [B] int -> [B] (rewards' dtype).
     """

@@ -496,7 +496,7 @@ def test_write_rollout_checks_valid_samples_column_wise(
     assert calls == [] and read_rollout(ref) == samples
 
     class Seed(int):
-        pass
+        """An int subclass: `validate` accepts it, the column-wise type checks leave it to `validate`."""
 
     odd = [*samples, make_sample(4, seed=Seed(3))]
     ref = write_rollout(tmp_path / "odd.parquet", odd)

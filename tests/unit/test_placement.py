@@ -211,12 +211,8 @@ def test_engines_and_trainers_start_side_by_side_unless_colocated(monkeypatch):
     log.clear()
     colocated = parse("--colocate")
     assert asyncio.run(start_run_actors(colocated, "ckpt")) == (["engines"], ["trainers"])
-    assert log == [
-        "engines begins",
-        "engines ends",
-        "trainers begins",
-        "trainers ends",
-    ]  # engines size memory first
+    # the engines size their memory first
+    assert log == ["engines begins", "engines ends", "trainers begins", "trainers ends"]
     log.clear()
     rollout_only = parse("--debug-rollout-only")
     assert asyncio.run(start_run_actors(rollout_only, "ckpt")) == (["engines"], [])
