@@ -29,6 +29,9 @@ from tasks.metrics import eval_stats
 from trainers.settings import trainer_settings
 from trainers.torch_trainer.trainer import TorchTrainer
 
+# what `plain_steps` times in each rollout, in order (the stages of a rollout flow run that do that work)
+PHASES = ("generate", "score and write", "log-prob pass", "train step", "weight sync")
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -36,18 +39,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def plain_rollouts(cfg: RunConfig, n: int) -> list[float]:
-    """Run rollouts 0..n-1 in process and return each one's wall seconds (index 0 is the warm-up)."""
-    return list(plain_steps(cfg, n))
+def plain_rollouts(cfg: RunConfig, n: int, phases: dict[str, list[float]] | None = None) -> list[float]:
+    """Run rollouts 0..n-1 in process and return each one's wall seconds (index 0 is the warm-up); `phases` as
+    for `plain_steps`."""
+    return list(plain_steps(cfg, n, phases))
 
 
-def plain_steps(cfg: RunConfig, n: int) -> Iterator[float]:
+def plain_steps(cfg: RunConfig, n: int, phases: dict[str, list[float]] | None = None) -> Iterator[float]:
     """Run rollouts 0..n-1 in process, yielding each one's wall seconds as it ends (the first is the warm-up),
     so that a caller can run other work between them (bench/vs_trl.py alternates with TRL's steps).
 
     `cfg.run_dir` receives the rollout / log-prob Parquet files; the config is resolved as `rollflow run`
     resolves it (the recipe fills in model, data and reward). Uses `cfg.num_threads` torch threads (world
     size 1, gloo group). Loading the model and trainer happens before the first rollout's clock starts.
+    `phases`, if given, receives each rollout's seconds per phase under the names `PHASES` lists (evals not
+    included), then the trainer's own timers (`perf/log_probs_time`, `perf/actor_train_time`, ...).
     """
     cfg, src = resolve(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"num_rollout": n})}))
     assert src.train is not None and cfg.hf_checkpoint is not None
@@ -92,15 +98,26 @@ def plain_steps(cfg: RunConfig, n: int) -> Iterator[float]:
                 src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed, cfg.data.rollout_shuffle
             )
             entries = build_requests(prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, params)
+            times = [time.perf_counter()]
             outputs = engine.generate([e.request for e in entries])
+            times.append(time.perf_counter())
             samples = loop.run(to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, rollout_id))
             rollout = write_rollout(
                 paths.rollout(rollout_id), samples, metadata=sampling_metadata(params, r.rollout_seed)
             )
+            times.append(time.perf_counter())
             logprobs = trainer.compute_log_probs(rollout, str(paths.logprobs(rollout_id)))
             assert logprobs is not None  # rank 0 always writes
+            times.append(time.perf_counter())
             trainer.train_step(rollout, logprobs)
+            times.append(time.perf_counter())
             engine.update_weights(trainer.export_weights(), rollout_id + 1)
+            times.append(time.perf_counter())
+            if phases is not None:
+                for name, began, ended in zip(PHASES, times[:-1], times[1:], strict=True):
+                    phases.setdefault(name, []).append(ended - began)
+                for name, seconds in trainer.perf().items():
+                    phases.setdefault(name, []).append(seconds)
             every = cfg.eval.eval_interval
             if evaluates and every and ((rollout_id + 1) % every == 0 or rollout_id + 1 == n):
                 evaluate(rollout_id + 1)

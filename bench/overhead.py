@@ -23,8 +23,13 @@ The two figures of issue 09's "done when", printed last:
   plain loop's rollouts (the mean of its two passes), all rollouts counted (Prefect/Ray start-up, before the
   first child, is not), target <= 1.3x with --default-recipe --rollouts 40.
 
+With --timeline it also prints where a rollout's time goes on each side: the in-process loop's phases, each
+child flow run's task runs (when each starts and ends, from the child's start, as Prefect recorded them), and the
+engine's and trainer's own timers (the `perf/*` metrics) on both sides; medians over the rollouts that ran no
+eval, the warm-up left out.
+
     python bench/overhead.py [--rollouts 6] [--batch-size 16] [--n-samples 8] [--max-response-len 6]
-    python bench/overhead.py --default-recipe --rollouts 40
+    python bench/overhead.py --default-recipe --rollouts 40 [--timeline]
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from flows.cli import configure_prefect_env, configure_ray_env  # noqa: E402
 configure_prefect_env()  # the Prefect settings `rollflow run` uses
 configure_ray_env()  # and its Ray settings (before ray is imported)
 
-from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
+from bench._plain_loop import PHASES, mean, plain_rollouts, table  # noqa: E402
 from config import RunConfig  # noqa: E402
 
 
@@ -97,10 +102,13 @@ async def _child_runs(parent_id) -> list:
     return sorted(runs, key=lambda r: int(r.name.rsplit("-", 1)[1]))
 
 
-def flow_rollouts(cfg: RunConfig) -> tuple[list[float], list[float], list[float], float, float]:
+def flow_rollouts(
+    cfg: RunConfig, timeline: dict[str, list[tuple[float, float]]] | None = None
+) -> tuple[list[float], list[float], list[float], float, float]:
     """Run `run_flow`; return (per-rollout child flow-run seconds, start-to-start cadence seconds,
     end-to-next-start gap seconds, first child start -> last child end seconds, wall seconds of the whole
-    run_flow call incl. Ray/actor start-up)."""
+    run_flow call incl. Ray/actor start-up). `timeline`, if given, receives per task name the (start, end)
+    seconds of its task runs from their child's start, for the children after the first that ran no eval."""
     import asyncio
     import time
 
@@ -126,7 +134,83 @@ def flow_rollouts(cfg: RunConfig) -> tuple[list[float], list[float], list[float]
     cadence = [(b.start_time - a.start_time).total_seconds() for a, b in zip(runs, runs[1:], strict=False)]
     gaps = [(b.start_time - a.end_time).total_seconds() for a, b in zip(runs, runs[1:], strict=False)]
     span = (runs[-1].end_time - runs[0].start_time).total_seconds()
+    if timeline is not None:
+        asyncio.run(_task_timeline(runs[1:], timeline))
     return durations, cadence, gaps, span, wall
+
+
+async def _task_timeline(runs: list, timeline: dict[str, list[tuple[float, float]]]) -> None:
+    """Per task name, the (start, end) seconds of the task runs of `runs` from their flow run's start; a run with
+    an eval task is left out (it is not a plain rollout)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async with get_client() as client:
+        for run in runs:
+            tasks = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+            )
+            named = {t.name.rsplit("-", 1)[0]: t for t in tasks if t.start_time and t.end_time}
+            if any(name.startswith("eval") for name in named):
+                continue
+            for name, t in named.items():
+                since = [(x - run.start_time).total_seconds() for x in (t.start_time, t.end_time)]
+                timeline.setdefault(name, []).append((since[0], since[1]))
+            timeline.setdefault("(the flow run ends)", []).append(
+                ((run.end_time - run.start_time).total_seconds(),) * 2
+            )
+
+
+def flow_perf(run_dir: Path) -> dict[str, list[float]]:
+    """The flow's `perf/*` metrics (metrics.jsonl) per name; rollout 0 and the rollouts that ran an eval (eval
+    N runs in rollout N - 1's flow run) left out."""
+    import json
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluating = {r["rollout_id"] - 1 for r in records if r["kind"] == "eval"}
+    perf: dict[str, list[float]] = {}
+    for record in records:
+        if record["kind"] == "perf" and record["rollout_id"] > 0 and record["rollout_id"] not in evaluating:
+            for name, value in record["metrics"].items():
+                perf.setdefault(name, []).append(value)
+    return perf
+
+
+def print_timeline(
+    plain: dict[str, list[float]],
+    timeline: dict[str, list[tuple[float, float]]],
+    perf: dict[str, list[float]],
+) -> None:
+    """The --timeline tables (ms, medians): `plain` the in-process phases and trainer timers, `timeline` the
+    flow's task runs (`flow_rollouts`), `perf` the flow's perf metrics (`flow_perf`)."""
+
+    def ms(xs: list[float]) -> str:
+        return f"{1000 * statistics.median(xs):.1f}" if xs else "-"
+
+    print(
+        "\nWhere a rollout's time goes (--timeline): ms, medians over the rollouts that ran no eval, warm-up left out"
+    )
+    print("in process, one call after the other:")
+    print(table(["phase", "ms"], [[name, ms(plain.get(name, []))] for name in PHASES]))
+    print("\nthe flow's task runs, from their child flow run's start (as Prefect recorded them):")
+    rows = [
+        [name, ms([s for s, _ in runs]), ms([e for _, e in runs]), ms([e - s for s, e in runs])]
+        for name, runs in sorted(timeline.items(), key=lambda item: statistics.median(s for s, _ in item[1]))
+    ]
+    print(table(["task", "starts", "ends", "takes"], rows))
+    print(
+        "\nthe engines' and the trainer's own timers (in process, perf/rollout_time is the generate phase):"
+    )
+    plain = {**plain, "perf/rollout_time": plain.get("generate", [])}
+    names = sorted(
+        n for n in {*perf, *plain} if n.startswith("perf/") and n.endswith("_time") and n != "perf/step_time"
+    )
+    print(
+        table(
+            ["timer", "in process", "in the flow"],
+            [[n, ms(plain.get(n, [])), ms(perf.get(n, []))] for n in names],
+        )
+    )
 
 
 # The in-process passes before and after the flow do the same work: when their wall times differ by more than
@@ -146,6 +230,11 @@ def main() -> None:
         help="the default recipe's config (RunConfig's defaults, eval included) with --rollouts rollouts; "
         "--batch-size, --n-samples and --max-response-len are ignored",
     )
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also print where a rollout's time goes: the in-process phases, the flow's task runs, the actors' timers",
+    )
     args = p.parse_args()
     if args.rollouts < 3:
         p.error("--rollouts must be >= 3 (rollout 0 is excluded as warm-up)")
@@ -155,12 +244,14 @@ def main() -> None:
             return default_recipe_config(run_dir, args.rollouts)
         return bench_config(run_dir, args.rollouts, args.batch_size, args.n_samples, args.max_response_len)
 
-    before = plain_rollouts(config(_TMP / "plain"), args.rollouts)
+    phases: tuple[dict[str, list[float]], dict[str, list[float]]] = ({}, {})  # each pass's
+    timeline: dict[str, list[tuple[float, float]]] | None = {} if args.timeline else None
+    before = plain_rollouts(config(_TMP / "plain"), args.rollouts, phases[0])
     print("plain per-rollout s (before):", " ".join(f"{s:.3f}" for s in before), flush=True)
-    durations, cadence, gaps, span, wall = flow_rollouts(config(_TMP / "flow"))
+    durations, cadence, gaps, span, wall = flow_rollouts(config(_TMP / "flow"), timeline)
     print("flow  per-rollout s:         ", " ".join(f"{s:.3f}" for s in durations), flush=True)
     print("flow  cadence s:             ", " ".join(f"{s:.3f}" for s in cadence), flush=True)
-    after = plain_rollouts(config(_TMP / "plain-after"), args.rollouts)
+    after = plain_rollouts(config(_TMP / "plain-after"), args.rollouts, phases[1])
     print("plain per-rollout s (after): ", " ".join(f"{s:.3f}" for s in after), flush=True)
 
     plain = before[1:] + after[1:]  # both passes' rollouts, warm-ups left out
@@ -228,6 +319,9 @@ def main() -> None:
             else ""
         )
     )
+    if timeline is not None:  # each pass's warm-up left out
+        pooled = {name: xs[1:] + phases[1].get(name, [])[1:] for name, xs in phases[0].items()}
+        print_timeline(pooled, timeline, flow_perf(config(_TMP / "flow").resolved_run_dir))
 
 
 if __name__ == "__main__":
