@@ -106,7 +106,11 @@ def test_loopback_servers_ray_token_and_one_run_per_dir(tmp_path, base_checkpoin
             {"RAY_AUTH_MODE": "disabled"},
         ):
             intruder = {k: v for k, v in env.items() if not k.startswith("RAY_")}
-            intruder.update({**token_env, "HOME": str(tmp_path / "home")})
+            # Ray retries a refused connection for ~20 s (one attempt a second) before it gives up; two
+            # attempts show the refusal as well
+            intruder.update(
+                {**token_env, "HOME": str(tmp_path / "home"), "RAY_gcs_server_port_wait_time_s": "2"}
+            )
             done = subprocess.run(
                 [sys.executable, "-c", probe], env=intruder, capture_output=True, text=True, timeout=120
             )
