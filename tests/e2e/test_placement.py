@@ -21,16 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _two_node_run(
-    tmp_path: Path, base_checkpoint: str, flags: list[str], slots_per_node: int
+    tmp_path: Path, prefect_home: Path, base_checkpoint: str, flags: list[str], slots_per_node: int
 ) -> tuple[dict, dict]:
     """Run tests/two_nodes.py; returns (its report, {actor name: [role of its node, one per incarnation]}) after
     checking that the run finished: both rollouts generated, trained and synced."""
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")
     }  # the caller's Ray token too
-    env.update(
-        {"PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": str(ROOT), "PREFECT_LOGGING_LEVEL": "INFO"}
-    )
+    env.update({"PREFECT_HOME": str(prefect_home), "PYTHONPATH": str(ROOT), "PREFECT_LOGGING_LEVEL": "INFO"})
     run_dir = tmp_path / "run"
     common = [
         "--name",
@@ -78,9 +76,10 @@ def _two_node_run(
     return report, placed
 
 
-def test_trainers_on_one_node_engines_on_the_other(tmp_path, base_checkpoint):
+def test_trainers_on_one_node_engines_on_the_other(tmp_path, prefect_home, base_checkpoint):
     report, placed = _two_node_run(
         tmp_path,
+        prefect_home,
         base_checkpoint,
         [
             "--data-parallel-size",
@@ -115,9 +114,10 @@ def test_trainers_on_one_node_engines_on_the_other(tmp_path, base_checkpoint):
     )
 
 
-def test_colocated_ranks_on_two_nodes_meet_over_tcp(tmp_path, base_checkpoint):
+def test_colocated_ranks_on_two_nodes_meet_over_tcp(tmp_path, prefect_home, base_checkpoint):
     report, placed = _two_node_run(
         tmp_path,
+        prefect_home,
         base_checkpoint,
         [
             "--data-parallel-size",

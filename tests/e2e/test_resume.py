@@ -21,11 +21,11 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
+def _env(prefect_home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "PREFECT_API"))}
     return {
         **env,
-        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_HOME": str(prefect_home),
         "PYTHONPATH": str(ROOT),
         "PREFECT_LOGGING_LEVEL": "INFO",
     }
@@ -77,8 +77,10 @@ def _records(run_dir: Path) -> list[dict]:
     )
 
 
-def test_killed_driver_leaves_nothing_and_resume_matches_a_straight_run(tmp_path, base_checkpoint):
-    env = _env(tmp_path)
+def test_killed_driver_leaves_nothing_and_resume_matches_a_straight_run(
+    tmp_path, prefect_home, base_checkpoint
+):
+    env = _env(prefect_home)
     straight = tmp_path / "straight"
     done = _rollflow(["--name", "straight", *_flags(base_checkpoint, straight)], env)
     out, _ = done.communicate(timeout=600)

@@ -40,7 +40,7 @@ def _cmdline(pid: int) -> str:
 
 
 def test_loopback_servers_ray_token_and_one_run_per_dir(tmp_path, base_checkpoint):
-    env = _env(tmp_path)
+    env = _env(tmp_path / "prefect")  # a new Prefect home, as a user's first run has
     run_dir = tmp_path / "paused"
     pause = [
         {
