@@ -39,6 +39,7 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _TMP = Path(tempfile.mkdtemp(prefix="rf-bench-overhead-"))
@@ -102,13 +103,22 @@ async def _child_runs(parent_id) -> list:
     return sorted(runs, key=lambda r: int(r.name.rsplit("-", 1)[1]))
 
 
+@dataclass
+class Timeline:
+    """What --timeline reads back from Prefect: per task name, the (start, end) seconds of its task runs from
+    their child flow run's start (the runs' ends under "(the flow run ends)"), and the rollouts left out of it
+    because their flow run evaluated (not plain rollouts)."""
+
+    tasks: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    evaluating: set[int] = field(default_factory=set)
+
+
 def flow_rollouts(
-    cfg: RunConfig, timeline: dict[str, list[tuple[float, float]]] | None = None
+    cfg: RunConfig, timeline: Timeline | None = None
 ) -> tuple[list[float], list[float], list[float], float, float]:
     """Run `run_flow`; return (per-rollout child flow-run seconds, start-to-start cadence seconds,
     end-to-next-start gap seconds, first child start -> last child end seconds, wall seconds of the whole
-    run_flow call incl. Ray/actor start-up). `timeline`, if given, receives per task name the (start, end)
-    seconds of its task runs from their child's start, for the children after the first that ran no eval."""
+    run_flow call incl. Ray/actor start-up). `timeline`, if given, is filled from the children after the first."""
     import asyncio
     import time
 
@@ -139,9 +149,8 @@ def flow_rollouts(
     return durations, cadence, gaps, span, wall
 
 
-async def _task_timeline(runs: list, timeline: dict[str, list[tuple[float, float]]]) -> None:
-    """Per task name, the (start, end) seconds of the task runs of `runs` from their flow run's start; a run with
-    an eval task is left out (it is not a plain rollout)."""
+async def _task_timeline(runs: list, timeline: Timeline) -> None:
+    """Fill `timeline` from the task runs of `runs` (one request a run: the server caps a listing at 200)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -150,37 +159,32 @@ async def _task_timeline(runs: list, timeline: dict[str, list[tuple[float, float
             tasks = await client.read_task_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
             )
-            named = {t.name.rsplit("-", 1)[0]: t for t in tasks if t.start_time and t.end_time}
-            if any(name.startswith("eval") for name in named):
+            spans = [
+                (t.name.rsplit("-", 1)[0], t.start_time, t.end_time)
+                for t in tasks
+                if t.start_time and t.end_time
+            ]
+            if any(name.startswith("eval") for name, _, _ in spans):
+                timeline.evaluating.add(int(run.name.rsplit("-", 1)[1]))
                 continue
-            for name, t in named.items():
-                since = [(x - run.start_time).total_seconds() for x in (t.start_time, t.end_time)]
-                timeline.setdefault(name, []).append((since[0], since[1]))
-            timeline.setdefault("(the flow run ends)", []).append(
-                ((run.end_time - run.start_time).total_seconds(),) * 2
-            )
+            for name, began, ended in [*spans, ("(the flow run ends)", run.end_time, run.end_time)]:
+                since = [(x - run.start_time).total_seconds() for x in (began, ended)]
+                timeline.tasks.setdefault(name, []).append((since[0], since[1]))
 
 
-def flow_perf(run_dir: Path) -> dict[str, list[float]]:
-    """The flow's `perf/*` metrics (metrics.jsonl) per name; rollout 0 and the rollouts that ran an eval (eval
-    N runs in rollout N - 1's flow run) left out."""
-    import json
+def flow_perf(run_dir: Path, skipped: set[int]) -> dict[str, list[float]]:
+    """The flow's `perf/*` metrics per name (its metrics.jsonl), rollout 0 and the rollouts `skipped` left out."""
+    from artifacts.store import RunPaths, read_metrics
 
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evaluating = {r["rollout_id"] - 1 for r in records if r["kind"] == "eval"}
     perf: dict[str, list[float]] = {}
-    for record in records:
-        if record["kind"] == "perf" and record["rollout_id"] > 0 and record["rollout_id"] not in evaluating:
+    for record in read_metrics(RunPaths(run_dir).metrics):
+        if record["kind"] == "perf" and record["rollout_id"] not in {0, *skipped}:
             for name, value in record["metrics"].items():
                 perf.setdefault(name, []).append(value)
     return perf
 
 
-def print_timeline(
-    plain: dict[str, list[float]],
-    timeline: dict[str, list[tuple[float, float]]],
-    perf: dict[str, list[float]],
-) -> None:
+def print_timeline(plain: dict[str, list[float]], timeline: Timeline, perf: dict[str, list[float]]) -> None:
     """The --timeline tables (ms, medians): `plain` the in-process phases and trainer timers, `timeline` the
     flow's task runs (`flow_rollouts`), `perf` the flow's perf metrics (`flow_perf`)."""
 
@@ -195,7 +199,9 @@ def print_timeline(
     print("\nthe flow's task runs, from their child flow run's start (as Prefect recorded them):")
     rows = [
         [name, ms([s for s, _ in runs]), ms([e for _, e in runs]), ms([e - s for s, e in runs])]
-        for name, runs in sorted(timeline.items(), key=lambda item: statistics.median(s for s, _ in item[1]))
+        for name, runs in sorted(
+            timeline.tasks.items(), key=lambda item: statistics.median(s for s, _ in item[1])
+        )
     ]
     print(table(["task", "starts", "ends", "takes"], rows))
     print(
@@ -245,7 +251,7 @@ def main() -> None:
         return bench_config(run_dir, args.rollouts, args.batch_size, args.n_samples, args.max_response_len)
 
     phases: tuple[dict[str, list[float]], dict[str, list[float]]] = ({}, {})  # each pass's
-    timeline: dict[str, list[tuple[float, float]]] | None = {} if args.timeline else None
+    timeline = Timeline() if args.timeline else None
     before = plain_rollouts(config(_TMP / "plain"), args.rollouts, phases[0])
     print("plain per-rollout s (before):", " ".join(f"{s:.3f}" for s in before), flush=True)
     durations, cadence, gaps, span, wall = flow_rollouts(config(_TMP / "flow"), timeline)
@@ -321,7 +327,9 @@ def main() -> None:
     )
     if timeline is not None:  # each pass's warm-up left out
         pooled = {name: xs[1:] + phases[1].get(name, [])[1:] for name, xs in phases[0].items()}
-        print_timeline(pooled, timeline, flow_perf(config(_TMP / "flow").resolved_run_dir))
+        print_timeline(
+            pooled, timeline, flow_perf(config(_TMP / "flow").resolved_run_dir, timeline.evaluating)
+        )
 
 
 if __name__ == "__main__":
