@@ -108,7 +108,10 @@ class EngineActor:
     def release_memory(self) -> None:
         self.engine.release_memory()
 
-    def resume_memory(self) -> None:
+    def resume_memory(self, *after: Any) -> None:
+        """Take the memory back for a weight load. `after`: the object refs of calls it must follow (the train
+        step a chained sync waits for, tasks/stages.start_train_step: a colocated trainer frees its memory first);
+        Ray runs it once they are done."""
         self.engine.resume_memory()
 
     def health(self) -> dict[str, Any]:

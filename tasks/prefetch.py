@@ -9,16 +9,27 @@ there:
   synced and checked), while Prefect records that run's end and starts the next;
 - log-probs: the trainers' log-prob pass (after the engines' memory release, as the task orders them) follows on
   the written file through Ray: the parent submits it with the generation (`start`; not when the trainers save a
-  checkpoint first), and the rollout's generate task hands it to its log-prob task once it has the file's ref
+  checkpoint first), and the train step behind it (`chained_train`), and the rollout's generate task hands it to its log-prob task once it has the file's ref
   (`start_log_probs`), or starts it then if nothing was chained or the chain ran on another file. The calls go
   out at once, ordered by Ray rather than by an await (`log_prob_calls`);
 - the train step, once the log-prob task has its table, and the weight sync, once the train-step task has
-  every rank's metrics: each while Prefect records the task before it and starts its own.
+  every rank's metrics: each while Prefect records the task before it and starts its own. Where the weight
+  transfer allows it (tasks/transfer.ChainedTransfer), the sync's calls are submitted with the train step, ordered
+  by Ray behind it, and the check's questions and the next rollout's generation behind the transfer
+  (`chain_sync`): the new weights reach the engines and the next generation begins with no round trip through the
+  orchestrating process. The sync task takes that chain only if its train-step task got exactly the answers of
+  the step it followed (`synced_chain`), and the check and the next generate task take the calls behind it only if
+  it put exactly the synced weights in (`next_calls`); otherwise each asks afresh.
 
 A stage that others wait for says so from within its task, before Prefect records the task's end
 (`when` / `done`); a stage whose calls change actor state or write files (train-step, sync, a rollout's scoring and
 writing) is started only once the task before it has done all its own work, so a head start never runs ahead of a
-task that could still fail on its own. The engines' generation alone changes neither (their answers are dropped if
+task that could still fail on its own. The chained train step and sync are the exceptions, and safe ones: the step runs on
+what the generation, the write and the pass produced (if one of them failed, Ray fails the step before it runs), which
+a retry of their tasks produces again bit for bit (seeded sampling, deterministic passes); the sync's calls run only
+once the trainers applied the step (if the step failed, the export raises and no weights move), and what they put in
+the engines is the trainers' weights after that step, which a retried train-step task leaves as they are (the
+trainers apply a rollout once). The engines' generation alone changes neither (their answers are dropped if
 rollout N's check fails). Nothing computed changes: sampling is seeded per sample, so a request gives the same
 tokens whenever it runs on the same weights, and every call is the one the task's first attempt would make. A head
 start is used only by the first attempt of the task it was started for (same run actors, rollout, weights,
@@ -30,7 +41,7 @@ off: every actor call is then made inside its own task.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +119,7 @@ class _Started:
     key: tuple[Any, ...]
     answers: asyncio.Future[Any]
     on: asyncio.Future[Generated] | None = None  # a chained log-prob pass: the generation it runs on
+    then: list[Any] | None = None  # a chained log-prob pass: the train step's calls submitted behind it
 
 
 _started: dict[str, _Started] = {}  # by stage: at most one head start each
@@ -156,15 +168,137 @@ _asked: dict[str, _Asked] = {}  # "generate": the next rollout's engine calls, m
 
 
 def ask_engines(
-    cfg: RunConfig, rollout_id: int, weights: tuple[int, str], parts: list[list[GenerateRequest]]
+    cfg: RunConfig,
+    rollout_id: int,
+    weights: tuple[int, str],
+    parts: list[list[GenerateRequest]],
+    asked: list[Any] | None = None,
 ) -> None:
     """Ask the engines, holding `weights` (version, sha256), for rollout `rollout_id`'s samples (one list of
     requests per engine in `parts`) now, as its first generate attempt would: only the engines' calls, which write
     nothing and change no weights. `start` has their answers scored and written if it is called for the same
-    rollout, weights and requests; they are dropped otherwise."""
+    rollout, weights and requests; they are dropped otherwise. `asked`: those calls' object refs, if they were
+    submitted already (`engine_calls`, behind the transfer of these weights)."""
     _asked["generate"] = _Asked(
-        (*_weights_key(cfg, rollout_id, *weights), parts), _ask_engines(cfg, parts, first_attempt(rollout_id))
+        (*_weights_key(cfg, rollout_id, *weights), parts),
+        asked if asked is not None else engine_calls(cfg, rollout_id, parts),
     )
+
+
+def engine_calls(cfg: RunConfig, rollout_id: int, parts: list[list[GenerateRequest]]) -> list[Any]:
+    """Rollout `rollout_id`'s generate calls to the engines (one list of requests per engine in `parts`), as its
+    first attempt would make them, submitted now; their object refs."""
+    return _ask_engines(cfg, parts, first_attempt(rollout_id))
+
+
+@dataclass(frozen=True)
+class NextCalls:
+    """The engine calls that follow a sync, submitted behind its transfer: the check's questions, then the next
+    rollout's generation (its requests `parts`)."""
+
+    questions: list[Any]
+    parts: list[list[GenerateRequest]]
+    generation: list[Any]
+
+
+@dataclass
+class _SyncChain:
+    """Rollout `key[1]`'s sync submitted with its train step (tasks/stages.start_train_step)."""
+
+    key: tuple[str, int]
+    trained: asyncio.Future[Any]  # the train step's answers
+    pushed: asyncio.Future[Any]  # the sync's, behind the engines' resume
+    then: NextCalls | None  # the engines' calls behind the transfer, if the parent asked for them
+
+
+_chained: dict[
+    str, _SyncChain
+] = {}  # "sync": the chain made with the last train step; "next": the one it synced
+# (run namespace, rollout id) -> how to submit the engines' calls that follow that rollout's sync (the parent's)
+_after_sync: dict[tuple[str, int], Callable[[], NextCalls]] = {}
+
+
+def after_sync(cfg: RunConfig, rollout_id: int, submit: Callable[[], NextCalls]) -> None:
+    """The engines' calls to make once rollout `rollout_id`'s sync has the new weights in them: `submit`, behind the
+    transfer, if that sync is chained on the train step (`chain_sync`)."""
+    _after_sync[(actors.namespace(cfg), rollout_id)] = submit
+
+
+def chain_sync(
+    cfg: RunConfig,
+    rollout_id: int,
+    trained: asyncio.Future[Any],
+    pushed: Coroutine[Any, Any, Any] | Awaitable[Any],
+) -> None:
+    """Rollout `rollout_id`'s sync, submitted behind its train step (`trained`: the step's answers; `pushed`: the
+    sync's), and then the engines' calls `after_sync` asked for, submitted now behind it. Taken by `synced_chain`."""
+    submit = _after_sync.pop((actors.namespace(cfg), rollout_id), None)
+    _drop_chain("sync")
+    _chained["sync"] = _SyncChain(
+        (actors.namespace(cfg), rollout_id),
+        trained,
+        asyncio.ensure_future(pushed),
+        submit() if submit is not None else None,
+    )
+
+
+def synced_chain(cfg: RunConfig, rollout_id: int) -> asyncio.Future[Any] | None:
+    """The sync chained on rollout `rollout_id`'s train step, once that step is done, if it ran on exactly the step
+    the train-step task got (its head start's answers, without error); None otherwise (the caller pushes itself).
+    At most once."""
+    chain = _chained.pop("sync", None)
+    if chain is None:
+        return None
+    trained = chain.trained
+    if chain.key != (actors.namespace(cfg), rollout_id) or not _succeeded(trained):
+        _discard_chain(chain)
+        return None
+    _drop_chain("next")
+    _chained["next"] = chain
+    return chain.pushed
+
+
+def next_calls(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> NextCalls | None:
+    """The engine calls submitted behind rollout `rollout_id`'s chained sync, if that sync put exactly `weights`
+    (version rollout_id + 1, its sha256) into the engines and they were asked for; None otherwise. At most once."""
+    chain = _chained.pop("next", None)
+    if chain is None:
+        return None
+    pushed = chain.pushed
+    if (
+        chain.key != (actors.namespace(cfg), rollout_id)
+        or chain.then is None
+        or weights.version != rollout_id + 1
+        or not _succeeded(pushed)
+        or pushed.result().sha256 != weights.sha256
+    ):
+        _discard_chain(chain)
+        return None
+    return chain.then
+
+
+def _succeeded(future: asyncio.Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
+def _drop_chain(slot: str) -> None:
+    chain = _chained.pop(slot, None)
+    if chain is not None:
+        _discard_chain(chain)
+
+
+def _discard_chain(chain: _SyncChain) -> None:
+    """Forget a chain nobody uses: its answers are retrieved (an actor error there belongs to no stage)."""
+    _discard(_Started(chain.key, chain.pushed))
+    if chain.then is not None:
+        _forget(chain.then.questions + chain.then.generation)
+
+
+def _forget(refs: list[Any]) -> None:
+    """Object refs (or futures) whose answers nobody will read."""
+    for ref in refs:
+        if isinstance(ref, asyncio.Future):
+            _discard(_Started((), ref))
 
 
 def start(
@@ -175,12 +309,14 @@ def start(
     parts: list[list[GenerateRequest]],
     path: str,
     log_probs_out: str | None = None,
+    train: Callable[[Any, Any], list[Any]] | None = None,
 ) -> None:
     """Generate rollout `rollout_id` (`entries`, one list of requests per engine in `parts`) and write it to `path`
     as its first generate attempt would, on the engines' `weights` (version, sha256); replaces a generation
     started before. `log_probs_out`: also chain the log-prob pass on the written file (the engines step aside
     first), as the rollout's log-prob task would start it (`start_log_probs` takes it if it is for the same
-    file)."""
+    file); `train`: then the train step on the written file and table, submitted now by `train(rollout's object
+    ref, table's object ref)` (its calls' object refs), taken by `chained_train`."""
     version, sha256 = weights
     # what `ask_engines` keys its calls by
     on_engines = (*_weights_key(cfg, rollout_id, version, sha256), parts)
@@ -200,10 +336,12 @@ def start(
     _drop("chained-log-prob")
     if log_probs_out is not None:
         chain = (*_weights_key(cfg, rollout_id, version, sha256), log_probs_out)
+        calls = _log_prob_pass(cfg, ref, log_probs_out)
         _started["chained-log-prob"] = _Started(
             chain,
-            asyncio.ensure_future(_log_prob_pass(cfg, ref, log_probs_out)),
+            asyncio.ensure_future(answers(calls)),
             _started["generate"].answers,
+            train(ref, calls[0]) if train is not None else None,
         )
 
 
@@ -223,22 +361,48 @@ def start_log_probs(
     rollout's generation (`start`) is taken instead, if it runs on this very file."""
     key = _log_prob_key(cfg, rollout_id, rollout, weights, out)
     chained = _started.pop("chained-log-prob", None)
+    _drop_train()
     if chained is not None:
         if chained.key == (*_weights_key(cfg, rollout_id, weights.version, weights.sha256), out) and _wrote(
             chained.on, rollout
         ):
             start_calls("log-prob", key, chained.answers)
+            if chained.then is not None:  # the pass's answers stay the log-prob task's to take
+                _trains["train"] = ((actors.namespace(cfg), rollout_id), chained.answers, chained.then)
             return
         _discard(chained)
-    start_calls("log-prob", key, _log_prob_pass(cfg, rollout, out))
+    start_calls("log-prob", key, answers(_log_prob_pass(cfg, rollout, out)))
 
 
-def _log_prob_pass(cfg: RunConfig, rollout: Any, out: str) -> Coroutine[Any, Any, list[Any]]:
+def chained_train(cfg: RunConfig, rollout_id: int, logprobs: ArtifactRef) -> list[Any] | None:
+    """The train step's calls submitted behind rollout `rollout_id`'s chained log-prob pass (`start`), if the
+    rollout's log-prob task took that pass and it wrote exactly the table `logprobs`; None otherwise (the caller
+    submits its own). At most once."""
+    chained = _trains.pop("train", None)
+    if chained is None:
+        return None
+    key, table, calls = chained
+    if key != (actors.namespace(cfg), rollout_id) or not _succeeded(table) or table.result()[0] != logprobs:
+        _forget(calls)
+        return None
+    return calls
+
+
+# "train": (run namespace, rollout id), the chained log-prob pass's answers, the train step's calls behind it
+_trains: dict[str, tuple[tuple[str, int], asyncio.Future[Any], list[Any]]] = {}
+
+
+def _drop_train() -> None:
+    chained = _trains.pop("train", None)
+    if chained is not None:
+        _forget(chained[2])
+
+
+def _log_prob_pass(cfg: RunConfig, rollout: Any, out: str) -> list[Any]:
     """The trainers' log-prob pass over `rollout` (an ArtifactRef, or the object ref of one still being written),
-    submitted now behind the engines' memory release (the engines step aside first); awaits `log_prob_calls`'s
-    answers."""
+    submitted now behind the engines' memory release (the engines step aside first): `log_prob_calls`'s refs."""
     released = [e.release_memory.remote() for e in actors.engines(cfg)]
-    return answers(log_prob_calls(actors.trainers(cfg), rollout, out, after=released))
+    return log_prob_calls(actors.trainers(cfg), rollout, out, after=released)
 
 
 def _wrote(generation: asyncio.Future[Generated] | None, rollout: ArtifactRef) -> bool:
@@ -288,8 +452,12 @@ def drop() -> None:
     """Forget every head start nobody took (the actors finish them; their answers are ignored)."""
     for stage in list(_started):
         _drop(stage)
+    for slot in list(_chained):
+        _drop_chain(slot)
+    _drop_train()
     _when.clear()
     _asked.clear()
+    _after_sync.clear()
 
 
 def _discard(started: _Started) -> None:
@@ -298,3 +466,5 @@ def _discard(started: _Started) -> None:
             started.answers.exception()  # retrieved: an actor error here belongs to no stage
     else:
         started.answers.cancel()
+    if started.then is not None:
+        _forget(started.then)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 from prefect import task
 from prefect.artifacts import acreate_markdown_artifact
@@ -34,7 +34,7 @@ from tasks.metrics import eval_stats, log_metrics, non_finite, reward_stats
 from tasks.recordings import record_rollout
 from tasks.recovery import guarded
 from tasks.refs import LogProbs, WeightsRef
-from tasks.transfer import Pushed, trainer_weights, transfer_for
+from tasks.transfer import Pushed, chained, trainer_weights, transfer_for
 
 
 def _paths(cfg: RunConfig) -> RunPaths:
@@ -104,7 +104,12 @@ def start_next_generation(
     """The parent's head start on rollout `rollout_id`'s generate task (tasks/prefetch.py), when that rollout
     generates ahead (`_generates_ahead`): the engines' calls (unless `ask_engines_after_sync` made them already),
     then the scoring and writing; with `log_probs`, its log-prob pass follows on the written file when the rollout
-    trains on it (not rollout-only, no injected recording)."""
+    trains on it (not rollout-only, no injected recording), and its train step on that file and table, so that the
+    trainers go from one to the other with no round trip through this process (the rollout's train-step task takes
+    that step only if its log-prob task took that pass: `start_train_step`). A chained step changes the trainers
+    before the generate, save-rollout and log-prob tasks have recorded their ends; it applies what their first
+    attempts produce, which a retry of any of them produces again bit for bit (seeded sampling, deterministic
+    passes), and if the generation, the write or the pass fails, so does the step, before it changes anything."""
     if not _generates_ahead(cfg):
         return
     entries = train_requests(cfg, rollout_id)
@@ -119,6 +124,7 @@ def start_next_generation(
         requests,
         _rollout_path(cfg, rollout_id, injected),
         _logprobs_out(cfg, rollout_id) if chain else None,
+        train=lambda rollout, table: _train_calls(cfg, rollout, table, prefetch.first_attempt(rollout_id)),
     )
 
 
@@ -133,13 +139,20 @@ def ask_engines_after_sync(cfg: RunConfig, rollout_id: int) -> None:
     if not _generates_ahead(cfg) or cfg.rollout_only or cfg.debug.debug_skip_weight_update:
         return
 
-    def ask(weights: WeightsRef) -> None:
-        questions = prefetch.answers(_weights_questions(actors.engines(cfg)))
-        prefetch.start_calls("check", _check_key(cfg, rollout_id, weights), questions)
+    def submit() -> prefetch.NextCalls:
+        questions = _weights_questions(actors.engines(cfg))
         _, parts = _per_engine(cfg, train_requests(cfg, rollout_id + 1))
-        prefetch.ask_engines(cfg, rollout_id + 1, (weights.version, weights.sha256), parts)
+        return prefetch.NextCalls(questions, parts, prefetch.engine_calls(cfg, rollout_id + 1, parts))
+
+    def ask(weights: WeightsRef) -> None:
+        # submitted already if the sync was chained on the train step and put exactly these weights in
+        calls = prefetch.next_calls(cfg, rollout_id, weights) or submit()
+        prefetch.start_calls("check", _check_key(cfg, rollout_id, weights), prefetch.answers(calls.questions))
+        weights_key = (weights.version, weights.sha256)
+        prefetch.ask_engines(cfg, rollout_id + 1, weights_key, calls.parts, calls.generation)
 
     prefetch.when(cfg, "sync", rollout_id, ask)
+    prefetch.after_sync(cfg, rollout_id, submit)
 
 
 def _check_key(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> tuple[Any, ...]:
@@ -285,13 +298,36 @@ def start_train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logp
     """The head start on rollout `rollout_id`'s train-step task, on `rollout` with the log-prob table `logprobs`
     (from within the log-prob task, its own work done), and then on its sync task once train-step is done, when
     the rollout's weights go to engines (not with --debug-skip-weight-update; a train-only run generates nothing,
-    so nothing starts this)."""
-    calls = _train_calls(cfg, rollout, logprobs, prefetch.first_attempt(rollout_id))
-    prefetch.start_calls(
-        "train-step", _train_key(cfg, rollout_id, rollout, logprobs), prefetch.answers(calls)
-    )
-    if not cfg.debug.debug_skip_weight_update:
-        prefetch.when(cfg, "train-step", rollout_id, lambda _: start_sync(cfg, rollout_id))
+    so nothing starts this).
+
+    When the run's weight transfer allows it (`transfer.chained`), the sync's calls are submitted now too, ordered
+    by Ray behind every rank's step (colocated engines resume once it is done; each rank exports once it ran it, and
+    only if it applied this rollout: if the step raised, nothing reaches the engines), followed on the engines by what the
+    parent asked for after the sync (`ask_engines_after_sync`: the check's questions, the next rollout's
+    generation): the weights reach the engines and the next generation starts with no round trip through this
+    process. The sync task takes them only if its train-step task got exactly that step's answers (`start_sync`)."""
+    ctx = prefetch.first_attempt(rollout_id)
+    # submitted already, behind the log-prob pass the parent chained on the generation, if that made `logprobs`
+    calls = prefetch.chained_train(cfg, rollout_id, logprobs) or _train_calls(cfg, rollout, logprobs, ctx)
+    trained = asyncio.ensure_future(prefetch.answers(calls))
+    prefetch.start_calls("train-step", _train_key(cfg, rollout_id, rollout, logprobs), trained)
+    if cfg.debug.debug_skip_weight_update:
+        return
+    transfer = chained(transfer_for(cfg))
+    if transfer is not None:
+        steps, engines = calls[:-1], actors.engines(cfg)
+        # colocated engines take their memory back only once the trainers' step is done; others at once, so that
+        # their load is waiting for the export (Ray runs one caller's calls to an engine in order)
+        resumed = [e.resume_memory.remote(*(steps if cfg.placement.colocate else [])) for e in engines]
+        pushed = transfer.submit(cfg, engines, rollout_id + 1, ctx, applied=rollout_id)
+        prefetch.chain_sync(cfg, rollout_id, trained, _after(resumed, pushed))
+    prefetch.when(cfg, "train-step", rollout_id, lambda _: start_sync(cfg, rollout_id))
+
+
+async def _after(first: list[Any], then: Awaitable[Pushed]) -> Pushed:
+    """`then`'s answer once `first` (calls submitted before it) are answered too; all awaited at once."""
+    *_, pushed = await asyncio.gather(*first, then)
+    return cast(Pushed, pushed)
 
 
 def _train_calls(
@@ -346,8 +382,11 @@ async def train_step(
 
 def start_sync(cfg: RunConfig, rollout_id: int) -> None:
     """The head start on rollout `rollout_id`'s sync task (from within its train-step task, its own work done):
-    the engines resume, then the trainers' weights go to them as version `rollout_id + 1`."""
-    pushed = _push(cfg, actors.engines(cfg), rollout_id + 1, prefetch.first_attempt(rollout_id))
+    the sync chained on the train step the task got (`start_train_step`), else, submitted now, the engines resume,
+    then the trainers' weights go to them as version `rollout_id + 1`."""
+    pushed = prefetch.synced_chain(cfg, rollout_id) or _push(
+        cfg, actors.engines(cfg), rollout_id + 1, prefetch.first_attempt(rollout_id)
+    )
     prefetch.start_calls("sync", (actors.namespace(cfg), rollout_id), pushed)
 
 
@@ -410,15 +449,12 @@ def _before_push(engines: list, scramble: bool) -> list:
 def _push(
     cfg: RunConfig, engines: list, version: int, ctx: dict, scramble: bool = False
 ) -> Coroutine[Any, Any, Pushed]:
-    """The engines' calls before the transfer (`_before_push`), submitted as this is called; awaited, they are
-    answered and then the trainers' weights go into the engines as `version`."""
+    """The engines' calls before the transfer (`_before_push`), submitted as this is called; awaited, the transfer's
+    calls go out too and the trainers' weights go into the engines as `version` (each engine takes them after the
+    calls before: Ray runs one caller's calls to an actor in order)."""
     before = _before_push(engines, scramble)
-
-    async def push() -> Pushed:
-        await asyncio.gather(*before)
-        return await transfer_for(cfg).push(cfg, engines, version, ctx)
-
-    return push()
+    # the transfer's calls go out at once: an engine takes them after the ones before (same caller, in order)
+    return _after(before, transfer_for(cfg).push(cfg, engines, version, ctx))
 
 
 @task(name="check", log_prints=True)

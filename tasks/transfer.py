@@ -8,6 +8,10 @@ engine backend) pair (slime keeps the same choice in `update_weight_from_{tensor
   loads them as they come, then commits the version once every weight arrived. No process holds two full copies:
   rank 0 holds its shard plus one bucket, an engine its model plus one bucket.
 
+`FullTransfer`'s calls can also be submitted before the weights exist (`ChainedTransfer`): the sync a rollout's flow
+run starts with its train step (tasks/stages.start_train_step) then runs as soon as the step is done, ordered by Ray
+with no round trip through the orchestrating process.
+
 Both return what was pushed: the weights' sha256 (artifacts.hashing.weights_sha256) and the per-tensor hashes,
 which the weight-update checker and the engines-in-sync check compare against without moving weights again.
 """
@@ -15,8 +19,9 @@ which the weight-update checker and the engines-in-sync check compare against wi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from artifacts.hashing import weights_sha256_of
 from config import RunConfig
@@ -39,18 +44,52 @@ class WeightTransfer(Protocol):
         ...
 
 
+class ChainedTransfer(WeightTransfer, Protocol):
+    """A transfer whose every call can be submitted before the trainers' weights are ready, ordered by Ray behind
+    the calls that make them (the train step: tasks/stages.start_train_step), with no round trip through the
+    caller in between."""
+
+    def submit(
+        self,
+        cfg: RunConfig,
+        engines: list[Any],
+        version: int,
+        ctx: dict[str, Any],
+        applied: int | None = None,
+    ) -> Awaitable[Pushed]:
+        """`push`'s calls, submitted now: each trainer rank runs them after the calls submitted to it before
+        (Ray keeps one caller's calls in order). `applied`: the rollout whose step the exported weights must hold;
+        if a rank is not there (its step failed), the export raises and no weights move. Awaited: what was
+        pushed."""
+        ...
+
+
 class FullTransfer:
     """One object with every weight, fetched by every engine (see the module docstring)."""
 
     async def push(self, cfg: RunConfig, engines: list[Any], version: int, ctx: dict[str, Any]) -> Pushed:
+        return await self.submit(cfg, engines, version, ctx)
+
+    def submit(
+        self,
+        cfg: RunConfig,
+        engines: list[Any],
+        version: int,
+        ctx: dict[str, Any],
+        applied: int | None = None,
+    ) -> Awaitable[Pushed]:
         trainers = actors.trainers(cfg)
-        exported = [t.export_weights.remote(ctx) for t in trainers]  # rank 0's holds the weights
+        exported = [t.export_weights.remote(ctx, applied) for t in trainers]  # rank 0's holds the weights
         hashes = [
             t.tensor_hashes.remote() for t in trainers
         ]  # hashed where the weights are, after the export
         loads = [e.update_weights.remote([exported[0]], version, ctx) for e in engines]
-        *_, tensor_hashes = await asyncio.gather(*loads, *exported[1:], *hashes[1:], hashes[0])
-        return Pushed(weights_sha256_of(tensor_hashes), tensor_hashes)
+
+        async def pushed() -> Pushed:
+            *_, tensor_hashes = await asyncio.gather(*loads, *exported[1:], *hashes[1:], hashes[0])
+            return Pushed(weights_sha256_of(tensor_hashes), tensor_hashes)
+
+        return pushed()
 
 
 class StreamedTransfer:
@@ -87,6 +126,12 @@ TRANSFERS: dict[tuple[str, str], type[FullTransfer] | type[StreamedTransfer]] = 
     ("torch", "torch"): FullTransfer,
     ("megatron", "torch"): StreamedTransfer,
 }
+
+
+def chained(transfer: WeightTransfer) -> ChainedTransfer | None:
+    """`transfer` if its calls can be submitted ahead of the weights (`ChainedTransfer`), else None (a streamed
+    transfer forwards each bucket as it comes)."""
+    return cast(ChainedTransfer, transfer) if callable(getattr(transfer, "submit", None)) else None
 
 
 def transfer_for(cfg: RunConfig) -> WeightTransfer:

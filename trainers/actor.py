@@ -116,8 +116,15 @@ class TrainerActor:
         """What the last `stream_weights` sent: the weight names and their per-tensor hashes."""
         return {"names": sorted(self._streamed), "tensor_hashes": dict(self._streamed)}
 
-    def export_weights(self, ctx: dict[str, Any] | None = None) -> WireWeights:
-        """The trainer's weights as numpy arrays (artifacts.wire): zero-copy in Ray's object store."""
+    def export_weights(self, ctx: dict[str, Any] | None = None, applied: int | None = None) -> WireWeights:
+        """The trainer's weights as numpy arrays (artifacts.wire): zero-copy in Ray's object store. `applied`: the
+        rollout whose step these weights must hold (a sync submitted behind that step, tasks/stages.start_train_step:
+        if the step failed, this raises and nothing reaches the engines)."""
+        if applied is not None and self.trainer.last_applied_rollout != applied:
+            raise RuntimeError(
+                f"weights after rollout {applied}'s train step asked for, but the trainer is at rollout "
+                f"{self.trainer.last_applied_rollout} (that step failed): nothing exported"
+            )
         self.faults.reach("trainer_export_weights_before_send", **(ctx or {}))
         return to_wire(self.trainer.export_weights())
 

@@ -19,7 +19,7 @@ from tasks.transfer import Pushed
 
 class _Method:
     def __init__(self, fn, num_returns: int = 1):
-        self.fn, self.calls, self.num_returns = fn, [], num_returns
+        self.fn, self.calls, self.answers, self.num_returns = fn, [], [], num_returns
 
     def remote(self, *args, **kwargs):
         """As Ray runs an actor call: once every object ref (here, future) among its arguments is done, on their
@@ -30,6 +30,7 @@ class _Method:
             return await self.fn(*[await a if isinstance(a, asyncio.Future) else a for a in args], **kwargs)
 
         answer = asyncio.ensure_future(run())
+        self.answers.append(answer)
         if self.num_returns == 1:
             return answer
 
@@ -322,13 +323,18 @@ def test_what_waits_for_a_stage_runs_once_for_that_stage_and_rollout_only():
 
 
 class _Learner(_Trainer):
-    """A trainer rank that also trains."""
+    """A trainer rank that also trains (`fail_first`: its first attempt raises)."""
 
-    def __init__(self, rank: int, order: list[str]) -> None:
+    def __init__(self, rank: int, order: list[str], fail_first: bool = False) -> None:
         super().__init__(rank, order)
+
+        self.applied = -1
 
         async def train_step(rollout, logprobs, dump, ctx):
             order.append(f"train {rank} on {logprobs.sha256[0]} attempt {ctx['attempt']}")
+            if fail_first and ctx["attempt"] == 0:
+                raise RuntimeError("train fault")
+            self.applied = ctx["rollout_id"]
             return [{"train/step": 1.0, "train/loss": 0.5}]
 
         async def perf():
@@ -341,7 +347,7 @@ class _Engines(_Releasing):
     def __init__(self, order: list[str]) -> None:
         super().__init__(order)
 
-        async def resume_memory():
+        async def resume_memory(*after):
             order.append("resume")
 
         async def snapshot_and_scramble():
@@ -568,8 +574,8 @@ def test_a_chained_log_prob_pass_on_a_failed_generation_is_dropped(monkeypatch):
 def test_the_parent_chains_the_log_prob_pass_only_when_the_rollout_trains_on_its_generation(
     monkeypatch, settings, chained
 ):
-    started = []
-    monkeypatch.setattr(prefetch, "start", lambda *a: started.append(a))
+    started, trains = [], []
+    monkeypatch.setattr(prefetch, "start", lambda *a, train: (started.append(a), trains.append(train)))
     entry = type("E", (), {"group_index": 0, "request": GenerateRequest(prompt_tokens=(1,), seed=0)})()
     monkeypatch.setattr(stages, "train_requests", lambda cfg, rollout_id: [entry])
     cfg = RunConfig.model_validate(
@@ -697,3 +703,228 @@ def test_nothing_is_asked_after_a_sync_that_moves_no_weights_or_when_told_not_to
     stages.ask_engines_after_sync(cfg, 2)
     prefetch.done(cfg, "sync", 2, WeightsRef(version=3, sha256="w"))
     assert asked == []
+
+
+class _Chained(_Transfer):
+    """A transfer whose calls can be submitted ahead: each rank exports after the calls submitted to it before (its
+    train step, as Ray keeps one caller's calls in order), and raises unless it applied rollout `applied`; then the
+    engines load (`fail_load`: the first load raises)."""
+
+    def __init__(self, order: list[str], fail_load: bool = False) -> None:
+        super().__init__(order)
+        self.fail_load, self.submitted = fail_load, 0
+
+    def submit(self, cfg, engines, version, ctx, applied=None):
+        self.submitted += 1
+        trainers = actors.trainers(cfg)
+        before = [t.train_step.answers[-1] for t in trainers if t.train_step.answers]
+
+        async def pushed():
+            await asyncio.gather(*before, return_exceptions=True)
+            if applied is not None and any(t.applied != applied for t in trainers):
+                raise RuntimeError("the step was not applied: nothing exported")
+            self.order.append(f"export v{version} attempt {ctx['attempt']}")
+            if self.fail_load:
+                self.fail_load = False
+                raise RuntimeError("engine load fault")
+            return Pushed(sha256="pushed", tensor_hashes={})
+
+        return asyncio.ensure_future(pushed())
+
+
+class _Synced(_Engines, _Held):
+    """An engine that resumes, loads and answers the check's questions and generates."""
+
+    def __init__(self, order: list[str]) -> None:
+        _Held.__init__(self, order)
+        _Engines.__init__(self, order)
+
+
+def _attempt(monkeypatch, n: int) -> None:
+    """The stage tasks called from now on run as attempt `n` (a Prefect retry)."""
+    monkeypatch.setattr(stages, "_ctx", lambda rollout_id: {"rollout_id": rollout_id, "attempt": n})
+
+
+@pytest.fixture
+def chained(monkeypatch, finisher):
+    order: list[str] = []
+    engine, trainers = _Synced(order), [_Learner(0, order), _Learner(1, order)]
+    transfer = _Chained(order)
+    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
+    monkeypatch.setattr(actors, "trainers", lambda cfg: trainers)
+    monkeypatch.setattr(stages, "transfer_for", lambda cfg: transfer)
+    monkeypatch.setattr(stages, "log_metrics", lambda *a, **k: None)
+    entry = type("E", (), {"group_index": 0, "request": GenerateRequest(prompt_tokens=(1,), seed=0)})()
+    monkeypatch.setattr(stages, "train_requests", lambda cfg, rollout_id: [entry])
+    yield order, engine, trainers, transfer
+    prefetch.drop()
+
+
+@pytest.mark.parametrize("colocate", [False, True])
+def test_a_sync_chained_on_the_train_step_goes_out_with_it_and_the_sync_task_takes_it(chained, colocate):
+    order, engine, trainers, transfer = chained
+    cfg, table = RunConfig.model_validate({"placement": {"colocate": colocate}}), _rollout("c")
+
+    async def go():
+        stages.start_train_step(cfg, 2, _rollout(), table)
+        # the engines' resume and the transfer are submitted with the step; the export runs behind every rank's
+        # step, and colocated engines take their memory back only once the step is done
+        assert [len(t.train_step.calls) for t in trainers] == [1, 1] and transfer.submitted == 1
+        ((*steps,),) = engine.resume_memory.calls
+        assert len(steps) == (2 if colocate else 0)
+        await stages.train_step.fn(cfg, 2, _rollout(), table, "session")
+        assert await stages.sync.fn(cfg, 2) == WeightsRef(version=3, sha256="pushed")
+
+    asyncio.run(go())
+    assert order.index("train 1 on c attempt 0") < order.index("export v3 attempt 0")
+    assert not any(o.startswith("push") for o in order)  # the sync task pushed nothing itself
+    assert [len(t.train_step.calls) for t in trainers] == [1, 1]
+
+
+def test_a_sync_chained_on_a_failed_train_step_moves_nothing_and_the_sync_pushes_after_the_retry(
+    chained, monkeypatch
+):
+    order, engine, _, transfer = chained
+    trainers = [_Learner(0, order), _Learner(1, order, fail_first=True)]
+    monkeypatch.setattr(actors, "trainers", lambda cfg: trainers)
+    cfg, table = RunConfig(), _rollout("c")
+
+    async def go():
+        stages.start_train_step(cfg, 2, _rollout(), table)
+        with pytest.raises(RuntimeError, match="train fault"):
+            await stages.train_step.fn(cfg, 2, _rollout(), table, "session")
+        _attempt(monkeypatch, 1)
+        await stages.train_step.fn(cfg, 2, _rollout(), table, "session")  # the retry: its own calls
+        _attempt(monkeypatch, 0)  # the sync task's first attempt
+        assert await stages.sync.fn(cfg, 2) == WeightsRef(version=3, sha256="pushed")
+
+    asyncio.run(go())
+    assert not any(o.startswith("export") for o in order)  # the chained export never ran
+    assert order[-2:] == ["resume", "push v3 attempt 0"]  # the sync's own, after the retried step
+    assert len(engine.resume_memory.calls) == 2
+
+
+def test_the_next_rollouts_calls_go_out_behind_a_chained_sync_and_are_taken_once_it_synced(chained):
+    order, engine, _, transfer = chained
+    cfg, table = RunConfig(), _rollout("c")
+
+    async def go():
+        stages.ask_engines_after_sync(cfg, 2)  # the parent, before rollout 2's flow run
+        stages.start_train_step(cfg, 2, _rollout(), table)
+        # the check's questions and rollout 3's generation are submitted with the step, behind the transfer
+        assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256, engine.generate)] == [
+            1,
+            1,
+            1,
+        ]
+        await stages.train_step.fn(cfg, 2, _rollout(), table, "session")
+        weights = await stages.sync.fn(cfg, 2)
+        assert (await stages.check.fn(cfg, 2, [], weights))["check/engines_in_sync"] == 1.0
+        stages.start_next_generation(cfg, 3, weights, log_probs=False)
+        path = str(stages._paths(cfg).rollout(3))
+        parts = [[GenerateRequest(prompt_tokens=(1,), seed=0)]]
+        generated = await prefetch.take(cfg, 3, (3, "pushed"), parts, path)  # type: ignore[misc]
+        assert generated.rollout.path == path
+
+    asyncio.run(go())
+    # asked once each: the sync, the check and the generation took the chained calls
+    assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256, engine.generate)] == [
+        1,
+        1,
+        1,
+    ]
+    assert transfer.submitted == 1 and not any(o.startswith("push") for o in order)
+
+
+def test_after_a_chained_sync_that_failed_the_next_rollouts_calls_are_asked_afresh(chained, monkeypatch):
+    order, engine, _, transfer = chained
+    transfer.fail_load = True
+    cfg, table = RunConfig(), _rollout("c")
+
+    async def go():
+        stages.ask_engines_after_sync(cfg, 2)
+        stages.start_train_step(cfg, 2, _rollout(), table)
+        await stages.train_step.fn(cfg, 2, _rollout(), table, "session")
+        with pytest.raises(RuntimeError, match="engine load fault"):
+            await stages.sync.fn(cfg, 2)
+        _attempt(monkeypatch, 1)
+        weights = await stages.sync.fn(cfg, 2)  # the retry pushes itself; then the calls are asked again
+        assert (await stages.check.fn(cfg, 2, [], weights))["check/engines_in_sync"] == 1.0
+
+    asyncio.run(go())
+    assert order.count("push v3 attempt 1") == 1
+    # the chained questions and generation, then the ones asked after the retried sync
+    assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256, engine.generate)] == [
+        2,
+        2,
+        2,
+    ]
+
+
+def _learning_chain(monkeypatch, finisher):
+    """One engine and two trainer ranks that pass, train and answer; rollout 3's requests are `_one()`'s."""
+    order: list[str] = []
+    engine = _Synced(order)
+    trainers = [_Learner(0, order), _Learner(1, order)]
+    for rank, trainer in enumerate(trainers):  # the pass writes a table and answers its stats
+
+        async def compute_log_probs(rollout, out, *after, rank=rank):
+            order.append(f"log-probs {rank} on {rollout.sha256[0]}")
+            return ArtifactRef(path=out, sha256="e" * 64, rows=2, schema_version=1, kind="logprobs")
+
+        async def rollout_stats(rollout, written):
+            order.append("stats")
+            return {"rollout/log_probs": -1.0}
+
+        trainer.compute_log_probs, trainer.rollout_stats = _Method(compute_log_probs), _Method(rollout_stats)
+    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
+    monkeypatch.setattr(actors, "trainers", lambda cfg: trainers)
+    monkeypatch.setattr(stages, "log_metrics", lambda *a, **k: None)
+    monkeypatch.setattr(stages, "transfer_for", lambda cfg: _Transfer(order))
+    entry = type("E", (), {"group_index": 0, "request": _one()[0][0]})()
+    monkeypatch.setattr(stages, "train_requests", lambda cfg, rollout_id: [entry])
+    return order, trainers
+
+
+_ASKED = [[_one()[0][0]]]  # the one engine's part of `_learning_chain`'s rollout
+
+
+def test_the_parents_chain_trains_behind_the_log_prob_pass_and_the_train_step_task_takes_it(
+    monkeypatch, finisher
+):
+    order, trainers = _learning_chain(monkeypatch, finisher)
+    cfg, weights = RunConfig(), WeightsRef(version=3, sha256="sha")
+    path = str(stages._paths(cfg).rollout(3))
+
+    async def go():
+        stages.start_next_generation(cfg, 3, weights)
+        # the pass and the train step behind it are submitted with the generation
+        assert [len(t.train_step.calls) for t in trainers] == [1, 1]
+        generated = await prefetch.take(cfg, 3, (3, "sha"), _ASKED, path)  # type: ignore[misc]
+        stages.start_log_prob(cfg, 3, generated.rollout, weights)  # generate's task has the file
+        logprobs = await stages.log_prob.fn(cfg, 3, generated.rollout, weights)
+        steps = await stages.train_step.fn(cfg, 3, generated.rollout, logprobs.table, "session")
+        assert steps == [{"train/step": 1.0, "train/loss": 0.5}]
+
+    asyncio.run(go())
+    assert [len(t.train_step.calls) for t in trainers] == [1, 1]  # the task took the chained step
+    assert order.index("stats") < order.index("train 0 on e attempt 0")  # the step ran on the written table
+
+
+def test_a_chained_train_step_behind_a_pass_the_log_prob_task_did_not_take_is_not_taken(
+    monkeypatch, finisher
+):
+    _, trainers = _learning_chain(monkeypatch, finisher)
+    cfg, weights = RunConfig(), WeightsRef(version=3, sha256="sha")
+
+    async def go():
+        stages.start_next_generation(cfg, 3, weights)
+        await prefetch.take(cfg, 3, (3, "sha"), _ASKED, str(stages._paths(cfg).rollout(3)))  # type: ignore[misc]
+        # generate's task wrote another file (a retry): the log-prob task and the train step ask afresh
+        stages.start_log_prob(cfg, 3, _rollout("9"), weights)
+        logprobs = await stages.log_prob.fn(cfg, 3, _rollout("9"), weights)
+        await stages.train_step.fn(cfg, 3, _rollout("9"), logprobs.table, "session")
+
+    asyncio.run(go())
+    assert [len(t.train_step.calls) for t in trainers] == [2, 2]
+    assert trainers[0].train_step.calls[-1][0] == _rollout("9")
