@@ -191,7 +191,7 @@ async def rollout_flow(
         logprobs = await s.log_prob(q, rollout_id, rollout, weights)
         steps = await s.train_step(q, rollout_id, rollout, logprobs.table, session)
         if has_engines:
-            weights = await s.sync(q, rollout_id)
+            weights = await s.sync(q, rollout_id, rollout=rollout, logprobs=logprobs.table)
     synced = has_engines and not cfg.rollout_only
     await s.check(q, rollout_id, steps, weights if synced else None, logprobs.stats if logprobs else None)
     if _eval_due(cfg, rollout_id) and _evaluates(cfg):

@@ -4,6 +4,7 @@ check (and eval). Each resolves refs, calls the run's actors, writes artifacts a
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Coroutine
 from typing import Any, cast
 
@@ -17,7 +18,7 @@ from engines.base import GenerateRequest
 from rollout.data import prompts_for_rollout
 from rollout.requests import Entry, build_requests, split_for_engines
 from rollout.source import cached, eval_params, rollout_source, train_params
-from tasks import actors, prefetch
+from tasks import actors, notify, prefetch
 from tasks.cache import RefCachePolicy
 from tasks.checks import (
     CheckFailed,
@@ -305,7 +306,8 @@ def start_train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logp
     only if it applied this rollout: if the step raised, nothing reaches the engines), followed on the engines by what the
     parent asked for after the sync (`ask_engines_after_sync`: the check's questions, the next rollout's
     generation): the weights reach the engines and the next generation starts with no round trip through this
-    process. The sync task takes them only if its train-step task got exactly that step's answers (`start_sync`)."""
+    process; then the trainers write the step's snapshot (`_sync_writes_snapshot`). The sync task takes all this
+    only if its train-step task got exactly that step's answers (`start_sync`)."""
     ctx = prefetch.first_attempt(rollout_id)
     # submitted already, behind the log-prob pass the parent chained on the generation, if that made `logprobs`
     calls = prefetch.chained_train(cfg, rollout_id, logprobs) or _train_calls(cfg, rollout, logprobs, ctx)
@@ -320,7 +322,9 @@ def start_train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logp
         # their load is waiting for the export (Ray runs one caller's calls to an engine in order)
         resumed = [e.resume_memory.remote(*(steps if cfg.placement.colocate else [])) for e in engines]
         pushed = transfer.submit(cfg, engines, rollout_id + 1, ctx, applied=rollout_id)
-        prefetch.chain_sync(cfg, rollout_id, trained, _after(resumed, pushed))
+        # the step's snapshot, written once the weights left (the engines load and generate meanwhile)
+        written = [t.write_snapshot.remote() for t in actors.trainers(cfg)]
+        prefetch.chain_sync(cfg, rollout_id, trained, _after([*resumed, *written], pushed))
     prefetch.when(cfg, "train-step", rollout_id, lambda _: start_sync(cfg, rollout_id))
 
 
@@ -333,10 +337,24 @@ async def _after(first: list[Any], then: Awaitable[Pushed]) -> Pushed:
 def _train_calls(
     cfg: RunConfig, rollout: ArtifactRef, logprobs: ArtifactRef, ctx: dict[str, int]
 ) -> list[Any]:
-    """Every rank's train step, then rank 0's perf metrics (answered after its step), submitted now."""
-    trainers = actors.trainers(cfg)
-    steps = [t.train_step.remote(rollout, logprobs, cfg.train_data_template, ctx) for t in trainers]
+    """Every rank's train step, then rank 0's perf metrics (answered after its step), submitted now. The step-boundary
+    snapshot is written by the step itself unless the weight sync writes it (`_sync_writes_snapshot`)."""
+    trainers, snapshot = actors.trainers(cfg), not _sync_writes_snapshot(cfg)
+    steps = [t.train_step.remote(rollout, logprobs, cfg.train_data_template, ctx, snapshot) for t in trainers]
     return [*steps, trainers[0].perf.remote()]
+
+
+def _sync_writes_snapshot(cfg: RunConfig) -> bool:
+    """Whether the trainers' step-boundary snapshot of a rollout is written by its weight sync, once the weights
+    left for the engines (so that the next generation does not wait for it), rather than at the end of the train
+    step: when a sync that moves weights follows every train step and its transfer can be chained on the step
+    (`start_train_step`)."""
+    return (
+        not cfg.train_only
+        and not cfg.rollout_only
+        and not cfg.debug.debug_skip_weight_update
+        and chained(transfer_for(cfg)) is not None
+    )
 
 
 def _train_key(
@@ -391,13 +409,23 @@ def start_sync(cfg: RunConfig, rollout_id: int) -> None:
 
 
 @task(name="sync", retries=2, retry_delay_seconds=1, log_prints=True)
-async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> WeightsRef:
+async def sync(
+    cfg: RunConfig,
+    rollout_id: int,
+    verify_equal: bool = False,
+    rollout: ArtifactRef | None = None,
+    logprobs: ArtifactRef | None = None,
+) -> WeightsRef:
     """Push the trainer's weights to every engine as version `rollout_id + 1`.
 
     `verify_equal` (the weight-update checker, on the first sync): engines scramble every weight
-    first, and after the sync every tensor must equal the trainer's bitwise."""
+    first, and after the sync every tensor must equal the trainer's bitwise. `rollout`, `logprobs`: what rollout
+    `rollout_id`'s train step trained on; a retry after the trainers died before they wrote that step's snapshot
+    (`_sync_writes_snapshot`) applies the step again from them (`_reapply`)."""
     engines = actors.engines(cfg)
     version, ctx, what = rollout_id + 1, _ctx(rollout_id), f"sync {rollout_id}"
+    if ctx["attempt"] > 0 and rollout is not None and logprobs is not None:
+        await _reapply(cfg, rollout_id, rollout, logprobs, ctx)
     if (
         cfg.debug.debug_skip_weight_update
     ):  # the schedule around the transfer still runs; the engines keep theirs
@@ -436,6 +464,46 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
     return synced
 
 
+async def _reapply(
+    cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef, ctx: dict[str, int]
+) -> None:
+    """A retried sync of rollout `rollout_id`: if the trainers were re-created from the snapshot before that
+    rollout's step (they died after the step, before its snapshot was written: `_sync_writes_snapshot`), apply the
+    step again on its recorded rollout and log-prob table, which gives the same weights bit for bit (a
+    deterministic trainer, from the restored weights, optimizer and RNG). Trainers anywhere else are an error."""
+    trainers, what = actors.trainers(cfg), f"sync {rollout_id}"
+    health = await guarded(
+        cfg,
+        what,
+        asyncio.gather(*[t.health.remote() for t in trainers]),
+        cfg.faults.train_timeout,
+        trainers=True,
+    )
+    at = {int(h["last_applied_rollout"]) for h in health}
+    if at == {rollout_id}:
+        return
+    if at != {rollout_id - 1}:
+        raise RuntimeError(
+            f"{what}: the trainers hold rollouts {sorted(at)}, not {rollout_id} (or {rollout_id - 1}, to apply its "
+            "step again): their state cannot be restored here; resume the run with --resume"
+        )
+    notify.notice(
+        f"{what}: the trainers were restored to rollout {rollout_id - 1} (they died before writing rollout "
+        f"{rollout_id}'s snapshot); applying rollout {rollout_id}'s step again from its recorded rollout and "
+        "log-probs",
+        logging.WARNING,  # as the recovery that made it necessary is reported
+    )
+    await guarded(
+        cfg,
+        what,
+        asyncio.gather(
+            *[t.train_step.remote(rollout, logprobs, cfg.train_data_template, ctx, True) for t in trainers]
+        ),
+        cfg.faults.train_timeout,
+        trainers=True,
+    )
+
+
 def _before_push(engines: list, scramble: bool) -> list:
     """The engines' calls before a weight transfer, submitted now: snapshot and scramble (the weight-update
     checker), then resume. An engine runs the calls of one caller in submission order (snapshot, resume,
@@ -451,10 +519,20 @@ def _push(
 ) -> Coroutine[Any, Any, Pushed]:
     """The engines' calls before the transfer (`_before_push`), submitted as this is called; awaited, the transfer's
     calls go out too and the trainers' weights go into the engines as `version` (each engine takes them after the
-    calls before: Ray runs one caller's calls to an actor in order)."""
+    calls before: Ray runs one caller's calls to an actor in order), then the trainers write the step-boundary
+    snapshot if the sync writes it (`_sync_writes_snapshot`)."""
     before = _before_push(engines, scramble)
     # the transfer's calls go out at once: an engine takes them after the ones before (same caller, in order)
-    return _after(before, transfer_for(cfg).push(cfg, engines, version, ctx))
+    pushing = _after(before, transfer_for(cfg).push(cfg, engines, version, ctx))
+    if not _sync_writes_snapshot(cfg):
+        return pushing
+
+    async def then_snapshot() -> Pushed:
+        pushed = await pushing
+        await asyncio.gather(*[t.write_snapshot.remote() for t in actors.trainers(cfg)])
+        return pushed
+
+    return then_snapshot()
 
 
 @task(name="check", log_prints=True)

@@ -33,7 +33,9 @@ class TrainerActor:
 
     After every rollout it trains, rank 0 writes a step-boundary snapshot (weights, optimizer, schedule, RNG,
     the applied metrics) under the run dir, so that a trainer that dies can be re-created and resume exactly
-    where the last completed train-step left it (tasks/recovery.py)."""
+    where the last completed train-step left it (tasks/recovery.py): at the end of the step, or, when the weight
+    sync is chained on the step, once the weights left for the engines (`write_snapshot`, awaited by the sync;
+    a sync retried after the trainers died before it applies the step again from its recorded inputs)."""
 
     def __init__(
         self,
@@ -53,6 +55,7 @@ class TrainerActor:
         self.faults = FaultInjector(faults or [], "trainer", rank, settings.run_dir, epoch)
         self.trainer.faults = self.faults
         self.snapshots = snapshot_dir(settings.run_dir)
+        self.snapshot_of = -1  # the rollout whose step-boundary snapshot is written (-1: none)
         self.train_calls = 0
 
     def node(self) -> tuple[str, str]:
@@ -91,13 +94,27 @@ class TrainerActor:
         logprob_ref: ArtifactRef,
         dump_template: str | None = None,
         ctx: dict[str, Any] | None = None,
+        snapshot: bool = True,
     ) -> list[dict[str, float]]:
-        """The backend's train_step, then the step-boundary snapshot of what it applied."""
+        """The backend's train_step, then (`snapshot`) the step-boundary snapshot of what it applied. Without
+        `snapshot`, `write_snapshot` writes it later (the weight sync does, once the weights left for the engines:
+        tasks/stages.start_train_step); a step never starts before the snapshot of the one before is written."""
         self.faults.set_context(**(ctx or {}))
         self.train_calls += 1
+        self.write_snapshot()
         steps = self.trainer.train_step(rollout_ref, logprob_ref, dump_template)
-        self.trainer.save(str(self.snapshots), self.trainer.last_applied_rollout, snapshot=True)
+        if snapshot:
+            self.write_snapshot()
         return steps
+
+    def write_snapshot(self) -> int:
+        """Write the step-boundary snapshot of the last applied rollout unless it is written already (every rank
+        takes part: a sharded backend gathers); returns that rollout's id (-1: nothing applied yet)."""
+        applied = self.trainer.last_applied_rollout
+        if applied >= 0 and applied != self.snapshot_of:
+            self.trainer.save(str(self.snapshots), applied, snapshot=True)
+            self.snapshot_of = applied
+        return applied
 
     def perf(self) -> dict[str, float]:
         return self.trainer.perf()
@@ -142,7 +159,8 @@ class TrainerActor:
         self.trainer.save(directory, rollout_id)
 
     def load(self, directory: str) -> int:
-        return self.trainer.load(directory)
+        self.snapshot_of = self.trainer.load(directory)  # what it restored is on disk already
+        return self.snapshot_of
 
     def health(self) -> dict[str, Any]:
         """Answers while the actor is alive and not stuck in a call (tasks/recovery.py)."""

@@ -61,6 +61,12 @@ def test_a_killed_engine_trainer_and_rollout_actor_are_survived_bitwise(
             "action": {"kind": "kill_process"},
             "rollout_id": 2,
         },
+        {  # after rollout 0's step, before its snapshot (the sync writes it): the retried sync applies it again
+            "request_id": "kill-trainer-export",
+            "hook_name": "trainer_export_weights_before_send",
+            "action": {"kind": "kill_process"},
+            "rollout_id": 0,
+        },
     ]
     faulted = faulted_config(tmp_path, base_checkpoint, "faulted", hooks)
     asyncio.run(run_flow(faulted))
@@ -74,6 +80,11 @@ def test_a_killed_engine_trainer_and_rollout_actor_are_survived_bitwise(
     )
     assert (
         fired["kill-rollout"]["process"] == "rollout" and fired["kill-rollout"]["context"]["rollout_id"] == 2
+    )
+    assert fired["kill-trainer-export"]["process"] == "trainer-0"
+    log = (faulted.resolved_run_dir / "logs" / "run.log").read_text()
+    assert (
+        "sync 0: the trainers were restored to rollout -1" in log and "applying rollout 0's step again" in log
     )
     # every sample, every metric and the per-layer hashes of every checkpoint as in the fault-free run
     assert first_divergence(clean.resolved_run_dir, faulted.resolved_run_dir) is None

@@ -323,24 +323,36 @@ def test_what_waits_for_a_stage_runs_once_for_that_stage_and_rollout_only():
 
 
 class _Learner(_Trainer):
-    """A trainer rank that also trains (`fail_first`: its first attempt raises)."""
+    """A trainer rank that also trains (`fail_first`: its first attempt raises) and writes its step-boundary
+    snapshot at the end of the step or when asked (`snapshots`: the rollouts it wrote)."""
 
     def __init__(self, rank: int, order: list[str], fail_first: bool = False) -> None:
         super().__init__(rank, order)
+        self.applied, self.snapshots = -1, []
 
-        self.applied = -1
+        async def write_snapshot():
+            if self.applied >= 0 and self.applied not in self.snapshots:
+                order.append(f"snapshot {rank} of {self.applied}")
+                self.snapshots.append(self.applied)
+            return self.applied
 
-        async def train_step(rollout, logprobs, dump, ctx):
+        async def train_step(rollout, logprobs, dump, ctx, snapshot=True):
             order.append(f"train {rank} on {logprobs.sha256[0]} attempt {ctx['attempt']}")
             if fail_first and ctx["attempt"] == 0:
                 raise RuntimeError("train fault")
             self.applied = ctx["rollout_id"]
+            if snapshot:
+                await write_snapshot()
             return [{"train/step": 1.0, "train/loss": 0.5}]
 
         async def perf():
             return {"perf/train_time": 0.1}
 
+        async def health():
+            return {"rank": rank, "last_applied_rollout": self.applied}
+
         self.train_step, self.perf = _Method(train_step), _Method(perf)
+        self.write_snapshot, self.health = _Method(write_snapshot), _Method(health)
 
 
 class _Engines(_Releasing):
@@ -764,6 +776,12 @@ def chained(monkeypatch, finisher):
 def test_a_sync_chained_on_the_train_step_goes_out_with_it_and_the_sync_task_takes_it(chained, colocate):
     order, engine, trainers, transfer = chained
     cfg, table = RunConfig.model_validate({"placement": {"colocate": colocate}}), _rollout("c")
+    submitted_before = []  # how many transfers were submitted when each rank's snapshot was asked for
+    for t in trainers:
+        ask = t.write_snapshot.remote
+        t.write_snapshot.remote = lambda *a, ask=ask: (submitted_before.append(transfer.submitted), ask(*a))[
+            1
+        ]
 
     async def go():
         stages.start_train_step(cfg, 2, _rollout(), table)
@@ -779,6 +797,48 @@ def test_a_sync_chained_on_the_train_step_goes_out_with_it_and_the_sync_task_tak
     assert order.index("train 1 on c attempt 0") < order.index("export v3 attempt 0")
     assert not any(o.startswith("push") for o in order)  # the sync task pushed nothing itself
     assert [len(t.train_step.calls) for t in trainers] == [1, 1]
+    # the step left its snapshot to the sync: asked for behind the transfer (each rank runs its calls in order)
+    assert all(not t.train_step.calls[0][4] for t in trainers)
+    assert submitted_before == [1, 1] and [t.snapshots for t in trainers] == [[2], [2]]
+
+
+def test_a_step_whose_sync_cannot_be_chained_writes_its_snapshot_itself(learners):
+    order, trainers, _ = learners  # a transfer that streams: no calls ahead of the weights
+
+    async def go():
+        stages.start_train_step(RunConfig(), 2, _rollout(), _rollout("c"))
+        await stages.train_step.fn(RunConfig(), 2, _rollout(), _rollout("c"), "session")
+        await stages.sync.fn(RunConfig(), 2)
+
+    asyncio.run(go())
+    assert all(t.train_step.calls[0][4] for t in trainers) and [t.snapshots for t in trainers] == [[2], [2]]
+    assert order.index("snapshot 0 of 2") < order.index("push v3 attempt 0")
+    assert [len(t.write_snapshot.calls) for t in trainers] == [0, 0]
+
+
+@pytest.mark.parametrize(("restored", "trains_again"), [(1, True), (2, False), (0, None)])
+def test_a_retried_sync_applies_the_step_again_only_on_trainers_restored_to_the_rollout_before(
+    chained, monkeypatch, restored, trains_again
+):
+    """The trainers died after rollout 2's step, before its snapshot: re-created from rollout 1's, the retried
+    sync trains rollout 2 again on its recorded inputs (the same bits) and writes its snapshot, then pushes."""
+    order, _, trainers, _ = chained
+    for t in trainers:
+        t.applied = restored
+    _attempt(monkeypatch, 1)
+    cfg = RunConfig()
+
+    async def go():
+        return await stages.sync.fn(cfg, 2, rollout=_rollout(), logprobs=_rollout("c"))
+
+    if trains_again is None:
+        with pytest.raises(RuntimeError, match=r"hold rollouts \[0\], not 2 .* --resume"):
+            asyncio.run(go())
+        return
+    assert asyncio.run(go()) == WeightsRef(version=3, sha256="pushed")
+    again = [o for o in order if o.startswith("train")]
+    assert again == (["train 0 on c attempt 1", "train 1 on c attempt 1"] if trains_again else [])
+    assert order.index("push v3 attempt 1") > (order.index("snapshot 0 of 2") if trains_again else -1)
 
 
 def test_a_sync_chained_on_a_failed_train_step_moves_nothing_and_the_sync_pushes_after_the_retry(
@@ -800,7 +860,13 @@ def test_a_sync_chained_on_a_failed_train_step_moves_nothing_and_the_sync_pushes
 
     asyncio.run(go())
     assert not any(o.startswith("export") for o in order)  # the chained export never ran
-    assert order[-2:] == ["resume", "push v3 attempt 0"]  # the sync's own, after the retried step
+    # the sync's own push after the retried step, then the snapshot the step left to it
+    assert order[order.index("train 1 on c attempt 1") + 1 :][-3:] == [
+        "resume",
+        "push v3 attempt 0",
+        "snapshot 1 of 2",
+    ]
+    assert [t.snapshots for t in trainers] == [[2], [2]]
     assert len(engine.resume_memory.calls) == 2
 
 
