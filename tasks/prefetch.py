@@ -9,12 +9,12 @@ there:
   synced and checked), while Prefect records that run's end and starts the next;
 - log-probs: the trainers' log-prob pass (after the engines' memory release, as the task orders them) follows on
   the written file through Ray: the parent submits it with the generation (`start`; not when the trainers save a
-  checkpoint first), and the train step behind it (`chained_train`), and the rollout's generate task hands it to its log-prob task once it has the file's ref
-  (`start_log_probs`), or starts it then if nothing was chained or the chain ran on another file. The calls go
-  out at once, ordered by Ray rather than by an await (`log_prob_calls`);
+  checkpoint first), the train step behind it (`chained_train`), and the rollout's generate task hands it to its
+  log-prob task once it has the file's ref (`start_log_probs`), or starts it then if nothing was chained or the
+  chain ran on another file. The calls go out at once, ordered by Ray rather than by an await (`log_prob_calls`);
 - the train step, once the log-prob task has its table, and the weight sync, once the train-step task has
   every rank's metrics: each while Prefect records the task before it and starts its own. Where the weight
-  transfer allows it (tasks/transfer.ChainedTransfer), the sync's calls are submitted with the train step, ordered
+  transfer allows it (tasks/transfer.FullTransfer.submit), the sync's calls are submitted with the train step, ordered
   by Ray behind it, and the check's questions and the next rollout's generation behind the transfer
   (`chain_sync`): the new weights reach the engines and the next generation begins with no round trip through the
   orchestrating process. The sync task takes that chain only if its train-step task got exactly the answers of
@@ -24,8 +24,8 @@ there:
 A stage that others wait for says so from within its task, before Prefect records the task's end
 (`when` / `done`); a stage whose calls change actor state or write files (train-step, sync, a rollout's scoring and
 writing) is started only once the task before it has done all its own work, so a head start never runs ahead of a
-task that could still fail on its own. The chained train step and sync are the exceptions, and safe ones: the step runs on
-what the generation, the write and the pass produced (if one of them failed, Ray fails the step before it runs), which
+task that could still fail on its own. The chained train step and sync are the exceptions, and safe
+ones: the step runs on what the generation, the write and the pass produced (if one of them failed, Ray fails the step before it runs), which
 a retry of their tasks produces again bit for bit (seeded sampling, deterministic passes); the sync's calls run only
 once the trainers applied the step (if the step failed, the export raises and no weights move), and what they put in
 the engines is the trainers' weights after that step, which a retried train-step task leaves as they are (the
@@ -211,34 +211,34 @@ class _SyncChain:
     then: NextCalls | None  # the engines' calls behind the transfer, if the parent asked for them
 
 
-_chained: dict[
-    str, _SyncChain
-] = {}  # "sync": the chain made with the last train step; "next": the one it synced
-# (run namespace, rollout id) -> how to submit the engines' calls that follow that rollout's sync (the parent's)
-_after_sync: dict[tuple[str, int], Callable[[], NextCalls]] = {}
+# "sync": the chain made with the last train step; "next": the one its sync task took
+_chained: dict[str, _SyncChain] = {}
+# "next": ((run namespace, rollout id), how to submit the engine calls that follow that rollout's sync), the parent's
+_after_sync: dict[str, tuple[tuple[str, int], Callable[[], NextCalls]]] = {}
 
 
 def after_sync(cfg: RunConfig, rollout_id: int, submit: Callable[[], NextCalls]) -> None:
     """The engines' calls to make once rollout `rollout_id`'s sync has the new weights in them: `submit`, behind the
-    transfer, if that sync is chained on the train step (`chain_sync`)."""
-    _after_sync[(actors.namespace(cfg), rollout_id)] = submit
+    transfer, if that sync is chained on the train step (`chain_sync`); replaces the one asked for before."""
+    _after_sync["next"] = ((actors.namespace(cfg), rollout_id), submit)
 
 
 def chain_sync(
     cfg: RunConfig,
     rollout_id: int,
     trained: asyncio.Future[Any],
-    pushed: Coroutine[Any, Any, Any] | Awaitable[Any],
+    pushed: Awaitable[Any],
 ) -> None:
     """Rollout `rollout_id`'s sync, submitted behind its train step (`trained`: the step's answers; `pushed`: the
     sync's), and then the engines' calls `after_sync` asked for, submitted now behind it. Taken by `synced_chain`."""
-    submit = _after_sync.pop((actors.namespace(cfg), rollout_id), None)
+    key = (actors.namespace(cfg), rollout_id)
+    asked = _after_sync.pop("next", None)
     _drop_chain("sync")
     _chained["sync"] = _SyncChain(
-        (actors.namespace(cfg), rollout_id),
+        key,
         trained,
         asyncio.ensure_future(pushed),
-        submit() if submit is not None else None,
+        asked[1]() if asked is not None and asked[0] == key else None,
     )
 
 
@@ -288,17 +288,19 @@ def _drop_chain(slot: str) -> None:
 
 
 def _discard_chain(chain: _SyncChain) -> None:
-    """Forget a chain nobody uses: its answers are retrieved (an actor error there belongs to no stage)."""
-    _discard(_Started(chain.key, chain.pushed))
-    if chain.then is not None:
-        _forget(chain.then.questions + chain.then.generation)
+    """Forget a chain nobody uses."""
+    _forget([chain.pushed, *(chain.then.questions + chain.then.generation if chain.then is not None else [])])
 
 
 def _forget(refs: list[Any]) -> None:
-    """Object refs (or futures) whose answers nobody will read."""
+    """Answers nobody will read: a future's is retrieved (an actor error there belongs to no stage) or it is
+    cancelled; Ray's object refs are left to Ray."""
     for ref in refs:
         if isinstance(ref, asyncio.Future):
-            _discard(_Started((), ref))
+            if not ref.done():
+                ref.cancel()
+            elif not ref.cancelled():
+                ref.exception()
 
 
 def start(
@@ -461,10 +463,4 @@ def drop() -> None:
 
 
 def _discard(started: _Started) -> None:
-    if started.answers.done():
-        if not started.answers.cancelled():
-            started.answers.exception()  # retrieved: an actor error here belongs to no stage
-    else:
-        started.answers.cancel()
-    if started.then is not None:
-        _forget(started.then)
+    _forget([started.answers, *(started.then or [])])

@@ -302,9 +302,9 @@ def start_train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logp
     so nothing starts this).
 
     When the run's weight transfer allows it (`transfer.chained`), the sync's calls are submitted now too, ordered
-    by Ray behind every rank's step (colocated engines resume once it is done; each rank exports once it ran it, and
-    only if it applied this rollout: if the step raised, nothing reaches the engines), followed on the engines by what the
-    parent asked for after the sync (`ask_engines_after_sync`: the check's questions, the next rollout's
+    by Ray behind every rank's step (colocated engines resume once it is done; each rank exports once it ran it,
+    and only if it applied this rollout: if the step raised, nothing reaches the engines), followed on the engines
+    by what the parent asked for after the sync (`ask_engines_after_sync`: the check's questions, the next rollout's
     generation): the weights reach the engines and the next generation starts with no round trip through this
     process; then the trainers write the step's snapshot (`_sync_writes_snapshot`). The sync task takes all this
     only if its train-step task got exactly that step's answers (`start_sync`)."""

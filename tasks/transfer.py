@@ -8,7 +8,7 @@ engine backend) pair (slime keeps the same choice in `update_weight_from_{tensor
   loads them as they come, then commits the version once every weight arrived. No process holds two full copies:
   rank 0 holds its shard plus one bucket, an engine its model plus one bucket.
 
-`FullTransfer`'s calls can also be submitted before the weights exist (`ChainedTransfer`): the sync a rollout's flow
+`FullTransfer`'s calls can also be submitted before the weights exist (`FullTransfer.submit`): the sync a rollout's flow
 run starts with its train step (tasks/stages.start_train_step) then runs as soon as the step is done, ordered by Ray
 with no round trip through the orchestrating process.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from artifacts.hashing import weights_sha256_of
 from config import RunConfig
@@ -44,26 +44,6 @@ class WeightTransfer(Protocol):
         ...
 
 
-class ChainedTransfer(WeightTransfer, Protocol):
-    """A transfer whose every call can be submitted before the trainers' weights are ready, ordered by Ray behind
-    the calls that make them (the train step: tasks/stages.start_train_step), with no round trip through the
-    caller in between."""
-
-    def submit(
-        self,
-        cfg: RunConfig,
-        engines: list[Any],
-        version: int,
-        ctx: dict[str, Any],
-        applied: int | None = None,
-    ) -> Awaitable[Pushed]:
-        """`push`'s calls, submitted now: each trainer rank runs them after the calls submitted to it before
-        (Ray keeps one caller's calls in order). `applied`: the rollout whose step the exported weights must hold;
-        if a rank is not there (its step failed), the export raises and no weights move. Awaited: what was
-        pushed."""
-        ...
-
-
 class FullTransfer:
     """One object with every weight, fetched by every engine (see the module docstring)."""
 
@@ -78,6 +58,10 @@ class FullTransfer:
         ctx: dict[str, Any],
         applied: int | None = None,
     ) -> Awaitable[Pushed]:
+        """`push`'s calls, submitted now, before the weights may exist: each trainer rank runs them after the calls
+        submitted to it before (Ray keeps one caller's calls in order). `applied`: the rollout whose step the
+        exported weights must hold; if a rank is not there (its step failed), the export raises and no weights
+        move. Awaited: what was pushed."""
         trainers = actors.trainers(cfg)
         exported = [t.export_weights.remote(ctx, applied) for t in trainers]  # rank 0's holds the weights
         hashes = [
@@ -128,10 +112,10 @@ TRANSFERS: dict[tuple[str, str], type[FullTransfer] | type[StreamedTransfer]] = 
 }
 
 
-def chained(transfer: WeightTransfer) -> ChainedTransfer | None:
-    """`transfer` if its calls can be submitted ahead of the weights (`ChainedTransfer`), else None (a streamed
+def chained(transfer: WeightTransfer) -> FullTransfer | None:
+    """`transfer` if its calls can be submitted ahead of the weights (`FullTransfer.submit`), else None (a streamed
     transfer forwards each bucket as it comes)."""
-    return cast(ChainedTransfer, transfer) if callable(getattr(transfer, "submit", None)) else None
+    return transfer if isinstance(transfer, FullTransfer) else None
 
 
 def transfer_for(cfg: RunConfig) -> WeightTransfer:

@@ -14,7 +14,7 @@ from engines.base import GenerateRequest
 from rollout.finish import Tally
 from tasks import actors, prefetch, stages
 from tasks.refs import LogProbs, WeightsRef
-from tasks.transfer import Pushed
+from tasks.transfer import FullTransfer, Pushed
 
 
 class _Method:
@@ -717,7 +717,7 @@ def test_nothing_is_asked_after_a_sync_that_moves_no_weights_or_when_told_not_to
     assert asked == []
 
 
-class _Chained(_Transfer):
+class _Chained(_Transfer, FullTransfer):
     """A transfer whose calls can be submitted ahead: each rank exports after the calls submitted to it before (its
     train step, as Ray keeps one caller's calls in order), and raises unless it applied rollout `applied`; then the
     engines load (`fail_load`: the first load raises)."""
