@@ -36,6 +36,7 @@ from tasks.stages import (
     log_prob,
     save_checkpoint,
     save_rollout,
+    start_first_rollout,
     start_log_prob,
     start_next_generation,
     sync,
@@ -161,6 +162,7 @@ async def rollout_flow(
     if not isinstance(cfg, RunConfig) or not isinstance(weights, WeightsRef):
         cfg, weights = RunConfig.model_validate(cfg), WeightsRef.model_validate(weights)
         rollout_id = int(rollout_id)
+    prefetch.done(cfg, "begin", rollout_id, weights)  # the parent's head start on the run's first rollout
     s, d, q = (
         _Stages(cfg, refresh or [], rollout_id),
         cfg.debug,
@@ -340,8 +342,14 @@ class _RunLoop:
         ahead = (
             None if last else dict(cfg=cfg, rollout_id=rollout_id + 1, session=session, refresh=self.refresh)
         )
-        if not last and not (_eval_due(cfg, rollout_id) and _evaluates(cfg)):  # an eval would wait behind it
-            ask_engines_after_sync(cfg, rollout_id)  # the next generation overlaps this run's check and end
+        evaluation = _eval_due(cfg, rollout_id) and _evaluates(cfg)
+        # the next generation overlaps this run's check, eval and end
+        ask_engines_after_sync(cfg, rollout_id, generation=not last, evaluation=evaluation)
+        if rollout_id == self.owned.start:  # the first rollout's, as its flow run begins
+            first_eval = rollout_id == 0 and _evaluates(cfg)
+            prefetch.when(
+                cfg, "begin", rollout_id, lambda w: start_first_rollout(cfg, rollout_id, w, first_eval)
+            )
         result, child = await self.children.run(params, ahead)
         assert isinstance(result, RolloutResult)
         saves = not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and last))

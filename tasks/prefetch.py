@@ -4,9 +4,11 @@ between two flow runs, with the actors idle otherwise). Each stage's calls start
 there:
 
 - generation: the engines are asked for rollout N+1's samples as soon as rollout N's sync task has put the new
-  weights in them (`ask_engines`: behind rollout N's check's own questions to the engines), and the rollout actor
-  is asked to score and write them (rollout/actor.py) once the body of rollout N's flow run returns (its weights
-  synced and checked), while Prefect records that run's end and starts the next;
+  weights in them (`ask_engines`: behind rollout N's check's own questions to the engines, and behind the requests
+  of the eval due on those weights, which its eval task takes: `take_asked`), and the rollout actor is asked to
+  score and write them (rollout/actor.py) once the body of rollout N's flow run returns (its weights synced and
+  checked), while Prefect records that run's end and starts the next. The run's first rollout asks for its eval
+  and its generation as its flow run begins;
 - log-probs: the trainers' log-prob pass (after the engines' memory release, as the task orders them) follows on
   the written file through Ray: the parent submits it with the generation (`start`; not when the trainers save a
   checkpoint first), the train step behind it (`chained_train`), and the rollout's generate task hands it to its
@@ -164,7 +166,8 @@ class _Asked:
     answers: list[Any]  # object refs of the engines' calls
 
 
-_asked: dict[str, _Asked] = {}  # "generate": the next rollout's engine calls, made before `start`
+# "generate": the next rollout's engine calls, made before `start`; "eval": an eval's, taken by its task
+_asked: dict[str, _Asked] = {}
 
 
 def ask_engines(
@@ -173,15 +176,30 @@ def ask_engines(
     weights: tuple[int, str],
     parts: list[list[GenerateRequest]],
     asked: list[Any] | None = None,
+    stage: str = "generate",
 ) -> None:
     """Ask the engines, holding `weights` (version, sha256), for rollout `rollout_id`'s samples (one list of
     requests per engine in `parts`) now, as its first generate attempt would: only the engines' calls, which write
     nothing and change no weights. `start` has their answers scored and written if it is called for the same
     rollout, weights and requests; they are dropped otherwise. `asked`: those calls' object refs, if they were
-    submitted already (`engine_calls`, behind the transfer of these weights)."""
-    _asked["generate"] = _Asked(
+    submitted already (`engine_calls`, behind the transfer of these weights). `stage="eval"`: eval `rollout_id`'s
+    samples instead, taken by its eval task (`take_asked`)."""
+    _asked[stage] = _Asked(
         (*_weights_key(cfg, rollout_id, *weights), parts),
         asked if asked is not None else engine_calls(cfg, rollout_id, parts),
+    )
+
+
+def take_asked(
+    cfg: RunConfig, stage: str, rollout_id: int, weights: tuple[int, str], parts: list[list[GenerateRequest]]
+) -> list[Any] | None:
+    """The object refs of the engine calls `ask_engines` made for `stage` if they were made for exactly this
+    rollout (or eval) id, weights and requests; None otherwise. At most once."""
+    asked = _asked.pop(stage, None)
+    return (
+        asked.answers
+        if asked is not None and asked.key == (*_weights_key(cfg, rollout_id, *weights), parts)
+        else None
     )
 
 
@@ -192,13 +210,21 @@ def engine_calls(cfg: RunConfig, rollout_id: int, parts: list[list[GenerateReque
 
 
 @dataclass(frozen=True)
+class EngineCalls:
+    """One generation asked of the engines ahead: each engine's requests (`parts`) and its calls' object refs."""
+
+    parts: list[list[GenerateRequest]]
+    refs: list[Any]
+
+
+@dataclass(frozen=True)
 class NextCalls:
-    """The engine calls that follow a sync, submitted behind its transfer: the check's questions, then the next
-    rollout's generation (its requests `parts`)."""
+    """The engine calls that follow a sync, submitted behind its transfer: the check's questions, then the eval due
+    on the synced weights, then the next rollout's generation (each None if there is none)."""
 
     questions: list[Any]
-    parts: list[list[GenerateRequest]]
-    generation: list[Any]
+    evaluation: EngineCalls | None
+    generation: EngineCalls | None
 
 
 @dataclass
@@ -289,7 +315,11 @@ def _drop_chain(slot: str) -> None:
 
 def _discard_chain(chain: _SyncChain) -> None:
     """Forget a chain nobody uses."""
-    _forget([chain.pushed, *(chain.then.questions + chain.then.generation if chain.then is not None else [])])
+    then = chain.then
+    asked = [] if then is None else [c for c in (then.evaluation, then.generation) if c is not None]
+    _forget(
+        [chain.pushed, *(then.questions if then is not None else []), *[r for c in asked for r in c.refs]]
+    )
 
 
 def _forget(refs: list[Any]) -> None:
@@ -320,10 +350,7 @@ def start(
     file); `train`: then the train step on the written file and table, submitted now by `train(rollout's object
     ref, table's object ref)` (its calls' object refs), taken by `chained_train`."""
     version, sha256 = weights
-    # what `ask_engines` keys its calls by
-    on_engines = (*_weights_key(cfg, rollout_id, version, sha256), parts)
-    key = (*on_engines, path)
-    asked = _asked.pop("generate", None)
+    key = (*_weights_key(cfg, rollout_id, version, sha256), parts, path)
     ref, generated = generate_rollout(
         cfg,
         entries,
@@ -332,7 +359,7 @@ def start(
         sha256,
         path,
         first_attempt(rollout_id),
-        asked=asked.answers if asked is not None and asked.key == on_engines else None,
+        asked=take_asked(cfg, "generate", rollout_id, weights, parts),
     )
     start_calls("generate", key, generated)
     _drop("chained-log-prob")

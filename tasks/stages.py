@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 from prefect import task
@@ -78,6 +78,28 @@ def train_requests(cfg: RunConfig, rollout_id: int) -> list[Entry]:
 _REQUESTS: dict[str, list[Entry]] = {}
 
 
+def eval_requests(cfg: RunConfig, eval_id: int) -> list[Entry]:
+    """Eval `eval_id`'s requests: every eval dataset's prompts, each `n_samples_per_eval_prompt` times, seeded per
+    sample. Made once per process and config, as `train_requests`; callers do not modify the list."""
+
+    def make() -> list[Entry]:
+        src = rollout_source(cfg)
+        return build_requests(
+            [p for _, s in src.evals for p in s.prompts],
+            cfg.rollout.rollout_seed,
+            eval_id,
+            cfg.eval.n_samples_per_eval_prompt,
+            eval_params(cfg, src.stops),
+            eval_mode=True,
+            datasets=[name for name, s in src.evals for _ in s.prompts],
+        )
+
+    return cached(_EVAL_REQUESTS, f"{cfg.config_hash()}:{eval_id}", make)
+
+
+_EVAL_REQUESTS: dict[str, list[Entry]] = {}
+
+
 def _rollout_path(cfg: RunConfig, rollout_id: int, fresh: bool) -> str:
     """Where generate writes rollout `rollout_id` (`fresh_<id>.parquet` when a recording is injected in its place)."""
     path = _paths(cfg).rollout(rollout_id)
@@ -129,31 +151,61 @@ def start_next_generation(
     )
 
 
-def ask_engines_after_sync(cfg: RunConfig, rollout_id: int) -> None:
-    """The parent's earlier head start on rollout `rollout_id + 1`, set before rollout `rollout_id`'s flow run:
-    once that run's sync task has the new weights in the engines (`prefetch.done`), its check task's questions to
-    the engines go out, then the next rollout's requests (`prefetch.ask_engines`). An engine answers one caller's
-    calls in order, so the check is not held up; the generation overlaps the check and the flow runs' end and
-    start. Only the engines' calls: the scoring and writing wait for `start_next_generation`, after the check, and
-    if the check fails the answers are dropped. Nothing when the rollout syncs no weights (rollout-only,
-    --debug-skip-weight-update) or the next one does not generate ahead."""
-    if not _generates_ahead(cfg) or cfg.rollout_only or cfg.debug.debug_skip_weight_update:
+def ask_engines_after_sync(cfg: RunConfig, rollout_id: int, generation: bool, evaluation: bool) -> None:
+    """The parent's earlier head start on what follows rollout `rollout_id`'s sync, set before its flow run: once
+    that run's sync task has the new weights in the engines (`prefetch.done`), its check task's questions to the
+    engines go out, then (`evaluation`) the requests of the eval due on those weights, then (`generation`) the next
+    rollout's (`prefetch.ask_engines`). An engine answers one caller's calls in order, so the check is not held
+    up, and the next generation overlaps the eval's scoring, the check and the flow runs' end and start. Only the
+    engines' calls: the scoring and writing wait for their tasks (the eval task, `start_next_generation` after the
+    check), and if the check fails the answers are dropped. Nothing when the rollout syncs no weights
+    (rollout-only, --debug-skip-weight-update) or the run does not generate ahead."""
+    if not (generation or evaluation) or not _generates_ahead(cfg) or cfg.rollout_only:
+        return
+    if cfg.debug.debug_skip_weight_update:
         return
 
     def submit() -> prefetch.NextCalls:
-        questions = _weights_questions(actors.engines(cfg))
-        _, parts = _per_engine(cfg, train_requests(cfg, rollout_id + 1))
-        return prefetch.NextCalls(questions, parts, prefetch.engine_calls(cfg, rollout_id + 1, parts))
+        return prefetch.NextCalls(
+            _weights_questions(actors.engines(cfg)),
+            _asked_ahead(cfg, rollout_id + 1, eval_requests) if evaluation else None,
+            _asked_ahead(cfg, rollout_id + 1, train_requests) if generation else None,
+        )
 
     def ask(weights: WeightsRef) -> None:
         # submitted already if the sync was chained on the train step and put exactly these weights in
         calls = prefetch.next_calls(cfg, rollout_id, weights) or submit()
         prefetch.start_calls("check", _check_key(cfg, rollout_id, weights), prefetch.answers(calls.questions))
         weights_key = (weights.version, weights.sha256)
-        prefetch.ask_engines(cfg, rollout_id + 1, weights_key, calls.parts, calls.generation)
+        for stage, asked in (("eval", calls.evaluation), ("generate", calls.generation)):
+            if asked is not None:
+                prefetch.ask_engines(cfg, rollout_id + 1, weights_key, asked.parts, asked.refs, stage=stage)
 
     prefetch.when(cfg, "sync", rollout_id, ask)
     prefetch.after_sync(cfg, rollout_id, submit)
+
+
+def _asked_ahead(
+    cfg: RunConfig, rollout_id: int, requests: Callable[[RunConfig, int], list[Entry]]
+) -> prefetch.EngineCalls:
+    """The engines' calls for rollout (or eval) `rollout_id`'s `requests`, submitted now as its first attempt's."""
+    _, parts = _per_engine(cfg, requests(cfg, rollout_id))
+    return prefetch.EngineCalls(parts, prefetch.engine_calls(cfg, rollout_id, parts))
+
+
+def start_first_rollout(cfg: RunConfig, rollout_id: int, weights: WeightsRef, evaluation: bool) -> None:
+    """The head start on the run's first rollout, `rollout_id`, as its flow run begins on the engines' `weights`
+    (synced as the actors started): the engines asked for eval `rollout_id`'s samples first (`evaluation`: the run
+    evaluates before its first rollout), then `start_next_generation` (the rollout's generation, its log-prob pass
+    and its train step behind it). The rollout's tasks take them as they take a later rollout's."""
+    if not _generates_ahead(cfg):
+        return
+    if evaluation:
+        asked = _asked_ahead(cfg, rollout_id, eval_requests)
+        prefetch.ask_engines(
+            cfg, rollout_id, (weights.version, weights.sha256), asked.parts, asked.refs, stage="eval"
+        )
+    start_next_generation(cfg, rollout_id, weights)
 
 
 def _check_key(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> tuple[Any, ...]:
@@ -655,21 +707,13 @@ async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> dict[st
     """Every --eval-prompt-data dataset with the weights of version `eval_id`: `eval/NAME` (mean reward) and
     `eval/NAME-truncated_ratio`, one generation over all datasets, written to eval_{id}.parquet."""
     src = rollout_source(cfg)
-    prompts = [p for _, s in src.evals for p in s.prompts]
-    names = [name for name, s in src.evals for _ in s.prompts]
-    entries = build_requests(
-        prompts,
-        cfg.rollout.rollout_seed,
-        eval_id,
-        cfg.eval.n_samples_per_eval_prompt,
-        eval_params(cfg, src.stops),
-        eval_mode=True,
-        datasets=names,
-    )
-    path = str(_paths(cfg).eval_rollout(eval_id))
+    entries = eval_requests(cfg, eval_id)
+    path, ctx = str(_paths(cfg).eval_rollout(eval_id)), _ctx(eval_id)
     _, requests = _per_engine(cfg, entries)
+    weights_key = (weights.version, weights.sha256)
+    asked = prefetch.take_asked(cfg, "eval", eval_id, weights_key, requests) if ctx["attempt"] == 0 else None
     _, generated = prefetch.generate_rollout(
-        cfg, entries, requests, eval_id, weights.sha256, path, _ctx(eval_id), eval_mode=True
+        cfg, entries, requests, eval_id, weights.sha256, path, ctx, eval_mode=True, asked=asked
     )
     ref = (
         await guarded(

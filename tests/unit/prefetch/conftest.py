@@ -82,3 +82,18 @@ def chained(monkeypatch, finisher):
     monkeypatch.setattr(stages, "train_requests", lambda cfg, rollout_id: [entry])
     yield order, engine, trainers, transfer
     prefetch.drop()
+
+
+@pytest.fixture
+def evals(monkeypatch):
+    """An eval set of one request, scored by the fake rollout actor; the eval task's own
+    reading and statistics stubbed. Yields its requests per engine, for one engine."""
+    part = [GenerateRequest(prompt_tokens=(7,), seed=70)]
+    entry = type("E", (), {"group_index": 0, "request": part[0]})()
+    monkeypatch.setattr(stages, "eval_requests", lambda cfg, eval_id: [entry])
+    monkeypatch.setattr(stages, "rollout_source", lambda cfg: type("S", (), {"evals": [("arith", None)]})())
+    monkeypatch.setattr(stages, "read_rollout", lambda ref: [])
+    monkeypatch.setattr(stages, "eval_stats", lambda samples, names: {"eval/arith": 1.0})
+    monkeypatch.setattr(stages, "log_metrics", lambda *a, **k: None)
+    yield [part]
+    prefetch.drop()

@@ -1,6 +1,6 @@
 """tasks/prefetch.py: the next rollout's generation started by the parent (and the engines asked ahead of it, after
-the sync) is taken once, only by the generate task of the same rollout, weights, requests and file; an engine's error
-surfaces there."""
+the sync, behind an eval's requests; the first rollout's as its flow run begins) is taken once, only by the generate
+task of the same rollout, weights, requests and file (an eval's, by its eval task); an engine's error surfaces there."""
 
 from __future__ import annotations
 
@@ -12,7 +12,16 @@ from config import RunConfig
 from engines.base import GenerateRequest
 from tasks import actors, prefetch, stages
 from tasks.refs import WeightsRef
-from tests.unit.prefetch.fakes import ENTRIES, ROLLOUT_PATH, Engine, Held, start_generation, two_engine_parts
+from tests.unit.prefetch.fakes import (
+    ASKED,
+    ENTRIES,
+    ROLLOUT_PATH,
+    Engine,
+    Held,
+    learning_chain,
+    start_generation,
+    two_engine_parts,
+)
 
 
 def test_the_same_rollout_weights_requests_and_file_take_the_generation_once(engines, finisher):
@@ -151,7 +160,7 @@ def test_after_the_sync_the_checks_questions_then_the_next_generation_go_to_the_
     cfg, weights = RunConfig(), WeightsRef(version=3, sha256="pushed")
 
     async def go():
-        stages.ask_engines_after_sync(cfg, 2)
+        stages.ask_engines_after_sync(cfg, 2, generation=True, evaluation=False)
         assert engine.generate.calls == []  # not before rollout 2's sync
         prefetch.done(cfg, "sync", 2, weights)
         assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256, engine.generate)] == [
@@ -175,6 +184,78 @@ def test_after_the_sync_the_checks_questions_then_the_next_generation_go_to_the_
     assert len(finisher.finish_rollout.calls) == 1
 
 
+def test_after_the_sync_the_eval_due_then_the_next_generation_go_to_the_engines_and_each_task_takes_its_own(
+    monkeypatch, finisher, evals
+):
+    order: list[str] = []
+    engine = Held(order)
+    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
+    entry = type("E", (), {"group_index": 0, "request": GenerateRequest(prompt_tokens=(1,), seed=0)})()
+    monkeypatch.setattr(stages, "train_requests", lambda cfg, rollout_id: [entry])
+    cfg, weights = RunConfig(), WeightsRef(version=3, sha256="pushed")
+
+    async def go():
+        stages.ask_engines_after_sync(cfg, 2, generation=True, evaluation=True)
+        prefetch.done(cfg, "sync", 2, weights)
+        # the check's questions, eval 3's requests, then rollout 3's, in that order on the engine
+        assert [call[0] for call in engine.generate.calls] == [evals[0], [entry.request]]
+        await stages.check.fn(cfg, 2, [], weights)
+        assert await stages.evaluate.fn(cfg, 3, weights) == {"eval/arith": 1.0}
+        stages.start_next_generation(cfg, 3, weights, log_probs=False)
+        path = str(stages._paths(cfg).rollout(3))
+        await prefetch.take(cfg, 3, (3, "pushed"), [[entry.request]], path)  # type: ignore[misc]
+
+    asyncio.run(go())
+    assert len(engine.generate.calls) == 2  # each asked once: the eval and generate tasks took their calls
+    (eval_write, rollout_write) = finisher.finish_rollout.calls
+    assert eval_write[4].endswith("eval_000003.parquet") and eval_write[-1].result() == ["out-70"]
+    assert rollout_write[4].endswith("rollout_000003.parquet")
+
+
+@pytest.mark.parametrize("other", [{"eval_id": 4}, {"weights": WeightsRef(version=3, sha256="other")}])
+def test_an_eval_asked_ahead_for_another_eval_or_other_weights_is_asked_afresh(
+    monkeypatch, finisher, evals, other
+):
+    engine = Held([])
+    monkeypatch.setattr(actors, "engines", lambda cfg: [engine])
+    cfg, weights = RunConfig(), WeightsRef(version=3, sha256="pushed")
+    asked = {"eval_id": 3, "weights": weights, **other}
+
+    async def go():
+        stages.ask_engines_after_sync(cfg, 2, generation=False, evaluation=True)
+        prefetch.done(cfg, "sync", 2, weights)
+        await stages.evaluate.fn(cfg, asked["eval_id"], asked["weights"])
+
+    asyncio.run(go())
+    assert len(engine.generate.calls) == 2
+    ((*_, answer),) = finisher.finish_rollout.calls
+    assert answer is engine.generate.answers[1]  # scored the answers the task asked for
+
+
+@pytest.mark.parametrize("evaluation", [True, False])
+def test_the_first_rollout_asks_for_its_eval_then_its_generation_as_its_flow_run_begins(
+    monkeypatch, finisher, evals, evaluation
+):
+    _, trainers = learning_chain(monkeypatch, finisher)
+    cfg, weights = RunConfig(), WeightsRef(version=0, sha256="w0")
+    (engine,) = actors.engines(cfg)
+
+    async def go():
+        prefetch.when(cfg, "begin", 0, lambda w: stages.start_first_rollout(cfg, 0, w, evaluation))
+        assert engine.generate.calls == []
+        prefetch.done(cfg, "begin", 0, weights)  # rollout 0's flow run begins
+        assert [call[0] for call in engine.generate.calls] == [*evals[: int(evaluation)], *ASKED]
+        assert [len(t.train_step.calls) for t in trainers] == [1, 1]  # its pass and step chained behind
+        if evaluation:
+            await stages.evaluate.fn(cfg, 0, weights)
+        generated = prefetch.take(cfg, 0, (0, "w0"), ASKED, str(stages._paths(cfg).rollout(0)))
+        assert generated is not None
+        await generated
+
+    asyncio.run(go())
+    assert len(engine.generate.calls) == (2 if evaluation else 1)
+
+
 @pytest.mark.parametrize(
     "debug",
     [
@@ -188,6 +269,6 @@ def test_nothing_is_asked_after_a_sync_that_moves_no_weights_or_when_told_not_to
     asked = []
     monkeypatch.setattr(prefetch, "ask_engines", lambda *a: asked.append(a))
     cfg = RunConfig.model_validate({"debug": debug})
-    stages.ask_engines_after_sync(cfg, 2)
+    stages.ask_engines_after_sync(cfg, 2, generation=True, evaluation=False)
     prefetch.done(cfg, "sync", 2, WeightsRef(version=3, sha256="w"))
     assert asked == []

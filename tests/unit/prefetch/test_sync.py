@@ -151,35 +151,36 @@ def test_a_sync_chained_on_a_failed_train_step_moves_nothing_and_the_sync_pushes
     assert len(engine.resume_memory.calls) == 2
 
 
-def test_the_next_rollouts_calls_go_out_behind_a_chained_sync_and_are_taken_once_it_synced(chained):
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_the_next_rollouts_calls_go_out_behind_a_chained_sync_and_are_taken_once_it_synced(
+    chained, evals, evaluation
+):
     order, engine, _, transfer = chained
     cfg, table = RunConfig(), rollout_ref("c")
+    parts = [[GenerateRequest(prompt_tokens=(1,), seed=0)]]
 
     async def go():
-        stages.ask_engines_after_sync(cfg, 2)  # the parent, before rollout 2's flow run
+        # the parent, before rollout 2's flow run
+        stages.ask_engines_after_sync(cfg, 2, generation=True, evaluation=evaluation)
         stages.start_train_step(cfg, 2, rollout_ref(), table)
-        # the check's questions and rollout 3's generation are submitted with the step, behind the transfer
-        assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256, engine.generate)] == [
-            1,
-            1,
-            1,
-        ]
+        # the check's questions, eval 3's requests if it is due and rollout 3's generation are submitted with the
+        # step, behind the transfer
+        assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256)] == [1, 1]
+        assert [call[0] for call in engine.generate.calls] == [*evals[: int(evaluation)], *parts]
         await stages.train_step.fn(cfg, 2, rollout_ref(), table, "session")
         weights = await stages.sync.fn(cfg, 2)
         assert (await stages.check.fn(cfg, 2, [], weights))["check/engines_in_sync"] == 1.0
+        if evaluation:
+            await stages.evaluate.fn(cfg, 3, weights)
         stages.start_next_generation(cfg, 3, weights, log_probs=False)
         path = str(stages._paths(cfg).rollout(3))
-        parts = [[GenerateRequest(prompt_tokens=(1,), seed=0)]]
         generated = await prefetch.take(cfg, 3, (3, "pushed"), parts, path)  # type: ignore[misc]
         assert generated.rollout.path == path
 
     asyncio.run(go())
-    # asked once each: the sync, the check and the generation took the chained calls
-    assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256, engine.generate)] == [
-        1,
-        1,
-        1,
-    ]
+    # asked once each: the sync, the check, the eval and the generation took the chained calls
+    assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256)] == [1, 1]
+    assert len(engine.generate.calls) == 1 + evaluation
     assert transfer.submitted == 1 and not any(o.startswith("push") for o in order)
 
 
@@ -189,7 +190,7 @@ def test_after_a_chained_sync_that_failed_the_next_rollouts_calls_are_asked_afre
     cfg, table = RunConfig(), rollout_ref("c")
 
     async def go():
-        stages.ask_engines_after_sync(cfg, 2)
+        stages.ask_engines_after_sync(cfg, 2, generation=True, evaluation=False)
         stages.start_train_step(cfg, 2, rollout_ref(), table)
         await stages.train_step.fn(cfg, 2, rollout_ref(), table, "session")
         with pytest.raises(RuntimeError, match="engine load fault"):
