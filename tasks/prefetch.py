@@ -315,11 +315,13 @@ def _drop_chain(slot: str) -> None:
 
 def _discard_chain(chain: _SyncChain) -> None:
     """Forget a chain nobody uses."""
-    then = chain.then
-    asked = [] if then is None else [c for c in (then.evaluation, then.generation) if c is not None]
-    _forget(
-        [chain.pushed, *(then.questions if then is not None else []), *[r for c in asked for r in c.refs]]
-    )
+    then, refs = chain.then, [chain.pushed]
+    if then is not None:
+        refs += [
+            *then.questions,
+            *[r for c in (then.evaluation, then.generation) if c is not None for r in c.refs],
+        ]
+    _forget(refs)
 
 
 def _forget(refs: list[Any]) -> None:

@@ -160,9 +160,9 @@ def ask_engines_after_sync(cfg: RunConfig, rollout_id: int, generation: bool, ev
     engines' calls: the scoring and writing wait for their tasks (the eval task, `start_next_generation` after the
     check), and if the check fails the answers are dropped. Nothing when the rollout syncs no weights
     (rollout-only, --debug-skip-weight-update) or the run does not generate ahead."""
-    if not (generation or evaluation) or not _generates_ahead(cfg) or cfg.rollout_only:
+    if not (generation or evaluation) or not _generates_ahead(cfg):
         return
-    if cfg.debug.debug_skip_weight_update:
+    if cfg.rollout_only or cfg.debug.debug_skip_weight_update:
         return
 
     def submit() -> prefetch.NextCalls:

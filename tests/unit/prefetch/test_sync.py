@@ -184,13 +184,16 @@ def test_the_next_rollouts_calls_go_out_behind_a_chained_sync_and_are_taken_once
     assert transfer.submitted == 1 and not any(o.startswith("push") for o in order)
 
 
-def test_after_a_chained_sync_that_failed_the_next_rollouts_calls_are_asked_afresh(chained, monkeypatch):
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_after_a_chained_sync_that_failed_the_next_rollouts_calls_are_asked_afresh(
+    chained, monkeypatch, finisher, evals, evaluation
+):
     order, engine, _, transfer = chained
     transfer.fail_load = True
     cfg, table = RunConfig(), rollout_ref("c")
 
     async def go():
-        stages.ask_engines_after_sync(cfg, 2, generation=True, evaluation=False)
+        stages.ask_engines_after_sync(cfg, 2, generation=True, evaluation=evaluation)
         stages.start_train_step(cfg, 2, rollout_ref(), table)
         await stages.train_step.fn(cfg, 2, rollout_ref(), table, "session")
         with pytest.raises(RuntimeError, match="engine load fault"):
@@ -198,12 +201,15 @@ def test_after_a_chained_sync_that_failed_the_next_rollouts_calls_are_asked_afre
         as_attempt(monkeypatch, 1)
         weights = await stages.sync.fn(cfg, 2)  # the retry pushes itself; then the calls are asked again
         assert (await stages.check.fn(cfg, 2, [], weights))["check/engines_in_sync"] == 1.0
+        if evaluation:
+            as_attempt(monkeypatch, 0)  # the eval task's first attempt
+            await stages.evaluate.fn(cfg, 3, weights)
 
     asyncio.run(go())
     assert order.count("push v3 attempt 1") == 1
-    # the chained questions and generation, then the ones asked after the retried sync
-    assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256, engine.generate)] == [
-        2,
-        2,
-        2,
-    ]
+    # the chained questions, eval and generation, then the ones asked after the retried sync (which the eval took)
+    assert [len(m.calls) for m in (engine.weight_version, engine.weights_sha256)] == [2, 2]
+    assert len(engine.generate.calls) == 2 * (1 + evaluation)
+    if evaluation:
+        ((*_, answer),) = finisher.finish_rollout.calls
+        assert answer is engine.generate.answers[2]  # the eval asked after the retried sync
