@@ -23,6 +23,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "fsync_tree",
     "sha256_bytes",
     "sha256_file",
 ]
@@ -63,6 +64,16 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(root: str | os.PathLike[str]) -> None:
+    """Flush every file under `root`, then every directory from the deepest up, to disk: for a directory written
+    by libraries that do not fsync (safetensors, save_pretrained) before it is published by a rename."""
+    for directory, _, files in os.walk(root, topdown=False):
+        for name in files:
+            with open(os.path.join(directory, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(directory))
 
 
 @contextlib.contextmanager

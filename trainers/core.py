@@ -39,7 +39,7 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
-from artifacts.atomic import atomic_write_text
+from artifacts.atomic import atomic_write_text, fsync_tree
 from artifacts.checkpoints import LATEST_FILE
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
@@ -570,8 +570,11 @@ class TrainerCore(abc.ABC):
 
     def _publish_checkpoint(self, tmp: Path, directory: str, rollout_id: int, *, snapshot: bool) -> None:
         """Rank 0, once `tmp` holds the whole checkpoint: rename it to iter_{rollout_id:07d} (replacing one
-        there), then point the latest marker at it. `snapshot`: no fault hook, and only the last two kept."""
+        there), then point the latest marker at it. A --save checkpoint's files reach the disk before its name does,
+        so that it survives the machine's crash too. `snapshot`: not flushed (it serves the run's recovery from an
+        actor's death, and it is written every rollout), no fault hook, and only the last two kept."""
         if not snapshot:
+            fsync_tree(tmp)
             self.faults.reach("trainer_save_before_rename", rollout_id=rollout_id)
         final = Path(directory) / f"iter_{rollout_id:07d}"
         old = final.with_name(final.name + ".old")

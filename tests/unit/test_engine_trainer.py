@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import socket
 
 import pytest
@@ -313,3 +314,27 @@ def test_a_fused_step_is_used_only_for_its_own_rollout_and_weights(engine, base_
     clean._fused = None  # train this one from the artifact alone, as `rollflow replay ... train-step` does
     assert trainer.train_step(ref, lp) == clean.train_step(ref, lp)
     assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())
+
+
+def test_a_saved_checkpoint_is_on_disk_before_its_name_and_a_snapshot_is_not_flushed(
+    engine, base_checkpoint, tmp_path, monkeypatch
+):
+    """--save's iter_N/: every file of it fsynced, under its temporary name, before the rename publishes it
+    (safetensors and save_pretrained do not flush); the step-boundary snapshot, rewritten every rollout, is not."""
+    cfg = _config(base_checkpoint, tmp_path)
+    _, rollout = _rollout(engine, cfg, tmp_path)
+    trainer = _trainer(cfg, base_checkpoint)
+    trainer.train_step(rollout, trainer.compute_log_probs(rollout, str(tmp_path / "lp.parquet")))
+    flushed: list[str] = []
+    fsync = os.fsync
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (flushed.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd))
+    )
+    trainer.save(str(tmp_path / "save"), 0)
+    saved = sorted(p.name for p in (tmp_path / "save" / "iter_0000000").iterdir())
+    assert {"model.safetensors", "optimizer.safetensors", "rng.safetensors", "config.json"} <= set(saved)
+    before_rename = {os.path.basename(p) for p in flushed if ".tmp-" in os.path.dirname(p)}
+    assert set(saved) <= before_rename
+    flushed.clear()
+    trainer.save(str(tmp_path / "snap"), 0, snapshot=True)
+    assert not any(p.endswith(".safetensors") for p in flushed)
