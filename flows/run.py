@@ -169,7 +169,7 @@ async def rollout_flow(
         opaque_config(cfg),
     )  # q: cfg as the tasks' argument
     has_engines = not cfg.train_only
-    if rollout_id == 0 and _evaluates(cfg):
+    if _evaluates_before(cfg, rollout_id):
         await s.eval(q, 0, weights)
     recording = d.load_debug_rollout_data or d.load_forge_rollout_data
     if recording:
@@ -196,7 +196,7 @@ async def rollout_flow(
             weights = await s.sync(q, rollout_id, rollout=rollout, logprobs=logprobs.table)
     synced = has_engines and not cfg.rollout_only
     await s.check(q, rollout_id, steps, weights if synced else None, logprobs.stats if logprobs else None)
-    if _eval_due(cfg, rollout_id) and _evaluates(cfg):
+    if _evaluates_after(cfg, rollout_id):
         await s.eval(q, rollout_id + 1, weights)
     result = RolloutResult(weights, s.started)  # the parent's publisher then attaches the metrics table
     runtime.rollout_returning(session, result)  # the parent goes on while Prefect records this run's end
@@ -342,13 +342,14 @@ class _RunLoop:
         ahead = (
             None if last else dict(cfg=cfg, rollout_id=rollout_id + 1, session=session, refresh=self.refresh)
         )
-        evaluation = _eval_due(cfg, rollout_id) and _evaluates(cfg)
         # the next generation overlaps this run's check, eval and end
-        ask_engines_after_sync(cfg, rollout_id, generation=not last, evaluation=evaluation)
+        ask_engines_after_sync(
+            cfg, rollout_id, generation=not last, evaluation=_evaluates_after(cfg, rollout_id)
+        )
         if rollout_id == self.owned.start:  # the first rollout's, as its flow run begins
-            first_eval = rollout_id == 0 and _evaluates(cfg)
+            evaluation = _evaluates_before(cfg, rollout_id)
             prefetch.when(
-                cfg, "begin", rollout_id, lambda w: start_first_rollout(cfg, rollout_id, w, first_eval)
+                cfg, "begin", rollout_id, lambda w: start_first_rollout(cfg, rollout_id, w, evaluation)
             )
         result, child = await self.children.run(params, ahead)
         assert isinstance(result, RolloutResult)
@@ -443,9 +444,16 @@ def _evaluates(cfg: RunConfig) -> bool:
     return bool(cfg.eval.eval_interval and cfg.data.eval_prompt_data and not cfg.train_only)
 
 
-def _eval_due(cfg: RunConfig, rollout_id: int) -> bool:
+def _evaluates_before(cfg: RunConfig, rollout_id: int) -> bool:
+    """Whether rollout `rollout_id`'s flow run evaluates its starting weights first: eval 0, before rollout 0."""
+    return rollout_id == 0 and _evaluates(cfg)
+
+
+def _evaluates_after(cfg: RunConfig, rollout_id: int) -> bool:
+    """Whether rollout `rollout_id`'s flow run ends with eval `rollout_id + 1` of the weights it synced: every
+    --eval-interval rollouts, and after the last."""
     every = cfg.eval.eval_interval
-    if not every:
+    if not every or not _evaluates(cfg):
         return False
     return (rollout_id + 1) % every == 0 or rollout_id + 1 == cfg.rollout.num_rollout
 

@@ -160,9 +160,9 @@ def ask_engines_after_sync(cfg: RunConfig, rollout_id: int, generation: bool, ev
     engines' calls: the scoring and writing wait for their tasks (the eval task, `start_next_generation` after the
     check), and if the check fails the answers are dropped. Nothing when the rollout syncs no weights
     (rollout-only, --debug-skip-weight-update) or the run does not generate ahead."""
-    if not (generation or evaluation) or not _generates_ahead(cfg):
+    if not (generation or evaluation) or not _generates_ahead(cfg) or cfg.rollout_only:
         return
-    if cfg.rollout_only or cfg.debug.debug_skip_weight_update:
+    if cfg.debug.debug_skip_weight_update:
         return
 
     def submit() -> prefetch.NextCalls:
@@ -195,16 +195,14 @@ def _asked_ahead(
 
 def start_first_rollout(cfg: RunConfig, rollout_id: int, weights: WeightsRef, evaluation: bool) -> None:
     """The head start on the run's first rollout, `rollout_id`, as its flow run begins on the engines' `weights`
-    (synced as the actors started): the engines asked for eval `rollout_id`'s samples first (`evaluation`: the run
-    evaluates before its first rollout), then `start_next_generation` (the rollout's generation, its log-prob pass
-    and its train step behind it). The rollout's tasks take them as they take a later rollout's."""
+    (synced as the actors started). With `evaluation` (eval `rollout_id` comes first in that flow run), the engines
+    are asked for the eval's samples; then `start_next_generation` starts the rollout's generation, with its
+    log-prob pass and its train step behind it. The rollout's tasks take them as they take a later rollout's."""
     if not _generates_ahead(cfg):
         return
     if evaluation:
-        asked = _asked_ahead(cfg, rollout_id, eval_requests)
-        prefetch.ask_engines(
-            cfg, rollout_id, (weights.version, weights.sha256), asked.parts, asked.refs, stage="eval"
-        )
+        _, parts = _per_engine(cfg, eval_requests(cfg, rollout_id))
+        prefetch.ask_engines(cfg, rollout_id, (weights.version, weights.sha256), parts, stage="eval")
     start_next_generation(cfg, rollout_id, weights)
 
 
