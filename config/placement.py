@@ -54,6 +54,16 @@ class PlacementConfig(Section):
         "'{\"rollout_node\": 0.001}'.",
     )
 
+    orchestrator_niceness: int = Field(
+        5,
+        ge=0,
+        le=19,
+        description="Once the actors are up, the run's orchestrating process and the temporary Prefect server it "
+        "started run this much lower in CPU priority (a nice increment) than the actors, which Ray starts at "
+        "the priority it had before: on a machine they share, the actors' chain of work (generate, log-prob "
+        "pass, train step, sync) waits less behind Prefect's bookkeeping. 0 = the same priority.",
+    )
+
     @field_validator("actor_resources", "rollout_resources")
     @classmethod
     def _positive(cls, value: dict[str, float]) -> dict[str, float]:

@@ -281,6 +281,7 @@ class _RunLoop:
         ok = False
         try:
             weights = await self._start_actors()
+            runtime.yield_to_actors(cfg)
             preload_arrow()
             freeze_heap()  # Prefect, Ray, torch and the config are set up for the run
             last: tuple[uuid.UUID | None, int] | None = None

@@ -4,6 +4,8 @@ set up. A bottom package: it imports no other rollflow package."""
 from __future__ import annotations
 
 import gc
+import os
+from collections.abc import Iterable
 
 
 def freeze_heap() -> None:
@@ -28,3 +30,36 @@ def preload_arrow() -> None:
     import pyarrow as pa
 
     pa.table({"x": pa.array([0], pa.int32())}).cast(pa.schema([("x", pa.int64())]))
+
+
+_LOWERED: set[int] = set()  # processes whose priority this process lowered already
+
+
+def lower_priority(pids: Iterable[int], increment: int) -> list[int]:
+    """Raise the nice value of every thread of each process in `pids` by `increment` (capped at 19), at most once
+    per process over this process's life; returns the pids lowered now. Linux keeps a nice value per thread, and a
+    thread inherits its creator's, so every thread alive now is lowered (where there is no /proc, the process is).
+    A thread or process that ended meanwhile is skipped. `increment` <= 0 lowers nothing."""
+    lowered: list[int] = []
+    for pid in pids:
+        if increment <= 0 or pid in _LOWERED:
+            continue
+        threads = 0
+        for tid in _threads(pid):
+            try:
+                niceness = os.getpriority(os.PRIO_PROCESS, tid) + increment
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, niceness))
+                threads += 1
+            except ProcessLookupError:
+                continue
+        if threads:
+            _LOWERED.add(pid)
+            lowered.append(pid)
+    return lowered
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return [pid]

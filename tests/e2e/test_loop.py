@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import procs
 from artifacts.schema import SAMPLE_SCHEMA
 from artifacts.store import RunPaths, read_metrics, read_rollout, read_table
 from config import RunConfig
@@ -67,6 +69,14 @@ def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_s
     cfg = small_config(tmp_path, base_checkpoint)
     result = asyncio.run(run_flow(cfg))
     paths = RunPaths(cfg.resolved_run_dir)
+
+    # once the actors were up, this process (the run's orchestrator) and the Prefect server it started yielded
+    # the CPU to them (--orchestrator-niceness 5); the actors, started by Ray before, kept their priority
+    from prefect.server.api.server import SubprocessASGIServer
+
+    servers = [s.server_process.pid for s in SubprocessASGIServer._instances.values() if s.server_process]
+    assert servers and {os.getpid(), *servers} <= procs._LOWERED
+    assert os.getpriority(os.PRIO_PROCESS, 0) >= 5
 
     # weights moved: the saved model differs from the base checkpoint
     base = load_file(f"{base_checkpoint}/model.safetensors")

@@ -1,0 +1,105 @@
+"""procs.lower_priority and flows.runtime.yield_to_actors: the orchestrator and its Prefect server step back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import procs
+from config import RunConfig
+from flows import runtime
+
+# a process with three threads (its main one and two it starts), alive until killed
+_THREADS = (
+    "import threading, time\nfor _ in range(2): threading.Thread(target=time.sleep, args=(60,)).start()\n"
+    "print('up', flush=True)\ntime.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen([sys.executable, "-c", _THREADS], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _niceness(pid: int) -> dict[int, int]:
+    return {int(t): os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread nice values: Linux")
+
+
+@needs_proc
+def test_every_thread_of_the_process_is_lowered_once(child: subprocess.Popen[str]) -> None:
+    before = _niceness(child.pid)
+    assert len(before) == 3
+    assert procs.lower_priority([child.pid], 3) == [child.pid]
+    assert _niceness(child.pid) == {t: min(19, n + 3) for t, n in before.items()}
+    # once per process: a second run in the same orchestrator does not lower it further
+    assert procs.lower_priority([child.pid], 3) == []
+    assert _niceness(child.pid) == {t: min(19, n + 3) for t, n in before.items()}
+
+
+@needs_proc
+def test_nothing_is_lowered_at_zero_and_the_value_stops_at_19(child: subprocess.Popen[str]) -> None:
+    before = _niceness(child.pid)
+    assert procs.lower_priority([child.pid], 0) == []
+    assert _niceness(child.pid) == before
+    assert procs.lower_priority([child.pid], 40) == [child.pid]
+    assert set(_niceness(child.pid).values()) == {19}
+
+
+def test_a_process_that_ended_is_skipped() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    time.sleep(0.05)
+    assert procs.lower_priority([proc.pid], 5) == []
+    assert proc.pid not in procs._LOWERED
+
+
+class _Server:
+    def __init__(self, process: subprocess.Popen[str] | None) -> None:
+        self.server_process = process
+
+
+def test_the_orchestrator_and_the_temporary_server_it_started_yield(
+    monkeypatch: pytest.MonkeyPatch, child: subprocess.Popen[str]
+) -> None:
+    """`yield_to_actors` lowers this process and each running temporary Prefect server (not one that exited, nor a
+    server it did not start), by the configured increment."""
+    exited = subprocess.Popen([sys.executable, "-c", "pass"], text=True)
+    exited.wait()
+    server = types.ModuleType("prefect.server.api.server")
+    server.SubprocessASGIServer = types.SimpleNamespace(  # type: ignore[attr-defined]
+        _instances={None: _Server(child), 4300: _Server(exited), 4301: _Server(None)}
+    )
+    monkeypatch.setitem(sys.modules, "prefect.server.api.server", server)
+    calls: list[tuple[list[int], int]] = []
+    monkeypatch.setattr(
+        procs, "lower_priority", lambda pids, increment: calls.append((list(pids), increment))
+    )
+    cfg = RunConfig.model_validate({"placement": {"orchestrator_niceness": 7}})
+    runtime.yield_to_actors(cfg)
+    assert calls == [([os.getpid(), child.pid], 7)]
+    # with PREFECT_API_URL (a `rollflow server`), no temporary server was started: this process alone
+    monkeypatch.delitem(sys.modules, "prefect.server.api.server")
+    calls.clear()
+    runtime.yield_to_actors(RunConfig())
+    assert calls == [([os.getpid()], 5)]
+
+
+def test_the_niceness_is_a_nice_increment() -> None:
+    with pytest.raises(ValueError, match="orchestrator_niceness"):
+        RunConfig.model_validate({"placement": {"orchestrator_niceness": 20}})
+    with pytest.raises(ValueError, match="orchestrator_niceness"):
+        RunConfig.model_validate({"placement": {"orchestrator_niceness": -1}})
