@@ -19,7 +19,7 @@ from typing import IO, Any
 
 from artifacts import rundir
 from artifacts.atomic import atomic_write_text
-from artifacts.checkpoints import latest_checkpoint
+from artifacts.checkpoints import damage, latest_checkpoint
 from artifacts.store import RunPaths, read_metrics
 from config import RunConfig, dump_yaml
 from flows.resolve import resolve
@@ -140,16 +140,46 @@ def _state_before(cfg: RunConfig, start: int) -> Path | None:
         return None
     from trainers.actor import snapshot_dir
 
-    candidates = [snapshot_dir(cfg.resolved_run_dir) / f"iter_{start - 1:07d}"]
-    if cfg.checkpoint.save:
-        candidates.append(Path(cfg.checkpoint.save) / f"iter_{start - 1:07d}")
+    dirs = [snapshot_dir(cfg.resolved_run_dir)] + ([Path(cfg.checkpoint.save)] if cfg.checkpoint.save else [])
+    candidates = [d / f"iter_{start - 1:07d}" for d in dirs]
+    damaged: list[str] = []
     for path in candidates:
-        if (path / "meta.json").is_file():
+        if not (path / "meta.json").is_file():
+            continue
+        problem = damage(path)
+        if problem is None:
+            if damaged:
+                notice(f"{damaged[0]}: resuming from {path} instead", logging.WARNING)
             return path
+        damaged.append(f"{path} is damaged ({problem})")
+    if not damaged:
+        raise ValueError(
+            f"cannot resume at rollout {start}: no snapshot or checkpoint of rollout {start - 1} "
+            f"(looked in {', '.join(str(p) for p in candidates)})"
+        )
+    earlier = _latest_intact_before(dirs, start - 1)
     raise ValueError(
-        f"cannot resume at rollout {start}: no snapshot or checkpoint of rollout {start - 1} "
-        f"(looked in {', '.join(str(p) for p in candidates)})"
+        f"cannot resume at rollout {start}: {'; '.join(damaged)}, as a machine crash leaves files that had not "
+        "reached the disk. "
+        + (
+            "Continue the run from an earlier state of it (the rollouts after it run again): `rollflow run "
+            f"--config {cfg.resolved_run_dir / 'config.yaml'} --load {earlier}`"
+            if earlier is not None
+            else "No earlier state of the run is intact: start it over with --overwrite"
+        )
     )
+
+
+def _latest_intact_before(dirs: list[Path], rollout_id: int) -> Path | None:
+    """The latest intact snapshot or checkpoint (iter_ dir) in `dirs` of a rollout before `rollout_id`."""
+    found = [
+        p
+        for d in dirs
+        if d.is_dir()
+        for p in d.glob("iter_*")
+        if p.name[5:].isdigit() and int(p.name[5:]) < rollout_id and damage(p) is None
+    ]
+    return max(found, key=lambda p: int(p.name[5:]), default=None)
 
 
 def _checkpoint_meta(path: Path) -> dict[str, Any]:

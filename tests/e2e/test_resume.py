@@ -117,3 +117,26 @@ def test_killed_driver_leaves_nothing_and_resume_matches_a_straight_run(
     steps = [(r["rollout_id"], r["step"]) for r in records if r["kind"] == "step"]
     assert steps == sorted(set(steps)) and len(steps) == 8  # no duplicate records of the rollout that was cut
     assert len({r["run_id"] for r in records}) == 1
+
+    # a machine crash left the last rollout's snapshot and --save checkpoint cut short (not yet on the disk):
+    # --resume names them and the command that continues from the latest intact state, which runs rollout 3 again
+    # to the same end
+    (cut / "ft" / "trainer" / "iter_0000003" / "model.safetensors").write_bytes(b"")
+    (cut / "ckpt" / "iter_0000003" / "meta.json").write_bytes(b'{"rollout_id": 3, "glo')
+    refused = _rollflow(["--resume", str(cut)], env)
+    out, _ = refused.communicate(timeout=600)
+    assert refused.returncode != 0
+    assert "iter_0000003 is damaged (model.safetensors is empty)" in out
+    assert "iter_0000003 is damaged (meta.json is not JSON)" in out
+    command = out.split("`rollflow run ", 1)[1].split("`", 1)[0].split()
+    assert command == [
+        "--config",
+        str(cut / "config.yaml"),
+        "--load",
+        str(cut / "ft" / "trainer" / "iter_0000002"),
+    ]
+    again = _rollflow(command, env)
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out[-3000:]
+    assert first_divergence(straight, cut) is None
+    assert [r["rollout_id"] for r in _records(cut) if r["kind"] == "step"] == [0, 0, 1, 1, 2, 2, 3, 3]

@@ -10,6 +10,7 @@ import socket
 import pytest
 import torch
 
+from artifacts.checkpoints import damage
 from artifacts.store import read_table, write_rollout
 from config import RunConfig
 from engines.base import GenerateRequest, SamplingParams
@@ -338,3 +339,8 @@ def test_a_saved_checkpoint_is_on_disk_before_its_name_and_a_snapshot_is_not_flu
     flushed.clear()
     trainer.save(str(tmp_path / "snap"), 0, snapshot=True)
     assert not any(p.endswith(".safetensors") for p in flushed)
+    # what a resume checks a snapshot or checkpoint for finds nothing wrong in whole ones
+    assert (
+        damage(tmp_path / "save" / "iter_0000000") is None
+        and damage(tmp_path / "snap" / "iter_0000000") is None
+    )

@@ -13,6 +13,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
+from artifacts.checkpoints import damage  # noqa: E402
 from config import DebugConfig, RunConfig  # noqa: E402
 from tests.helpers import fail_second_scheduler_step  # noqa: E402
 from tests.megatron_helpers import (  # noqa: E402
@@ -208,6 +209,7 @@ def test_save_load_round_trip_resumes_bitwise(models, rollouts, tmp_path):
     first.train_step(rollouts[0], first.compute_log_probs(rollouts[0], str(tmp_path / "lp0.parquet")))
     first.save(str(tmp_path), 0)
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "0"
+    assert damage(tmp_path / "iter_0000000") is None  # a resume finds nothing wrong in a whole one
 
     resumed = _trainer(MegatronTrainer, cfg, ckpt)
     assert resumed.load(str(tmp_path)) == 0 and resumed.last_applied_rollout == 0 and resumed.global_step == 2
