@@ -133,6 +133,9 @@ def _start_point(cfg: RunConfig, lock: IO[str], *, resume: bool, overwrite: bool
     )
 
 
+_ANNOUNCED: set[str] = set()  # damaged states a resume has said it passes over
+
+
 def _state_before(cfg: RunConfig, start: int) -> Path | None:
     """The trainer state after rollout `start - 1`: the step-boundary snapshot of that rollout, else a --save
     checkpoint of it; None for start 0 (the run's starting weights)."""
@@ -148,7 +151,9 @@ def _state_before(cfg: RunConfig, start: int) -> Path | None:
             continue
         problem = damage(path)
         if problem is None:
-            if damaged:
+            # said once: the CLI checks the run dir before the run owns it, and both ask
+            if damaged and damaged[0] not in _ANNOUNCED:
+                _ANNOUNCED.add(damaged[0])
                 notice(f"{damaged[0]}: resuming from {path} instead", logging.WARNING)
             return path
         damaged.append(f"{path} is damaged ({problem})")
@@ -295,8 +300,8 @@ def yield_to_actors(cfg: RunConfig) -> None:
     replaced actor is started by Ray's raylet, not by this process. The actors' chain (generate, write, log-prob
     pass, train step, sync) no longer waits on this process, so a rollout is as fast as the actors run, and on a
     small machine they share its cores with Prefect's bookkeeping. Measured on two cores (bench/overhead.py, the
-    default recipe, three pairs alternated with the same priority): start to start minus in-process +0.026 to
-    +0.045 s against +0.061 to +0.064 s."""
+    default recipe, six pairs alternated with the same priority): start to start minus in-process +0.043 s against
+    +0.062 s (medians of the pairs), the 40 rollouts 1.18x the in-process loop against 1.22x (bench/HISTORY.md)."""
     from procs import lower_priority
 
     # imported only where a temporary server was started

@@ -39,7 +39,8 @@ def lower_priority(pids: Iterable[int], increment: int) -> list[int]:
     """Raise the nice value of every thread of each process in `pids` by `increment` (capped at 19), at most once
     per process over this process's life; returns the pids lowered now. Linux keeps a nice value per thread, and a
     thread inherits its creator's, so every thread alive now is lowered (where there is no /proc, the process is).
-    A thread or process that ended meanwhile is skipped. `increment` <= 0 lowers nothing."""
+    A thread or process that ended meanwhile, or that this process may not lower, is skipped. `increment` <= 0
+    lowers nothing."""
     lowered: list[int] = []
     for pid in pids:
         if increment <= 0 or pid in _LOWERED:
@@ -50,7 +51,8 @@ def lower_priority(pids: Iterable[int], increment: int) -> list[int]:
                 niceness = os.getpriority(os.PRIO_PROCESS, tid) + increment
                 os.setpriority(os.PRIO_PROCESS, tid, min(19, niceness))
                 threads += 1
-            except ProcessLookupError:
+            # a thread that ended meanwhile, or another user's (not ours to lower)
+            except (ProcessLookupError, PermissionError):
                 continue
         if threads:
             _LOWERED.add(pid)
