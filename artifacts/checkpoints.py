@@ -41,53 +41,32 @@ _NEVER_EMPTY = (".json", ".safetensors", ".pt")
 def damage(path: str | Path) -> str | None:
     """What is visibly damaged in the checkpoint dir `path`, as a machine crash leaves files that had not reached
     the disk (empty, or cut short); None if nothing is. Reads headers only: meta.json holds a rollout id, every
-    JSON file parses, every safetensors file is exactly as long as its header says, and none of these (nor a .pt
-    file) is empty. A file that is whole but wrong is not detected: `--save` checkpoints are flushed to the disk
-    before they are named, and --ci-check-model-hash compares their weights."""
+    JSON file parses, every safetensors file holds the bytes its header declares (`artifacts.lint`), and none of
+    these (nor a .pt file) is empty. A file that is whole but wrong is not detected: `--save` checkpoints are
+    flushed to the disk before they are named, and --ci-check-model-hash compares their weights."""
+    from artifacts.lint import read_safetensors_header
+
     root = Path(path)
     try:
         meta = json.loads((root / "meta.json").read_bytes())
-        if not isinstance(meta, dict) or not isinstance(meta.get("rollout_id"), int):
-            return "meta.json holds no rollout id"
     except FileNotFoundError:
         return "no meta.json"
     except ValueError:  # empty, cut short or garbled
         return "meta.json is not JSON"
+    if not isinstance(meta, dict) or not isinstance(meta.get("rollout_id"), int):
+        return "meta.json holds no rollout id"
     for file in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in _NEVER_EMPTY):
         name = file.relative_to(root)
-        size = file.stat().st_size
-        if size == 0:
+        if file.stat().st_size == 0:
             return f"{name} is empty"
         if file.suffix == ".json":
             try:
                 json.loads(file.read_bytes())
             except ValueError:
                 return f"{name} is not JSON"
-        elif file.suffix == ".safetensors":
-            expected = _safetensors_size(file)
-            if expected != size:
-                return f"{name} holds {size} bytes, its header " + (
-                    f"says {expected}" if expected is not None else "is cut short or garbled"
-                )
+        elif file.suffix == ".safetensors" and (problems := read_safetensors_header(file)[1]):
+            return f"{name}: {problems[0]}"
     return None
-
-
-def _safetensors_size(file: Path) -> int | None:
-    """The size a safetensors file's header says the file has (8 bytes of header length, the JSON header, then
-    the tensors' bytes up to the last data offset); None if the header cannot be read."""
-    with file.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            return None
-        length = int.from_bytes(head, "little")
-        if length > 100 << 20:  # the format's own limit on a header
-            return None
-        try:
-            header = json.loads(f.read(length))
-            ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-            return None
-    return 8 + length + max(ends, default=0)
 
 
 def resolve_checkpoint(directory: str | Path) -> Path:

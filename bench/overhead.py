@@ -59,6 +59,7 @@ configure_ray_env()  # and its Ray settings (before ray is imported)
 
 from bench._plain_loop import PHASES, mean, plain_rollouts, table  # noqa: E402
 from config import RunConfig  # noqa: E402
+from procs import threads  # noqa: E402
 
 
 def default_recipe_config(run_dir: Path, rollouts: int, name: str = "bench-overhead") -> RunConfig:
@@ -228,10 +229,9 @@ def _priority_back(niceness: int) -> None:
     """The flow lowered this process's CPU priority once its actors were up (flows.runtime.yield_to_actors): the
     in-process pass after it runs at the priority the pass before it had (`niceness`), where the OS lets this
     process raise it again (root, or CAP_SYS_NICE); otherwise it says so."""
-    threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
-    for tid in threads:
+    for tid in threads(os.getpid()):
         try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+            os.setpriority(os.PRIO_PROCESS, tid, niceness)
         except ProcessLookupError:  # a thread that ended meanwhile
             continue
         except PermissionError:

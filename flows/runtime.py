@@ -39,6 +39,9 @@ class OwnedRun:
     resumed: bool = False  # the same run continues (--resume, or --load of its own checkpoint)
     trainer_state: Path | None = None  # what the trainers load before `start` (a checkpoint or snapshot)
     previous_flow_run: str | None = None  # the parent flow run of the run's previous process, if any
+    passed_over: str | None = (
+        None  # a damaged state of rollout `start - 1` the resume did not restore, and why
+    )
 
     def release(self) -> None:
         self.lock.close()
@@ -96,6 +99,10 @@ def own(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> Own
             f"resuming run {owned.info.run_id} in {run_dir} at rollout {owned.start}"
             + (f" (dropped {dropped} record(s) of the rollout that was cut)" if dropped else "")
         )
+        if owned.passed_over:
+            notice(
+                f"{owned.passed_over}: the trainers restore {owned.trainer_state} instead", logging.WARNING
+            )
     return owned
 
 
@@ -114,8 +121,8 @@ def _start_point(cfg: RunConfig, lock: IO[str], *, resume: bool, overwrite: bool
         if previous is None:
             raise ValueError(f"--resume {run_dir}: no run to resume there (no {rundir.INFO})")
         start = rundir.completed_rollouts(read_metrics(RunPaths(run_dir).metrics)) if used else 0
-        state = _state_before(cfg, start)
-        return OwnedRun(cfg, previous, lock, start, True, state, previous.flow_run_id)
+        state, passed_over = _state_before(cfg, start)
+        return OwnedRun(cfg, previous, lock, start, True, state, previous.flow_run_id, passed_over)
     if used and not own_checkpoint:
         owner = f"run {previous.run_id}" if previous else "another run"
         raise ValueError(
@@ -133,14 +140,13 @@ def _start_point(cfg: RunConfig, lock: IO[str], *, resume: bool, overwrite: bool
     )
 
 
-_ANNOUNCED: set[str] = set()  # damaged states a resume has said it passes over
-
-
-def _state_before(cfg: RunConfig, start: int) -> Path | None:
-    """The trainer state after rollout `start - 1`: the step-boundary snapshot of that rollout, else a --save
-    checkpoint of it; None for start 0 (the run's starting weights)."""
+def _state_before(cfg: RunConfig, start: int) -> tuple[Path | None, str | None]:
+    """The trainer state after rollout `start - 1` (None for start 0: the run's starting weights): the
+    step-boundary snapshot of that rollout, else a --save checkpoint of it, each only if nothing in it is damaged
+    (`damage`); with the damage of a state passed over, if any. When every state of that rollout is damaged, the
+    error names the latest whole state before it and the command that continues the run from there."""
     if start == 0:
-        return None
+        return None, None
     from trainers.actor import snapshot_dir
 
     dirs = [snapshot_dir(cfg.resolved_run_dir)] + ([Path(cfg.checkpoint.save)] if cfg.checkpoint.save else [])
@@ -151,18 +157,14 @@ def _state_before(cfg: RunConfig, start: int) -> Path | None:
             continue
         problem = damage(path)
         if problem is None:
-            # said once: the CLI checks the run dir before the run owns it, and both ask
-            if damaged and damaged[0] not in _ANNOUNCED:
-                _ANNOUNCED.add(damaged[0])
-                notice(f"{damaged[0]}: resuming from {path} instead", logging.WARNING)
-            return path
+            return path, damaged[0] if damaged else None
         damaged.append(f"{path} is damaged ({problem})")
     if not damaged:
         raise ValueError(
             f"cannot resume at rollout {start}: no snapshot or checkpoint of rollout {start - 1} "
             f"(looked in {', '.join(str(p) for p in candidates)})"
         )
-    earlier = _latest_intact_before(dirs, start - 1)
+    earlier = _latest_whole_before(dirs, start - 1)
     raise ValueError(
         f"cannot resume at rollout {start}: {'; '.join(damaged)}, as a machine crash leaves files that had not "
         "reached the disk. "
@@ -175,16 +177,12 @@ def _state_before(cfg: RunConfig, start: int) -> Path | None:
     )
 
 
-def _latest_intact_before(dirs: list[Path], rollout_id: int) -> Path | None:
-    """The latest intact snapshot or checkpoint (iter_ dir) in `dirs` of a rollout before `rollout_id`."""
-    found = [
-        p
-        for d in dirs
-        if d.is_dir()
-        for p in d.glob("iter_*")
-        if p.name[5:].isdigit() and int(p.name[5:]) < rollout_id and damage(p) is None
-    ]
-    return max(found, key=lambda p: int(p.name[5:]), default=None)
+def _latest_whole_before(dirs: list[Path], rollout_id: int) -> Path | None:
+    """The latest snapshot or checkpoint in `dirs` (an iter_NNNNNNN dir) of a rollout before `rollout_id` with
+    nothing damaged; the newest are checked first, a snapshot before a checkpoint of the same rollout."""
+    limit = f"iter_{rollout_id:07d}"
+    older = [p for d in dirs for p in d.glob("iter_" + "[0-9]" * 7) if p.name < limit]
+    return next((p for p in sorted(older, key=lambda p: p.name, reverse=True) if damage(p) is None), None)
 
 
 def _checkpoint_meta(path: Path) -> dict[str, Any]:

@@ -45,22 +45,23 @@ def lower_priority(pids: Iterable[int], increment: int) -> list[int]:
     for pid in pids:
         if increment <= 0 or pid in _LOWERED:
             continue
-        threads = 0
-        for tid in _threads(pid):
+        done = 0
+        for tid in threads(pid):
             try:
                 niceness = os.getpriority(os.PRIO_PROCESS, tid) + increment
                 os.setpriority(os.PRIO_PROCESS, tid, min(19, niceness))
-                threads += 1
+                done += 1
             # a thread that ended meanwhile, or another user's (not ours to lower)
             except (ProcessLookupError, PermissionError):
                 continue
-        if threads:
+        if done:
             _LOWERED.add(pid)
             lowered.append(pid)
     return lowered
 
 
-def _threads(pid: int) -> list[int]:
+def threads(pid: int) -> list[int]:
+    """The thread ids of process `pid` (Linux: /proc/PID/task); [pid] where there is no /proc."""
     try:
         return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
     except FileNotFoundError:

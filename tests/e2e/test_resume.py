@@ -122,6 +122,10 @@ def test_killed_driver_leaves_nothing_and_resume_matches_a_straight_run(
     # --resume names them and the command that continues from the latest intact state, which runs rollout 3 again
     # to the same end
     (cut / "ft" / "trainer" / "iter_0000003" / "model.safetensors").write_bytes(b"")
+    passed = _rollflow(["--resume", str(cut)], env)  # the --save checkpoint of rollout 3 is whole: taken
+    out, _ = passed.communicate(timeout=600)
+    assert passed.returncode == 0, out[-3000:]
+    assert f"iter_0000003 is damaged (model.safetensors is empty): the trainers restore {cut / 'ckpt'}" in out
     (cut / "ckpt" / "iter_0000003" / "meta.json").write_bytes(b'{"rollout_id": 3, "glo')
     refused = _rollflow(["--resume", str(cut)], env)
     out, _ = refused.communicate(timeout=600)
