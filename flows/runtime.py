@@ -39,9 +39,8 @@ class OwnedRun:
     resumed: bool = False  # the same run continues (--resume, or --load of its own checkpoint)
     trainer_state: Path | None = None  # what the trainers load before `start` (a checkpoint or snapshot)
     previous_flow_run: str | None = None  # the parent flow run of the run's previous process, if any
-    passed_over: str | None = (
-        None  # a damaged state of rollout `start - 1` the resume did not restore, and why
-    )
+    # a damaged state of rollout `start - 1` that the resume did not restore, and why
+    passed_over: str | None = None
 
     def release(self) -> None:
         self.lock.close()
