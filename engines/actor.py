@@ -9,7 +9,7 @@ import ray
 import torch
 
 from artifacts.wire import WireWeights, from_wire, to_wire
-from engines.base import Engine, EngineAnswer, GenerateRequest
+from engines.base import Engine, EngineAnswer, GenerateRequest, StaleWeights
 from engines.registry import get_engine_class
 from faults import FaultHookRequest, FaultInjector
 from faults.drop_weight import dropped_weights
@@ -21,7 +21,7 @@ class EngineActor:
     """Hosts one engine; every method forwards to it. Created by name per run (see tasks/actors.py).
 
     `faults`/`run_dir`/`epoch` arm the engine's fault hooks (faults/); `ctx` arguments carry the stage's
-    context (rollout_id, attempt) that a hook request can filter on."""
+    context (rollout_id, attempt, stage) that a hook request can filter on."""
 
     def __init__(
         self,
@@ -44,8 +44,20 @@ class EngineActor:
         self._receiving: set[str] | None = None  # names of a streamed sync's buckets so far
         freeze_heap()  # the model, torch and Ray live as long as the actor
 
-    def generate(self, requests: list[GenerateRequest], ctx: dict[str, Any] | None = None) -> EngineAnswer:
-        self.faults.reach("engine_generate_start", weight_version=self.engine.weight_version(), **(ctx or {}))
+    def generate(
+        self, requests: list[GenerateRequest], version: int, ctx: dict[str, Any] | None = None
+    ) -> EngineAnswer:
+        """Complete `requests` on the weights of `version`; StaleWeights if the engine holds another version (a
+        retry or a restarted engine never answers from weights the call did not name)."""
+        held = self.engine.weight_version()
+        self.faults.reach("engine_generate_start", weight_version=held, **(ctx or {}))
+        if held != version:
+            ctx = ctx or {}
+            raise StaleWeights(
+                f"rollout {ctx.get('rollout_id')}, {ctx.get('stage') or 'generate'}: engine {self.index} holds "
+                f"weight version {held} but the call names version {version}; refusing to generate on other "
+                "weights"
+            )
         self.generate_calls += 1
         began = time.perf_counter()
         outputs = self.engine.generate(requests)
@@ -108,10 +120,8 @@ class EngineActor:
     def release_memory(self) -> None:
         self.engine.release_memory()
 
-    def resume_memory(self, *after: Any) -> None:
-        """Take the memory back for a weight load. `after`: the object refs of calls it must follow (the train
-        step a chained sync waits for, tasks/stages.start_train_step: a colocated trainer frees its memory first);
-        Ray runs it once they are done."""
+    def resume_memory(self) -> None:
+        """Take the memory back for a weight load (after `release_memory`)."""
         self.engine.resume_memory()
 
     def health(self) -> dict[str, Any]:

@@ -9,6 +9,12 @@ if TYPE_CHECKING:
     import torch
 
 
+class StaleWeights(RuntimeError):
+    """An actor refused work on weights of another version than the call names (an engine asked to generate on a
+    version it does not hold, the rollout actor handed outputs of another version): nothing was generated or
+    written."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling parameters (slime/SGLang names)."""

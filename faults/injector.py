@@ -47,14 +47,15 @@ class FaultInjector:
         self.all_requests = list(requests)
         self.run_dir = Path(run_dir) if run_dir else None
         self.epoch = epoch if epoch is not None else time.time()
-        self.context: dict[str, int | None] = {}
+        self.context: dict[str, int | str | None] = {}
         self._local_claims: set[str] = set()
 
-    def set_context(self, **context: int | None) -> None:
-        """Context every later `reach` inherits (e.g. the rollout id and attempt of the stage being run)."""
+    def set_context(self, **context: int | str | None) -> None:
+        """Context every later `reach` inherits (e.g. the rollout id, attempt and stage name of the stage being
+        run); requests filter on rollout_id, attempt and weight_version only, the rest is logged."""
         self.context.update(context)
 
-    def reach(self, hook: str, **context: int | None) -> None:
+    def reach(self, hook: str, **context: int | str | None) -> None:
         """The process reached `hook`: fire each pending request for it whose filters match (at most once per
         run); a `raise` action raises FiredFault here, process actions do not return."""
         if not self.pending:

@@ -2,7 +2,8 @@
 
 A request names a hook, an action (a union on `kind`), an optional target (`{"engine": i}` or
 `{"trainer_rank": r}`; none = every process that owns the hook) and optional filters on the context the
-hook is reached in (`rollout_id`, `attempt` = the Prefect task's retry number from 0, `weight_version`).
+hook is reached in (`rollout_id`, `attempt` = the Prefect task's retry number from 0, `weight_version`; the
+context's `stage` is logged, not filtered on).
 `delay_ms` schedules the action after the hook is reached; `lifetime_seconds` drops a request that has not
 fired that long after the run started. Each request fires at most once in the whole run, restarts included.
 """
@@ -193,7 +194,7 @@ class FaultHookRequest(_Strict):
             return True
         return index == (self.target.engine if owner == "engine" else self.target.trainer_rank)
 
-    def matches(self, context: dict[str, int | None]) -> bool:
+    def matches(self, context: dict[str, int | str | None]) -> bool:
         """Whether every non-null filter equals the reached context (a missing context value never matches)."""
         for name in ("rollout_id", "attempt", "weight_version"):
             want = getattr(self, name)
@@ -251,3 +252,10 @@ def _check_conflicts(requests: list[FaultHookRequest], flag: str) -> None:
                 "target and filters"
             )
         shapes[shape] = r.request_id
+
+
+# Imported last: config's package init validates FaultConfig's default, which imports parse_requests from here.
+from config.stages import STAGES, stage_end_hook  # noqa: E402
+
+# one per stage, reached at the end of its task: a fault between a stage's work and its records
+HOOKS.update({stage_end_hook(s): "orchestrator" for s in STAGES})

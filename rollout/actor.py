@@ -15,7 +15,8 @@ import ray
 from engines.base import EngineAnswer
 from faults import FaultHookRequest, FaultInjector
 from procs import freeze_heap, preload_arrow
-from rollout.finish import Tally, finish_rollout, in_entry_order
+from rollout.finish import Tally, check_versions, finish_rollout, in_entry_order
+from rollout.requests import split_for_engines
 
 if TYPE_CHECKING:
     from artifacts.store import ArtifactRef
@@ -59,6 +60,7 @@ class RolloutActor:
         cfg: RunConfig,
         rollout_id: int,
         entries: list[Entry],
+        weight_version: int,
         weights_sha256: str,
         path: str,
         *answers: EngineAnswer,
@@ -67,11 +69,18 @@ class RolloutActor:
     ) -> tuple[ArtifactRef, Tally]:
         """Score and write rollout `rollout_id` (an eval set with `eval_mode`; rollout/finish.py) from the engines'
         `answers`: one per non-empty engine part of `entries`, in part order (object refs of their `generate`
-        calls, resolved by Ray before this runs). Two returns, the file's ref and its tally (with the longest
-        engine's generation time): a caller may pass the ref on to the trainers without waiting for it. `ctx`: the
-        stage's (rollout_id, attempt), for the fault hooks."""
+        calls, resolved by Ray before this runs). Every output must come from the weights of `weight_version`
+        (`weights_sha256`), else StaleWeights and nothing is written. Two returns, the file's ref and its tally
+        (with the longest engine's generation time): a caller may pass the ref on to the trainers without waiting
+        for it. `ctx`: the stage's (rollout_id, attempt, stage), for the fault hooks and the error."""
         self.faults.reach("rollout_finish_start", **(ctx or {}))
-        outputs = in_entry_order(entries, cfg.rollout.rollout_num_engines, [a.outputs for a in answers])
+        num_engines = cfg.rollout.rollout_num_engines
+        outputs = in_entry_order(entries, num_engines, [a.outputs for a in answers])
+        engines = [i for i, part in enumerate(split_for_engines(entries, num_engines)) if part]
+        stage = (ctx or {}).get("stage") or ("eval" if eval_mode else "generate")
+        check_versions(
+            dict(zip(engines, (a.outputs for a in answers), strict=True)), weight_version, rollout_id, stage
+        )
         finished = finish_rollout(
             cfg, rollout_id, entries, outputs, weights_sha256, path, eval_mode=eval_mode
         )

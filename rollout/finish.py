@@ -7,12 +7,13 @@ file."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from artifacts.store import ArtifactRef, write_rollout
-from engines.base import GenerateOutput
+from engines.base import GenerateOutput, StaleWeights
 from rollout.requests import Entry, sampling_metadata, split_for_engines, to_samples
 from rollout.source import scoring_side, train_params
 
@@ -45,6 +46,27 @@ def in_entry_order(
         for e, out in zip(part, outs, strict=True)
     }
     return [by_index[e.sample_index] for e in entries]
+
+
+def check_versions(
+    parts: Mapping[int, list[GenerateOutput]], version: int, rollout_id: int, stage: str
+) -> None:
+    """StaleWeights unless every output of every engine part (engine index -> what that engine answered) was
+    generated on weight `version`, naming the rollout, the stage, how many outputs of which engine differ and
+    their versions."""
+    wrong = []
+    for engine, outputs in parts.items():
+        stale = [o.weight_version for o in outputs if o.weight_version != version]
+        if stale:
+            wrong.append(
+                f"{len(stale)} of {len(outputs)} outputs from engine {engine} have weight version "
+                f"{' / '.join(str(v) for v in sorted(set(stale)))}"
+            )
+    if wrong:
+        raise StaleWeights(
+            f"rollout {rollout_id}, {stage}: {'; '.join(wrong)}, but the call names version {version}; refusing "
+            "to score and write outputs of other weights"
+        )
 
 
 async def finish_rollout(

@@ -31,11 +31,9 @@ def snapshot_dir(run_dir: str | Path) -> Path:
 class TrainerActor:
     """One data-parallel rank; every method forwards to the backend's trainer.
 
-    After every rollout it trains, rank 0 writes a step-boundary snapshot (weights, optimizer, schedule, RNG,
-    the applied metrics) under the run dir, so that a trainer that dies can be re-created and resume exactly
-    where the last completed train-step left it (tasks/recovery.py): at the end of the step, or, when the weight
-    sync is chained on the step, once the weights left for the engines (`write_snapshot`, awaited by the sync;
-    a sync retried after the trainers died before it applies the step again from its recorded inputs)."""
+    At the end of every rollout it trains, rank 0 writes a step-boundary snapshot (weights, optimizer, schedule,
+    RNG, the applied metrics) under the run dir, so that a trainer that dies can be re-created and resume exactly
+    where the last completed train-step left it (tasks/recovery.py)."""
 
     def __init__(
         self,
@@ -80,9 +78,12 @@ class TrainerActor:
         freeze_heap()  # the model, optimizer and imports live as long as the actor
         return info
 
-    def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str, *after: Any) -> ArtifactRef | None:
-        """The backend's log-prob pass. `after`: the object refs of calls the pass must follow (the engines'
-        memory release); Ray runs this only once they are done, with no round trip through the caller."""
+    def compute_log_probs(
+        self, rollout_ref: ArtifactRef, out_path: str, ctx: dict[str, Any] | None = None
+    ) -> ArtifactRef | None:
+        """The backend's log-prob pass; trainers.base.AlreadyApplied, with `out_path` untouched, for a rollout whose
+        step this trainer applied. `ctx`: the stage's (rollout_id, attempt, stage), for the fault hooks."""
+        self.faults.set_context(**(ctx or {}))
         return self.trainer.compute_log_probs(rollout_ref, out_path)
 
     def rollout_stats(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> dict[str, float]:
@@ -94,17 +95,14 @@ class TrainerActor:
         logprob_ref: ArtifactRef,
         dump_template: str | None = None,
         ctx: dict[str, Any] | None = None,
-        snapshot: bool = True,
     ) -> list[dict[str, float]]:
-        """The backend's train_step, then (`snapshot`) the step-boundary snapshot of what it applied. Without
-        `snapshot`, `write_snapshot` writes it later (the weight sync does, once the weights left for the engines:
-        tasks/stages.start_train_step); a step never starts before the snapshot of the one before is written."""
+        """The backend's train_step, then the step-boundary snapshot of what it applied; a step never starts
+        before the snapshot of the one before is written."""
         self.faults.set_context(**(ctx or {}))
         self.train_calls += 1
         self.write_snapshot()
         steps = self.trainer.train_step(rollout_ref, logprob_ref, dump_template)
-        if snapshot:
-            self.write_snapshot()
+        self.write_snapshot()
         return steps
 
     def write_snapshot(self) -> int:
@@ -135,8 +133,8 @@ class TrainerActor:
 
     def export_weights(self, ctx: dict[str, Any] | None = None, applied: int | None = None) -> WireWeights:
         """The trainer's weights as numpy arrays (artifacts.wire): zero-copy in Ray's object store. `applied`: the
-        rollout whose step these weights must hold (a sync submitted behind that step, tasks/stages.start_train_step:
-        if the step failed, this raises and nothing reaches the engines)."""
+        rollout whose step these weights must hold (a sync submitted behind that step: if the step failed, this
+        raises and nothing reaches the engines)."""
         if applied is not None and self.trainer.last_applied_rollout != applied:
             raise RuntimeError(
                 f"weights after rollout {applied}'s train step asked for, but the trainer is at rollout "

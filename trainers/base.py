@@ -12,6 +12,11 @@ from faults import FaultInjector
 from trainers.settings import TrainerSettings
 
 
+class AlreadyApplied(RuntimeError):
+    """A trainer refused a log-prob pass for a rollout whose step it has applied: its weights are no longer the
+    ones that rollout's log-probs are computed on, and the table the step trained on must stay as recorded."""
+
+
 class Trainer(Protocol):
     """What every training backend provides. Construct with `(settings, checkpoint, rank, world_size)`: the
     backend's flat section of the run config (trainers/settings.py), the HF model dir to start from, this
@@ -31,7 +36,8 @@ class Trainer(Protocol):
 
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
         """Old-policy (and reference) log-probs and entropy of every response token of the rollout.
-        Every rank computes its share; rank 0 writes the Parquet at `out_path` and returns its ref."""
+        Every rank computes its share; rank 0 writes the Parquet at `out_path` and returns its ref.
+        AlreadyApplied, with nothing computed or written, for a rollout at or before `last_applied_rollout`."""
         ...
 
     def rollout_stats(self, rollout_ref: ArtifactRef, logprob_ref: ArtifactRef) -> dict[str, float]:

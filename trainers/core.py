@@ -45,6 +45,7 @@ from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
 from faults import FaultInjector
 from trainers.advantages import get_advantage_estimator
+from trainers.base import AlreadyApplied
 from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
 from trainers.collectives import all_reduce_sum
 from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
@@ -252,8 +253,17 @@ class TrainerCore(abc.ABC):
         """Old-policy / reference log-probs and entropy per response token; every rank computes its share,
         global rank 0 writes the Parquet (sample_index, log_probs, ref_log_probs, entropy: the columns
         computed) and returns its ref. With --use-rollout-logprobs only the reference log-probs (if any).
-        Fused (module docstring): the first step's micro-batches also run their loss and backward."""
+        Fused (module docstring): the first step's micro-batches also run their loss and backward.
+        AlreadyApplied, before anything is computed or written, for a rollout whose step was applied."""
         samples = self._rollout(rollout_ref)
+        if samples and samples[0].rollout_id <= self.last_applied_rollout:
+            # version k holds the steps of rollouts < k: rollout N's log-probs need version N
+            rollout_id = samples[0].rollout_id
+            raise AlreadyApplied(
+                f"rollout {rollout_id}, log-prob: the trainer holds weight version {self.last_applied_rollout + 1} "
+                f"(rollout {self.last_applied_rollout}'s step applied) but the pass needs version {rollout_id}; "
+                "refusing to recompute the log-probs of a rollout it trained on"
+            )
         rows: dict[int, dict[str, list[float]]] = {}
         policy_s = ref_s = 0.0
         self._fused = None

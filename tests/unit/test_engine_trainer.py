@@ -46,15 +46,16 @@ def _config(base_checkpoint, tmp_path, **train):
     )
 
 
-def _rollout(engine, cfg, tmp_path):
+def _rollout(engine, cfg, tmp_path, rollout_id=0):
     cfg, src = resolve(cfg)
     r = cfg.rollout
     prompts = prompts_for_rollout(
-        src.train.prompts, r.rollout_batch_size, 0, r.rollout_seed, cfg.data.rollout_shuffle
+        src.train.prompts, r.rollout_batch_size, rollout_id, r.rollout_seed, cfg.data.rollout_shuffle
     )
-    entries = build_requests(prompts, r.rollout_seed, 0, r.n_samples_per_prompt, train_params(cfg, src.stops))
+    params = train_params(cfg, src.stops)
+    entries = build_requests(prompts, r.rollout_seed, rollout_id, r.n_samples_per_prompt, params)
     outputs = engine.generate([e.request for e in entries])
-    samples = asyncio.run(to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, 0))
+    samples = asyncio.run(to_samples(entries, outputs, src.tokenizer, src.stops, src.scorer, rollout_id))
     return samples, write_rollout(tmp_path / "rollout.parquet", samples)
 
 
@@ -282,7 +283,7 @@ def test_fused_first_step_trains_bitwise_as_a_separate_log_prob_pass(
     fused, separate = _trainer(cfg_for(False), base_checkpoint), _trainer(cfg_for(True), base_checkpoint)
     assert fused.s.fuse_first_step and not separate.s.fuse_first_step
     for rollout in range(2):
-        _, ref = _rollout(engine, cfg_for(False), tmp_path / f"r{rollout}")
+        _, ref = _rollout(engine, cfg_for(False), tmp_path / f"r{rollout}", rollout)
         lp = [
             t.compute_log_probs(ref, str(tmp_path / f"lp{rollout}-{i}.parquet"))
             for i, t in enumerate((fused, separate))

@@ -206,7 +206,8 @@ def test_save_load_round_trip_resumes_bitwise(models, rollouts, tmp_path):
         }
     )
     first = _trainer(MegatronTrainer, cfg, ckpt)
-    first.train_step(rollouts[0], first.compute_log_probs(rollouts[0], str(tmp_path / "lp0.parquet")))
+    lp0 = first.compute_log_probs(rollouts[0], str(tmp_path / "lp0.parquet"))
+    first.train_step(rollouts[0], lp0)
     first.save(str(tmp_path), 0)
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "0"
     assert damage(tmp_path / "iter_0000000") is None  # a resume finds nothing wrong in a whole one
@@ -222,9 +223,7 @@ def test_save_load_round_trip_resumes_bitwise(models, rollouts, tmp_path):
         )
     # the apply-once guard travels in the checkpoint: rollout 0 again returns its metrics and changes nothing
     before = resumed.weights_sha256()
-    again = resumed.train_step(
-        rollouts[0], first.compute_log_probs(rollouts[0], str(tmp_path / "lp0b.parquet"))
-    )
+    again = resumed.train_step(rollouts[0], lp0)
     assert again == first.applied[0] and resumed.weights_sha256() == before
     steps = [
         t.train_step(rollouts[1], t.compute_log_probs(rollouts[1], str(tmp_path / f"lp1_{i}.parquet")))
