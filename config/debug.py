@@ -64,13 +64,6 @@ class DebugConfig(Section):
     load_forge_rollout_data: str | None = Field(
         None, description="Replay recordings while engines stay alive and weights keep syncing."
     )
-    debug_sequential_stages: bool = Field(
-        False,
-        description="Make every actor call inside its own stage task: no generation started as soon as the "
-        "previous rollout's body returns, no log-prob pass, train step or weight sync started from within the task "
-        "before it (the default head starts, which overlap actor work with Prefect's bookkeeping; the results are "
-        "the same either way).",
-    )
 
 
 class CIConfig(Section):

@@ -57,6 +57,8 @@ class FaultConfig(Section):
 
     @model_validator(mode="after")
     def _hooks_parse(self) -> FaultConfig:
+        if self.ci_fault_hooks is None and self.ci_fault_hooks_path is None:
+            return self  # nothing to parse (and faults.models need not be loaded for the default)
         from faults.models import parse_requests
 
         parse_requests(self.ci_fault_hooks, self.ci_fault_hooks_path)

@@ -50,7 +50,7 @@ class GenerateOutput:
 @dataclass(frozen=True)
 class EngineAnswer:
     """What an engine actor answers a `generate` call: the outputs, in request order, and the seconds the engine
-    spent on them (timed in the engine, so a call made ahead of its stage is not charged for the wait)."""
+    spent on them (timed in the engine, so time a call waits in the actor's queue is not charged)."""
 
     outputs: list[GenerateOutput]
     seconds: float

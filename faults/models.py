@@ -25,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from config.stages import STAGES, stage_end_hook
+
 # hook name -> the kind of process that reaches it
 HOOKS: dict[str, str] = {
     "engine_generate_start": "engine",
@@ -35,6 +37,8 @@ HOOKS: dict[str, str] = {
     "trainer_save_before_rename": "trainer",
     "rollout_finish_start": "rollout",
     "orchestrator_rollout_end": "orchestrator",
+    # one per stage, reached at the end of its task: a fault between a stage's work and its records
+    **{stage_end_hook(s): "orchestrator" for s in STAGES},
 }
 
 
@@ -252,10 +256,3 @@ def _check_conflicts(requests: list[FaultHookRequest], flag: str) -> None:
                 "target and filters"
             )
         shapes[shape] = r.request_id
-
-
-# Imported last: config's package init validates FaultConfig's default, which imports parse_requests from here.
-from config.stages import STAGES, stage_end_hook  # noqa: E402
-
-# one per stage, reached at the end of its task: a fault between a stage's work and its records
-HOOKS.update({stage_end_hook(s): "orchestrator" for s in STAGES})

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from config import SECTIONS, RunConfig, load_yaml
+from config.stages import REPLAYABLE, check_stages
 
 
 def flag(field: str) -> str:
@@ -154,9 +155,7 @@ def make_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="re-run one stage of a past rollout and compare with the original")
     replay.add_argument("run_dir", help="the run directory (holds config.yaml)")
     replay.add_argument("--rollout-id", type=int, required=True)
-    replay.add_argument(
-        "--task", required=True, choices=["generate", "log-prob", "train-step", "sync", "check"]
-    )
+    replay.add_argument("--task", required=True, choices=list(REPLAYABLE))
     replay.add_argument(
         "--override",
         action="append",
@@ -389,11 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _resumed_config(args) if args.resume else build_config(args)
         refresh = [s for s in args.refresh.split(",") if s]
-        from tasks import STAGE_NAMES
-
-        unknown = sorted(set(refresh) - set(STAGE_NAMES))
-        if unknown:
-            raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {list(STAGE_NAMES)}")
+        check_stages(refresh, "--refresh")
         if args.dry_run:
             return _dry_run(cfg)
         configure_prefect_env()

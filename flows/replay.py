@@ -22,13 +22,14 @@ from artifacts.hashing import layer_hashes, weights_sha256
 from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_table
 from artifacts.wire import from_wire
 from config import LoggingConfig, RunConfig, load_yaml
+from config.stages import REPLAYABLE
+from flows.stages import Stages, opaque_config
 from tasks import actors
 from tasks.refs import WeightsRef
-from tasks.stages import check, generate, log_prob, sync, train_step
 from tasks.transfer import trainer_weights
 
 ReplayTask = Literal["generate", "log-prob", "train-step", "sync", "check"]  # a dropdown in the UI's Run form
-REPLAYABLE: tuple[str, ...] = get_args(ReplayTask)
+assert get_args(ReplayTask) == REPLAYABLE, "the Run form's choices are config.stages.REPLAYABLE"
 
 
 def load_run_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -145,21 +146,23 @@ async def _replay(
     base: str,
 ) -> str | None:
     rollout = _ref(paths.rollout(rollout_id), "rollout")
+    if task in ("log-prob", "train-step"):  # no engines in these replays
+        cfg = cfg.model_copy(update={"debug": cfg.debug.model_copy(update={"debug_train_only": True})})
+    # the run's stage tasks under the run's retry policy, the replayed one from its inputs, not from the cache
+    s, q = Stages(cfg, [task], rollout_id), opaque_config(cfg)
     if task == "generate":
         engines = await actors.start_engines(cfg, str(before or base))
         for e in engines:  # the engines held weight version N when rollout N was generated
             await e.update_weights.remote([e.get_weights.remote()], rollout_id)
         weights = WeightsRef(version=rollout_id, sha256=await engines[0].weights_sha256.remote())
-        fresh = await generate.with_options(refresh_cache=True)(cfg, rollout_id, weights)
+        fresh = await s.generate(q, rollout_id, weights)
         return first_table_difference(read_table(rollout), read_table(fresh))
-    if task in ("log-prob", "train-step"):  # no engines in these replays
-        cfg = cfg.model_copy(update={"debug": cfg.debug.model_copy(update={"debug_train_only": True})})
     trainers = await actors.start_trainers(cfg, base)
     if before is not None:  # all ranks at once: a backend's load may be collective
         await asyncio.gather(*[t.load.remote(str(before)) for t in trainers])
     if task == "log-prob":
         weights = WeightsRef(version=rollout_id, sha256=(await trainer_weights(cfg)).sha256)
-        replayed = await log_prob.with_options(refresh_cache=True)(cfg, rollout_id, rollout, weights)
+        replayed = await s.log_prob(q, rollout_id, rollout, weights)
         return first_table_difference(read_table(paths.logprobs(rollout_id)), read_table(replayed.table))
     logprobs = _ref(paths.logprobs(rollout_id), "logprobs")
     recorded = [
@@ -168,9 +171,7 @@ async def _replay(
         if r["kind"] == "step" and r["rollout_id"] == rollout_id
     ]
     if task == "train-step":
-        steps = await train_step.with_options(refresh_cache=True)(
-            cfg, rollout_id, rollout, logprobs, uuid.uuid4().hex
-        )
+        steps = await s.train_step(q, rollout_id, rollout, logprobs, uuid.uuid4().hex)
         diff = first_metric_difference(recorded, steps)
         if diff is None and original.checkpoint.save:
             after = Path(original.checkpoint.save) / f"iter_{rollout_id:07d}"
@@ -184,7 +185,7 @@ async def _replay(
     after = _iter_dir(original, rollout_id)
     await asyncio.gather(*[t.load.remote(str(after)) for t in trainers])
     await actors.start_engines(cfg, str(before or base))
-    weights = await sync.with_options(refresh_cache=True)(cfg, rollout_id)
+    weights = await s.sync(q, rollout_id)
     expected = weights_sha256(_load_weights(after))
     if weights.sha256 != expected:
         return f"engine weights after sync: sha {weights.sha256[:12]} vs checkpoint iter_{rollout_id:07d} {expected[:12]}"
@@ -195,7 +196,7 @@ async def _replay(
             if r["kind"] == "rollout" and r["rollout_id"] == rollout_id
             for k, v in r["metrics"].items()
         }
-        await check(cfg, rollout_id, recorded, weights, stats)
+        await s.check(q, rollout_id, recorded, weights, stats)
     return None
 
 

@@ -7,123 +7,27 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar, cast
 
-from prefect import Task, flow
+from prefect import flow
 from prefect.runtime import flow_run
-from prefect.utilities.annotations import NotSet, quote
 
 from config import RunConfig
+from config.stages import STAGES
 from faults import FaultInjector
 from flows import run_page, runtime
-from flows.children import ChildRuns
-from flows.failure import explain, note_stage
+from flows.failure import explain
+from flows.prefect_private import retry_busy_server_quickly
 from flows.report import RunReport, observers
+from flows.stages import Stages, opaque_config, with_policy
 from procs import freeze_heap, preload_arrow
-from tasks import STAGE_NAMES, actors, notify, prefetch
-from tasks.checks import metric_gate, raise_if_any, retry_unless_check_failed
+from tasks import actors, notify
+from tasks.checks import metric_gate, raise_if_any
 from tasks.metrics import close_run, log_metrics
-from tasks.recordings import inject, load_rollout
 from tasks.refs import LogProbs, WeightsRef
-from tasks.stages import (
-    ask_engines_after_sync,
-    check,
-    evaluate,
-    generate,
-    injects,
-    log_prob,
-    save_checkpoint,
-    save_rollout,
-    start_first_rollout,
-    start_log_prob,
-    start_next_generation,
-    sync,
-    train_step,
-)
+from tasks.stages import injects, save_checkpoint, sync
 from tasks.transfer import trainer_weights
-
-STAGES = {
-    "generate": generate,
-    "save-rollout": save_rollout,
-    "log-prob": log_prob,
-    "train-step": train_step,
-    "sync": sync,
-    "check": check,
-    "eval": evaluate,
-    "load-rollout": load_rollout,
-    "inject": inject,
-}
-
-
-ALL_STAGES = sorted(STAGES)
-P = ParamSpec("P")
-R = TypeVar("R")
-assert tuple(ALL_STAGES) == STAGE_NAMES, "tasks.STAGE_NAMES must list every stage"
-
-
-class _Stages:
-    """The stage tasks of one rollout flow run, one typed attribute each, with the run's retry policy
-    (`--task-retries`, `--task-retry-delay`; a checker failure is never retried) and `--refresh` ones forced,
-    counting the task runs started; an exception a stage raises carries its rollout and stage
-    (`flows.failure.note_stage`)."""
-
-    def __init__(self, cfg: RunConfig, refresh: list[str], rollout_id: int) -> None:
-        unknown = sorted(set(refresh) - set(STAGES))
-        if unknown:
-            raise ValueError(f"--refresh: unknown stage(s) {unknown}; stages are {ALL_STAGES}")
-        self.cfg, self.refresh, self.rollout_id, self.started = cfg, refresh, rollout_id, 0
-        self.generate = self._stage("generate", generate)
-        self.load_rollout = self._stage("load-rollout", load_rollout)
-        self.inject = self._stage("inject", inject)
-        self.save_rollout = self._stage("save-rollout", save_rollout)
-        self.log_prob = self._stage("log-prob", log_prob)
-        self.train_step = self._stage("train-step", train_step)
-        self.sync = self._stage("sync", sync)
-        self.check = self._stage("check", check)
-        self.eval = self._stage("eval", evaluate)
-
-    def _stage(self, name: str, task: Task[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        configured = _configured(self.cfg, name, task, name in self.refresh)
-
-        async def run(*args: P.args, **kwargs: P.kwargs) -> R:
-            self.started += 1
-            try:
-                return await configured(*args, **kwargs)
-            except Exception as e:
-                note_stage(e, self.rollout_id, name)
-                raise
-
-        return run
-
-
-# (stage task, retries, retry delay, refresh) -> the stage's task with those options
-_CONFIGURED: dict[tuple[Task, str, str, bool], Task] = {}
-
-
-def _configured(cfg: RunConfig, name: str, task: Task[P, R], refresh: bool) -> Task[P, R]:
-    """`task` with the run's retry policy (none for check and inject) and `refresh`, made once per process and
-    policy: every `Task.with_options` copy reads the task's source again (measured: about 50 ms of CPU per
-    rollout flow run for its nine stages)."""
-    f = cfg.faults
-    key = (task, repr(f.task_retries), repr(f.task_retry_delay), refresh)
-    if key not in _CONFIGURED:
-        _CONFIGURED[key] = with_retries(
-            cfg, task, retries=0 if name in ("check", "inject") else None
-        ).with_options(refresh_cache=True if refresh else NotSet)
-    return cast(Task[P, R], _CONFIGURED[key])
-
-
-def with_retries(cfg: RunConfig, task: Task[P, R], retries: int | None = None) -> Task[P, R]:
-    """`task` with the run's retry policy: --task-retries attempts (or `retries`) --task-retry-delay apart, a
-    checker failure never retried."""
-    f = cfg.faults
-    return task.with_options(
-        retries=f.task_retries if retries is None else retries,
-        retry_delay_seconds=f.task_retry_delay,
-        retry_condition_fn=retry_unless_check_failed,
-    )
 
 
 @dataclass(frozen=True)
@@ -134,13 +38,6 @@ class RolloutResult:
 
     weights: WeightsRef
     task_runs: int
-
-
-def opaque_config(cfg: RunConfig) -> RunConfig:
-    """`cfg` marked so Prefect passes it to tasks without walking every field of it (looking for
-    futures to wait on) on each call; the task still receives the RunConfig itself, and cache keys
-    still see it. Measured: about a tenth of the orchestrating process's CPU time per rollout."""
-    return cast(RunConfig, quote(cfg))
 
 
 def _run_name() -> str:
@@ -162,13 +59,11 @@ async def rollout_flow(
     if not isinstance(cfg, RunConfig) or not isinstance(weights, WeightsRef):
         cfg, weights = RunConfig.model_validate(cfg), WeightsRef.model_validate(weights)
         rollout_id = int(rollout_id)
-    prefetch.done(cfg, "begin", rollout_id, weights)  # the parent's head start on the run's first rollout
     s, d, q = (
-        _Stages(cfg, refresh or [], rollout_id),
+        Stages(cfg, refresh or [], rollout_id),
         cfg.debug,
         opaque_config(cfg),
     )  # q: cfg as the tasks' argument
-    has_engines = not cfg.train_only
     if _evaluates_before(cfg, rollout_id):
         await s.eval(q, 0, weights)
     recording = d.load_debug_rollout_data or d.load_forge_rollout_data
@@ -176,31 +71,22 @@ async def rollout_flow(
         rollout = await s.load_rollout(q, rollout_id, recording, forge=bool(d.load_forge_rollout_data))
     else:
         injecting = injects(cfg, rollout_id)
-        if not injecting:  # the trainers' log-prob pass starts once generate has written the rollout
-            prefetch.when(
-                cfg, "generate", rollout_id, lambda ref: start_log_prob(cfg, rollout_id, ref, weights)
-            )
         rollout = await s.generate(q, rollout_id, weights, fresh=injecting)
         if injecting:
             rollout = await s.inject(q, rollout_id, rollout)
-        else:  # a cached generate task wrote nothing: what waited for its rollout runs now
-            prefetch.done(cfg, "generate", rollout_id, rollout)
     await s.save_rollout(q, rollout_id, rollout, loaded=bool(d.load_debug_rollout_data))
-    runtime.rollout_saved(session)  # the parent's posts and next flow run, off the generation
     steps: list[dict] = []
     logprobs: LogProbs | None = None
     if not cfg.rollout_only:
         logprobs = await s.log_prob(q, rollout_id, rollout, weights)
         steps = await s.train_step(q, rollout_id, rollout, logprobs.table, session)
-        if has_engines:
-            weights = await s.sync(q, rollout_id, rollout=rollout, logprobs=logprobs.table)
-    synced = has_engines and not cfg.rollout_only
+        if not cfg.train_only:
+            weights = await s.sync(q, rollout_id)
+    synced = not cfg.train_only and not cfg.rollout_only
     await s.check(q, rollout_id, steps, weights if synced else None, logprobs.stats if logprobs else None)
     if _evaluates_after(cfg, rollout_id):
         await s.eval(q, rollout_id + 1, weights)
-    result = RolloutResult(weights, s.started)  # the parent's publisher then attaches the metrics table
-    runtime.rollout_returning(session, result)  # the parent goes on while Prefect records this run's end
-    return result
+    return RolloutResult(weights, s.started)
 
 
 @flow(name="rollflow-run", flow_run_name=_run_name, log_prints=True)
@@ -213,7 +99,7 @@ async def run_flow(
     As it goes, the run's report (`flows.report`) feeds the observers (the console of `rollflow run`) and the run's
     page in the Prefect UI (`flows.run_page`); at the end, with --ci-test, `rollflow doctor` runs on the run dir
     and its findings join both. Log lines go to `<run dir>/logs/run.log`, the actors' output to logs/actors.log."""
-    runtime.retry_busy_server_quickly()
+    retry_busy_server_quickly()
     # a Prefect retry of this flow run (UI, `prefect flow-run retry`) continues the run like --resume
     owned = runtime.own(cfg, resume=resume or (flow_run.run_count or 1) > 1, overwrite=overwrite)
     cfg = owned.cfg
@@ -276,8 +162,7 @@ class _RunLoop:
         actors.set_run(cfg, owned.info.run_id, owned.info.started_at)
         actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
         session = uuid.uuid4().hex
-        self.publisher = runtime.Publisher(cfg, self.report.records, self.page, session)
-        self.children = ChildRuns(rollout_flow, session)
+        self.publisher = runtime.Publisher(cfg, self.report.records, self.page)
         ok = False
         try:
             weights = await self._start_actors()
@@ -291,7 +176,6 @@ class _RunLoop:
                     freeze_heap()
             if self.report.end < cfg.rollout.num_rollout:
                 notify.notice(f"--debug-exit-after-rollout: stopping after rollout {self.report.end - 1}")
-            await self.children.finish()
             await self.publisher.drain()
             if (
                 last is not None
@@ -300,8 +184,6 @@ class _RunLoop:
             ok = True
             return weights
         finally:
-            prefetch.drop()
-            await self.children.close()
             if not ok:
                 await self.publisher.drain(raise_errors=False)
             actors.stop_actors(cfg)
@@ -321,7 +203,7 @@ class _RunLoop:
             )
         if engines and trainers:  # the weight-update checker runs at the run's first sync, not at a resume
             check_first_sync = cfg.ci.weight_check and not owned.resumed
-            return await with_retries(cfg, sync)(opaque_config(cfg), start - 1, verify_equal=check_first_sync)
+            return await with_policy(cfg, sync)(opaque_config(cfg), start - 1, verify_equal=check_first_sync)
         if engines:  # rollout-only: the engines keep the weights they loaded, version 0
             return WeightsRef(version=0, sha256=await engines[0].weights_sha256.remote())
         # train-only: nothing to sync; identify the trainer's starting weights
@@ -336,30 +218,21 @@ class _RunLoop:
         cfg, report = self.cfg, self.report
         began = time.perf_counter()
         # the rollout a resume re-runs logs everything again: none of its stages may come from the cache
-        stages = ALL_STAGES if self.owned.resumed and rollout_id == self.owned.start else self.refresh
-        params = dict(cfg=cfg, rollout_id=rollout_id, weights=weights, session=session, refresh=stages)
-        last = rollout_id + 1 == report.end
-        # the next rollout's flow run is made while this one runs (all its parameters but the weights)
-        ahead = (
-            None if last else dict(cfg=cfg, rollout_id=rollout_id + 1, session=session, refresh=self.refresh)
+        stages = list(STAGES) if self.owned.resumed and rollout_id == self.owned.start else self.refresh
+        state = await rollout_flow(
+            cfg=cfg,
+            rollout_id=rollout_id,
+            weights=weights,
+            session=session,
+            refresh=stages,
+            return_state=True,
         )
-        # the next generation overlaps this run's check, eval and end
-        ask_engines_after_sync(
-            cfg, rollout_id, generation=not last, evaluation=_evaluates_after(cfg, rollout_id)
-        )
-        if rollout_id == self.owned.start:  # the first rollout's, as its flow run begins
-            evaluation = _evaluates_before(cfg, rollout_id)
-            prefetch.when(
-                cfg, "begin", rollout_id, lambda w: start_first_rollout(cfg, rollout_id, w, evaluation)
-            )
-        result, child = await self.children.run(params, ahead)
+        result = await state.result()  # type: ignore[misc]  # raises the child's error
         assert isinstance(result, RolloutResult)
-        saves = not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and last))
-        if not last:  # the engines generate the next rollout while Prefect records this one
-            # its log-prob pass follows on the trainers, unless they save a checkpoint first
-            start_next_generation(cfg, rollout_id + 1, result.weights, log_probs=not saves)
-        if saves:
-            await with_retries(cfg, save_checkpoint)(opaque_config(cfg), rollout_id)
+        child = state.state_details.flow_run_id
+        last = rollout_id + 1 == report.end
+        if not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and last)):
+            await with_policy(cfg, save_checkpoint)(opaque_config(cfg), rollout_id)
         seconds = time.perf_counter() - began
         runtime.log_step_time(cfg, rollout_id, seconds)
         report.rollout_done(rollout_id, seconds)

@@ -1,10 +1,10 @@
 """What the run flow needs besides the algorithm: owning the run dir (lock, identity, resume point, records a
-resume must not duplicate), the run's log file, the Prefect/SQLite accommodations (`settle`, `Publisher`,
-`retry_busy_server_quickly`), the per-rollout metrics table, marking a dead run's flow run
+resume must not duplicate), the run's log file, the Prefect/SQLite accommodations (`settle`, `Publisher`), the per-rollout metrics table, marking a dead run's flow run
 Crashed, and the watchdog that ends a run whose Prefect API stopped answering."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -198,62 +198,6 @@ def _checkpoint_rollout(path: Path) -> int:
     return int(_checkpoint_meta(path)["rollout_id"])
 
 
-# The first waits after a 503 "database is locked" (the embedded server's SQLite refused a write: in WAL mode a
-# transaction that read before another one committed fails at once, SQLITE_BUSY_SNAPSHOT, whatever the busy
-# timeout): the conflict is gone milliseconds later, but Prefect's client, seeing no Retry-After header, waits
-# 2, 4, 8 s -- a stall of the whole loop, rollout flow runs and task runs are created in line. From the fourth
-# busy answer to a request on, Prefect's own back-off (16, 32 s) applies: a server that stays busy is not
-# hammered, and a request still fails after about 50 s of it (Prefect alone: 62 s).
-_BUSY_RETRY_SECONDS = ("0.05", "0.25", "1")
-
-
-class _QuickBusyRetry:
-    """One request's busy answers so far: the first `_BUSY_RETRY_SECONDS` of them get a Retry-After header."""
-
-    def __init__(self) -> None:
-        self.busy = 0
-
-    def mark(self, response: Any) -> Any:
-        if (
-            response.status_code == 503
-            and "Retry-After" not in response.headers
-            and self.busy < len(_BUSY_RETRY_SECONDS)
-        ):
-            response.headers["Retry-After"] = _BUSY_RETRY_SECONDS[self.busy]
-            self.busy += 1
-        return response
-
-
-def retry_busy_server_quickly() -> None:
-    """Make this process's Prefect clients (async and sync) retry a busy server (503 without Retry-After) after
-    `_BUSY_RETRY_SECONDS` for its first three busy answers to a request, then as Prefect would. Idempotent.
-
-    Prefect's `_send_with_retry(request, send, ...)` honours a Retry-After header and has no setting for its
-    back-off, so each response that `send` returns passes `_QuickBusyRetry.mark` first."""
-    from prefect.client import base
-
-    async_cls, sync_cls = base.PrefectHttpxAsyncClient, base.PrefectHttpxSyncClient
-    if getattr(async_cls._send_with_retry, "_rollflow_quick", False):
-        return
-    async_original, sync_original = async_cls._send_with_retry, sync_cls._send_with_retry
-
-    async def send_async(self: Any, request: Any, send: Any, *args: Any, **kwargs: Any) -> Any:
-        quick = _QuickBusyRetry()
-
-        async def send_once(*a: Any, **kw: Any) -> Any:
-            return quick.mark(await send(*a, **kw))
-
-        return await async_original(self, request, send_once, *args, **kwargs)
-
-    def send_sync(self: Any, request: Any, send: Any, *args: Any, **kwargs: Any) -> Any:
-        quick = _QuickBusyRetry()
-        return sync_original(self, request, lambda *a, **kw: quick.mark(send(*a, **kw)), *args, **kwargs)
-
-    send_async._rollflow_quick = True  # type: ignore[attr-defined]
-    async_cls._send_with_retry = send_async  # type: ignore[method-assign]
-    sync_cls._send_with_retry = send_sync  # type: ignore[method-assign]
-
-
 def record_flow_run(owned: OwnedRun, flow_run_id: str) -> None:
     """Remember the parent flow run in run.json (the next start marks it Crashed if this process dies)."""
     owned.info = replace(owned.info, flow_run_id=flow_run_id)
@@ -299,16 +243,10 @@ def yield_to_actors(cfg: RunConfig) -> None:
     small machine they share its cores with Prefect's bookkeeping. Measured on two cores (bench/overhead.py, the
     default recipe, six pairs alternated with the same priority): start to start minus in-process +0.043 s against
     +0.062 s (medians of the pairs), the 40 rollouts 1.18x the in-process loop against 1.22x (bench/HISTORY.md)."""
+    from flows.prefect_private import temporary_server_pids
     from procs import lower_priority
 
-    # imported only where a temporary server was started
-    module = sys.modules.get("prefect.server.api.server")
-    servers = getattr(module, "SubprocessASGIServer", None)
-    started = [s.server_process for s in (servers._instances.values() if servers else [])]
-    lower_priority(
-        [os.getpid(), *[p.pid for p in started if p is not None and p.poll() is None]],
-        cfg.placement.orchestrator_niceness,
-    )
+    lower_priority([os.getpid(), *temporary_server_pids()], cfg.placement.orchestrator_niceness)
 
 
 def start_prefect_beside_ray(cfg: RunConfig) -> None:
@@ -417,123 +355,42 @@ async def settle(
     return False
 
 
-# (what happened, session of a run loop) -> who to tell when one of the loop's rollout flow runs gets there
-_LISTENERS: dict[tuple[str, str], list[Callable[..., None]]] = {}
-
-
-def _listen(event: str, session: str, callback: Callable[..., None]) -> Callable[[], None]:
-    key = (event, session)
-    _LISTENERS.setdefault(key, []).append(callback)
-
-    def stop() -> None:
-        callbacks = _LISTENERS.get(key, [])
-        if callback in callbacks:
-            callbacks.remove(callback)
-        if not callbacks:
-            _LISTENERS.pop(key, None)
-
-    return stop
-
-
-def _tell(event: str, session: str, *args: Any) -> None:
-    for callback in list(_LISTENERS.get((event, session), [])):
-        callback(*args)
-
-
-def on_rollout_saved(session: str, callback: Callable[[], None]) -> Callable[[], None]:
-    """Call `callback` whenever a `rollout-<id>` flow run of the run loop `session` has saved its rollout;
-    returns what stops it."""
-    return _listen("saved", session, callback)
-
-
-def rollout_saved(session: str) -> None:
-    """Called by a `rollout-<id>` flow run once its save-rollout task is done (its flow run is running; the
-    trainers' log-prob pass and train step, its longest stages, come next): the run loop `session`, if any, may
-    post the previous rollout's artifacts and create the next rollout's flow run now. Not earlier: the
-    requests that takes (~100-150 ms of the server's CPU) would land on the cores while the engines generate
-    and the next flow run starts, which the stages after them wait for (measured: within one run, rollouts
-    telling it here rather than as their body began were 12.5 ms shorter, the median over six runs)."""
-    _tell("saved", session)
-
-
-def on_rollout_returning(session: str, callback: Callable[[Any], None]) -> Callable[[], None]:
-    """Call `callback(result)` whenever a `rollout-<id>` flow run of the run loop `session` returns `result` from
-    its body; returns what stops it."""
-    return _listen("returning", session, callback)
-
-
-def rollout_returning(session: str, result: Any) -> None:
-    """Called by a `rollout-<id>` flow run with the result its body is about to return: the run loop `session`,
-    if any, goes on with it while Prefect records the run's final state (flows/children.py)."""
-    _tell("returning", session, result)
-
-
 class Publisher:
     """The Prefect artifacts of each finished rollout -- its metrics table on its `rollout-<id>` flow run
-    (`publish_metrics_table`) and the run page's updates (`flows.run_page`) -- posted by a background task, off
-    the loop's path: the next rollout starts as soon as one ends.
+    (`publish_metrics_table`) and the run page's update (`flows.run_page`) -- posted by a background task, one
+    rollout after the other, off the loop's path: the next rollout starts as soon as one ends (these are requests
+    to the Prefect server, no actor work). A failure to post is raised at the next rollout's end
+    (`rollout_done`) or by `drain`."""
 
-    Rollout N's artifacts are posted once rollout N+1's flow run has saved its rollout (`rollout_saved`), or when
-    the run ends (`drain`): the server's SQLite takes one writer at a time, a request that meets another write
-    there is refused ("database is locked": 503) and retried (`retry_busy_server_quickly`), and the requests
-    that start the next flow run are the ones the loop waits for; during the trainers' stages, the server and
-    the driver have a core to themselves.
-    A failure to post is raised at the next rollout's end (`rollout_done`) or by `drain`, as it was raised in line.
-    `seconds` accumulates the wall time of the posts (background time, not the loop's)."""
-
-    def __init__(self, cfg: RunConfig, records: list[dict[str, Any]], page: Any, session: str) -> None:
-        import asyncio
-
-        self.cfg, self.records, self.page, self.session = cfg, records, page, session
-        self.seconds = 0.0
-        self._due: list[tuple[int, uuid.UUID | None]] = []
-        # set once the flow run after the due rollouts has saved its rollout (or the run ends)
-        self._saved = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._error: BaseException | None = None
-        self._stop_listening = on_rollout_saved(session, self._saved.set)
+    def __init__(self, cfg: RunConfig, records: list[dict[str, Any]], page: Any) -> None:
+        self.cfg, self.records, self.page = cfg, records, page
+        self._posting: asyncio.Task[None] | None = None
 
     def rollout_done(self, rollout_id: int, flow_run_id: uuid.UUID | None) -> None:
-        """Rollout `rollout_id` (flow run `flow_run_id`) has ended: its artifacts are due."""
-        import asyncio
-
-        self._raise()
-        self._saved.clear()  # the next rollout's flow run has not saved its rollout yet
-        self._due.append((rollout_id, flow_run_id))
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._post())
+        """Rollout `rollout_id` (flow run `flow_run_id`) has ended: post its artifacts after those before."""
+        previous = self._posting
+        if previous is not None and previous.done():
+            previous.result()  # raises a failure to post
+        self._posting = asyncio.get_running_loop().create_task(self._post(previous, rollout_id, flow_run_id))
 
     async def drain(self, *, raise_errors: bool = True) -> None:
-        """Post what is due now and wait for it; stop listening for rollouts. Raises a failure to post unless
-        `raise_errors` is False (the run already failed: that failure is the one to report)."""
-        self._stop_listening()
-        self._saved.set()
-        if self._task is not None:
-            await self._task
-        if raise_errors:
-            self._raise()
-
-    def _raise(self) -> None:
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    async def _post(self) -> None:
+        """Wait for what is being posted. Raises a failure to post unless `raise_errors` is False (the run already
+        failed: that failure is the one to report)."""
+        posting, self._posting = self._posting, None
+        if posting is None:
+            return
         try:
-            while self._due:
-                await self._saved.wait()
-                due, self._due = self._due, []
-                began = time.perf_counter()
-                for rollout_id, flow_run_id in due:
-                    await publish_metrics_table(self.cfg, rollout_id, flow_run_id, self.records)
-                    if self.page is not None:
-                        await self.page.rollout_done(rollout_id)
-                self.seconds += time.perf_counter() - began
-        except Exception as e:
-            self._error = e
-            self._due.clear()
-        finally:
-            self._task = None
+            await posting
+        except Exception:
+            if raise_errors:
+                raise
+
+    async def _post(self, previous: asyncio.Task[None] | None, rollout_id: int, flow_run_id: Any) -> None:
+        if previous is not None:
+            await previous
+        await publish_metrics_table(self.cfg, rollout_id, flow_run_id, self.records)
+        if self.page is not None:
+            await self.page.rollout_done(rollout_id)
 
 
 async def publish_metrics_table(
@@ -542,8 +399,7 @@ async def publish_metrics_table(
     """One Prefect table artifact per rollout with every metric its flow run logged (of the run's `records`):
     rollout, step, perf and check records, and the evals it ran (eval E runs after rollout E - 1, so its row is
     in that rollout's table; `eval/step` names the weights evaluated). Attached to the rollout's `rollout-<id>`
-    flow run. The parent's `Publisher` posts it in the background, once the next rollout's flow run has saved its
-    rollout."""
+    flow run. The parent's `Publisher` posts it in the background."""
     from prefect.artifacts import TableArtifact
 
     rows = [

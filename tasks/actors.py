@@ -151,6 +151,35 @@ def _epoch(cfg: RunConfig) -> float | None:
     return _RUNS[cfg.name][1] if cfg.name in _RUNS else None
 
 
+def orchestrator_faults(cfg: RunConfig) -> Any:
+    """A FaultInjector for the orchestrator's hooks of the run, or None when no request targets the orchestrator.
+    Its claims are files in the run dir: every injector of the run fires a request once."""
+    from faults import FaultInjector
+
+    requests = [r for r in cfg.faults.requests() if r.targets("orchestrator", None)]
+    if not requests:
+        return None
+    return FaultInjector(requests, "orchestrator", None, str(cfg.resolved_run_dir), _epoch(cfg))
+
+
+def stage_context(rollout_id: int, stage: str) -> dict[str, Any]:
+    """What a stage's task passes its actors: the rollout, the task run's attempt (0, 1, ...) and the stage, which
+    the fault hooks filter on and the actors' refusals name."""
+    from prefect.runtime import task_run
+
+    return {"rollout_id": rollout_id, "attempt": max(0, int(task_run.run_count or 1) - 1), "stage": stage}
+
+
+def stage_end(cfg: RunConfig, stage: str, ctx: dict[str, Any]) -> None:
+    """The stage-end fault hook (`config.stages.stage_end_hook`), reached by `stage`'s task after its actor work
+    and files, before its records are logged and it returns; `ctx` holds the rollout and the task's attempt."""
+    from config.stages import stage_end_hook
+
+    faults = orchestrator_faults(cfg)
+    if faults is not None:
+        faults.reach(stage_end_hook(stage), rollout_id=ctx["rollout_id"], attempt=ctx["attempt"])
+
+
 async def _placement(cfg: RunConfig) -> placement.Placement:
     """The run's placement group: created (and waited for) with the run's first actor, then reused."""
     if namespace(cfg) not in _PLACEMENTS:

@@ -22,8 +22,11 @@ class CheckFailed(AssertionError):
 
 def retry_unless_check_failed(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect's `retry_condition_fn`: a checker failure is deterministic (the same inputs fail the same way),
-    so it is reported once instead of being retried; any other failure may be retried."""
-    return not isinstance(state.data, CheckFailed)
+    so it is reported once instead of being retried (the inject guard's mismatch too); any other failure may be
+    retried."""
+    from rollout.replay import InjectionMismatch
+
+    return not isinstance(state.data, CheckFailed | InjectionMismatch)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from artifacts.slime_format import read_any, write_any
 from artifacts.store import ArtifactRef, RunPaths, read_rollout, write_rollout
 from config import RunConfig
 from rollout.replay import check_injection, subsample
+from tasks import actors
+from tasks.actors import stage_context
 from tasks.metrics import log_metrics
 
 
@@ -47,7 +49,7 @@ def _as_rollout(samples: list[Sample], rollout_id: int) -> list[Sample]:
     ]
 
 
-@task(name="load-rollout", retries=2, retry_delay_seconds=1, log_prints=True)
+@task(name="load-rollout", log_prints=True)
 async def load_rollout(cfg: RunConfig, rollout_id: int, template: str, forge: bool = False) -> ArtifactRef:
     """Read a recorded rollout (`.parquet` or slime `.pt`) and publish it as this rollout's artifact."""
     path = recording_path(template, rollout_id, fallback_to_zero=forge)
@@ -55,11 +57,13 @@ async def load_rollout(cfg: RunConfig, rollout_id: int, template: str, forge: bo
     if cfg.debug.load_debug_rollout_data_subsample is not None:
         samples = subsample(samples, cfg.debug.load_debug_rollout_data_subsample)
     print(f"rollout {rollout_id}: loaded {len(samples)} samples from {path}")
-    return write_rollout(
+    ref = write_rollout(
         RunPaths(cfg.resolved_run_dir).rollout(rollout_id),
         _as_rollout(samples, rollout_id),
         metadata={"recorded_from": str(path)},
     )
+    actors.stage_end(cfg, "load-rollout", stage_context(rollout_id, "load-rollout"))
+    return ref
 
 
 @task(name="inject", log_prints=True)
@@ -71,9 +75,11 @@ async def inject(cfg: RunConfig, rollout_id: int, fresh: ArtifactRef) -> Artifac
     path = recording_path(d.ci_inject_rollout_data_path, rollout_id, fallback_to_zero=False)
     recorded = read_any(path, trust_pickle=d.trust_pickle)
     result = check_injection(read_rollout(fresh), recorded, d.ci_inject_rollout_data_min_match_ratio)
-    log_metrics(cfg, "check", rollout_id, {f"check/inject_{k}": float(v) for k, v in result.items()})
-    return write_rollout(
+    ref = write_rollout(
         RunPaths(cfg.resolved_run_dir).rollout(rollout_id),
         _as_rollout(recorded, rollout_id),
         metadata={"recorded_from": str(path)},
     )
+    actors.stage_end(cfg, "inject", stage_context(rollout_id, "inject"))
+    log_metrics(cfg, "check", rollout_id, {f"check/inject_{k}": float(v) for k, v in result.items()})
+    return ref

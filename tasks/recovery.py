@@ -8,9 +8,8 @@ that Prefect's retry of the stage runs on healthy actors holding the right weigh
 - The trainers are re-created together (one dead rank breaks the gloo group) from their latest step-boundary
   snapshot (trainers/actor.py), or from the run's starting weights before the first train-step; the
   apply-once guard travels in the snapshot, so a retried train-step of an applied rollout returns its metrics.
-  A rollout's snapshot is written once its weights have left for the engines (the sync waits for it); trainers
-  that die between the step and that write come back at the rollout before, and the retried sync applies the step
-  again from its recorded inputs (tasks/stages._reapply).
+  A rollout's snapshot is written by its train step before the step's task ends; trainers that die before it
+  is written fail that task, come back at the rollout before, and the retried task applies the step again.
 - The rollout actor (it scores and writes what the engines generate) keeps nothing between calls: Ray restarts
   a dead one by itself, and one that hangs is re-created; the retried stage sends it the engines' answers again.
 - A fault that raised inside a live actor (an exception, not a death) needs no replacement: the retry runs

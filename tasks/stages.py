@@ -1,12 +1,16 @@
-"""The stages of one rollout, as Prefect tasks: generate, save-rollout, log-prob, train-step, sync,
-check (and eval). Each resolves refs, calls the run's actors, writes artifacts and returns refs."""
+"""The stages of one rollout, as Prefect tasks: generate, save-rollout, log-prob, train-step, sync, check (and
+eval). Each resolves refs, calls the run's actors, writes artifacts and returns refs. Every actor call a stage
+stands for is made and awaited inside its own task run, so the task's span in the Prefect UI holds its work; a
+retried task asks its actors again, and they check the state the retry depends on (an engine generates only on
+the weight version the call names, the rollout actor checks the version of every output, a trainer refuses a
+log-prob pass for a rollout whose step it applied). Retry policy and `--refresh` are applied by
+`flows.stages.Stages`, the one place that configures these tasks."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
 from prefect import task
 from prefect.artifacts import acreate_markdown_artifact
@@ -16,9 +20,11 @@ from artifacts.store import ArtifactRef, RunPaths, read_rollout
 from config import RunConfig
 from engines.base import GenerateRequest
 from rollout.data import prompts_for_rollout
+from rollout.finish import Tally
 from rollout.requests import Entry, build_requests, split_for_engines
 from rollout.source import cached, eval_params, rollout_source, train_params
-from tasks import actors, notify, prefetch
+from tasks import actors
+from tasks.actors import stage_context
 from tasks.cache import RefCachePolicy
 from tasks.checks import (
     CheckFailed,
@@ -35,18 +41,11 @@ from tasks.metrics import eval_stats, log_metrics, non_finite, reward_stats
 from tasks.recordings import record_rollout
 from tasks.recovery import guarded
 from tasks.refs import LogProbs, WeightsRef
-from tasks.transfer import Pushed, chained, trainer_weights, transfer_for
+from tasks.transfer import Pushed, trainer_weights, transfer_for
 
 
 def _paths(cfg: RunConfig) -> RunPaths:
     return RunPaths(cfg.resolved_run_dir)
-
-
-def _ctx(rollout_id: int) -> dict[str, int]:
-    """The context an actor's fault hooks filter on: the rollout and this task run's attempt (0, 1, ...)."""
-    from prefect.runtime import task_run
-
-    return {"rollout_id": rollout_id, "attempt": max(0, int(task_run.run_count or 1) - 1)}
 
 
 def _per_engine(
@@ -59,8 +58,7 @@ def _per_engine(
 
 def train_requests(cfg: RunConfig, rollout_id: int) -> list[Entry]:
     """Rollout `rollout_id`'s requests: its prompts, each `n_samples_per_prompt` times, seeded per sample. Made
-    once per process and config (the head starts and the generate task ask for the same rollout's: a sha256 per
-    sample); callers do not modify the list."""
+    once per process and config; callers do not modify the list."""
 
     def make() -> list[Entry]:
         src, r = rollout_source(cfg), cfg.rollout
@@ -112,136 +110,73 @@ def injects(cfg: RunConfig, rollout_id: int) -> bool:
     return bool(d.ci_inject_rollout_data_path) and rollout_id >= d.ci_inject_rollout_data_start_rollout_id
 
 
-def _generates_ahead(cfg: RunConfig) -> bool:
-    """Whether a rollout's generation may start before its generate task (tasks/prefetch.py): it generates on the
-    engines (not train-only, not a loaded recording) and --debug-sequential-stages is off."""
-    d = cfg.debug
-    return not (
-        cfg.train_only or d.load_debug_rollout_data or d.load_forge_rollout_data or d.debug_sequential_stages
-    )
+def _logprobs_out(cfg: RunConfig, rollout_id: int) -> str:
+    return str(_paths(cfg).logprobs(rollout_id))
 
 
-def start_next_generation(
-    cfg: RunConfig, rollout_id: int, weights: WeightsRef, log_probs: bool = True
-) -> None:
-    """The parent's head start on rollout `rollout_id`'s generate task (tasks/prefetch.py), when that rollout
-    generates ahead (`_generates_ahead`): the engines' calls (unless `ask_engines_after_sync` made them already),
-    then the scoring and writing; with `log_probs`, its log-prob pass follows on the written file when the rollout
-    trains on it (not rollout-only, no injected recording), and its train step on that file and table, so that the
-    trainers go from one to the other with no round trip through this process (the rollout's train-step task takes
-    that step only if its log-prob task took that pass: `start_train_step`). A chained step changes the trainers
-    before the generate, save-rollout and log-prob tasks have recorded their ends; it applies what their first
-    attempts produce, which a retry of any of them produces again bit for bit (seeded sampling, deterministic
-    passes), and if the generation, the write or the pass fails, so does the step, before it changes anything."""
-    if not _generates_ahead(cfg):
-        return
-    entries = train_requests(cfg, rollout_id)
-    _, requests = _per_engine(cfg, entries)
-    injected = injects(cfg, rollout_id)
-    chain = log_probs and not cfg.rollout_only and not injected
-    prefetch.start(
+@dataclass(frozen=True)
+class Generated:
+    """A generated rollout: its file's ref, its tally, and the seconds the longest engine spent generating it."""
+
+    rollout: ArtifactRef
+    tally: Tally
+    seconds: float
+
+
+async def _generate(
+    cfg: RunConfig,
+    entries: list[Entry],
+    rollout_id: int,
+    weights: WeightsRef,
+    path: str,
+    ctx: dict[str, Any],
+    eval_mode: bool = False,
+) -> Generated:
+    """Each engine generates its part of `entries` on the weights `weights` (an engine holding another version
+    refuses), then the rollout actor checks every output's weight version, scores them and writes the rollout (an
+    eval set with `eval_mode`) to `path` (rollout/actor.py). Both are submitted at once: Ray hands the engines'
+    answers to the rollout actor without a round trip through this process."""
+    _, parts = _per_engine(cfg, entries)
+    engines = actors.engines(cfg)
+    answers = [
+        e.generate.remote(part, weights.version, ctx) for e, part in zip(engines, parts, strict=True) if part
+    ]
+    ref, tally = actors.rollout_actor(cfg).finish_rollout.remote(
         cfg,
         rollout_id,
-        (weights.version, weights.sha256),
         entries,
-        requests,
-        _rollout_path(cfg, rollout_id, injected),
-        _logprobs_out(cfg, rollout_id) if chain else None,
-        train=lambda rollout, table: _train_calls(cfg, rollout, table, prefetch.first_attempt(rollout_id)),
+        weights.version,
+        weights.sha256,
+        path,
+        *answers,
+        eval_mode=eval_mode,
+        ctx=ctx,
     )
-
-
-def ask_engines_after_sync(cfg: RunConfig, rollout_id: int, generation: bool, evaluation: bool) -> None:
-    """The parent's earlier head start on what follows rollout `rollout_id`'s sync, set before its flow run: once
-    that run's sync task has the new weights in the engines (`prefetch.done`), its check task's questions to the
-    engines go out, then (`evaluation`) the requests of the eval due on those weights, then (`generation`) the next
-    rollout's (`prefetch.ask_engines`). An engine answers one caller's calls in order, so the check is not held
-    up, and the next generation overlaps the eval's scoring, the check and the flow runs' end and start. Only the
-    engines' calls: the scoring and writing wait for their tasks (the eval task, `start_next_generation` after the
-    check), and if the check fails the answers are dropped. Nothing when the rollout syncs no weights
-    (rollout-only, --debug-skip-weight-update) or the run does not generate ahead."""
-    if not (generation or evaluation) or not _generates_ahead(cfg) or cfg.rollout_only:
-        return
-    if cfg.debug.debug_skip_weight_update:
-        return
-
-    def submit() -> prefetch.NextCalls:
-        return prefetch.NextCalls(
-            _weights_questions(actors.engines(cfg)),
-            _asked_ahead(cfg, rollout_id + 1, eval_requests) if evaluation else None,
-            _asked_ahead(cfg, rollout_id + 1, train_requests) if generation else None,
-        )
-
-    def ask(weights: WeightsRef) -> None:
-        # submitted already if the sync was chained on the train step and put exactly these weights in
-        calls = prefetch.next_calls(cfg, rollout_id, weights) or submit()
-        prefetch.start_calls("check", _check_key(cfg, rollout_id, weights), prefetch.answers(calls.questions))
-        weights_key = (weights.version, weights.sha256)
-        for stage, asked in (("eval", calls.evaluation), ("generate", calls.generation)):
-            if asked is not None:
-                prefetch.ask_engines(cfg, rollout_id + 1, weights_key, asked.parts, asked.refs, stage=stage)
-
-    prefetch.when(cfg, "sync", rollout_id, ask)
-    prefetch.after_sync(cfg, rollout_id, submit)
-
-
-def _asked_ahead(
-    cfg: RunConfig, rollout_id: int, requests: Callable[[RunConfig, int], list[Entry]]
-) -> prefetch.EngineCalls:
-    """The engines' calls for rollout (or eval) `rollout_id`'s `requests`, submitted now as its first attempt's."""
-    _, parts = _per_engine(cfg, requests(cfg, rollout_id))
-    return prefetch.EngineCalls(parts, prefetch.engine_calls(cfg, rollout_id, parts))
-
-
-def start_first_rollout(cfg: RunConfig, rollout_id: int, weights: WeightsRef, evaluation: bool) -> None:
-    """The head start on the run's first rollout, `rollout_id`, as its flow run begins on the engines' `weights`
-    (synced as the actors started). With `evaluation` (eval `rollout_id` comes first in that flow run), the engines
-    are asked for the eval's samples; then `start_next_generation` starts the rollout's generation, with its
-    log-prob pass and its train step behind it. The rollout's tasks take them as they take a later rollout's."""
-    if not _generates_ahead(cfg):
-        return
-    if evaluation:
-        _, parts = _per_engine(cfg, eval_requests(cfg, rollout_id))
-        prefetch.ask_engines(cfg, rollout_id, (weights.version, weights.sha256), parts, stage="eval")
-    start_next_generation(cfg, rollout_id, weights)
-
-
-def _check_key(cfg: RunConfig, rollout_id: int, weights: WeightsRef) -> tuple[Any, ...]:
-    return (actors.namespace(cfg), rollout_id, weights.version, weights.sha256)
-
-
-def _weights_questions(engines: list[Any]) -> list[Any]:
-    """The check task's questions to `engines`, submitted now: every engine's weight version, then every engine's
-    weights sha256."""
-    return [*[e.weight_version.remote() for e in engines], *[e.weights_sha256.remote() for e in engines]]
+    rollout, counted = await asyncio.gather(ref, tally)
+    return Generated(rollout, counted, counted.generation)
 
 
 @task(
     name="generate",
-    retries=2,
-    retry_delay_seconds=1,
     cache_policy=RefCachePolicy(sections=("rollout", "data", "reward")),
     persist_result=True,
     result_serializer="json",
     log_prints=True,
 )
 async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: bool = False) -> ArtifactRef:
-    """Sample `rollout_batch_size x n_samples_per_prompt` responses, score them and write
-    rollout_{id}.parquet (`fresh_{id}.parquet` when a recording will be injected in its place): the engines
-    generate, the rollout actor scores and writes (rollout/actor.py)."""
-    entries = train_requests(cfg, rollout_id)
-    _, requests = _per_engine(cfg, entries)
-    path, ctx = _rollout_path(cfg, rollout_id, fresh), _ctx(rollout_id)
-    weights_key = (weights.version, weights.sha256)
-    started = prefetch.take(cfg, rollout_id, weights_key, requests, path) if ctx["attempt"] == 0 else None
-    calls: Awaitable[prefetch.Generated] = (
-        started
-        if started is not None
-        else prefetch.generate_rollout(cfg, entries, requests, rollout_id, weights.sha256, path, ctx)[1]
-    )
+    """Sample `rollout_batch_size x n_samples_per_prompt` responses on the engines' `weights`, score them and
+    write rollout_{id}.parquet (`fresh_{id}.parquet` when a recording will be injected in its place)."""
+    ctx = stage_context(rollout_id, "generate")
+    path = _rollout_path(cfg, rollout_id, fresh)
     generated = await guarded(
-        cfg, f"generate {rollout_id}", calls, cfg.faults.rollout_timeout, engines=True, weights=weights
+        cfg,
+        f"generate {rollout_id}",
+        _generate(cfg, train_requests(cfg, rollout_id), rollout_id, weights, path, ctx),
+        cfg.faults.rollout_timeout,
+        engines=True,
+        weights=weights,
     )
+    actors.stage_end(cfg, "generate", ctx)
     seconds, tally = generated.seconds, generated.tally
     log_metrics(
         cfg,
@@ -255,14 +190,11 @@ async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: 
             "perf/longest_sample_tokens_per_sec": tally.longest / seconds,
         },
     )
-    prefetch.done(cfg, "generate", rollout_id, generated.rollout)
     return generated.rollout
 
 
 @task(
     name="save-rollout",
-    retries=2,
-    retry_delay_seconds=1,
     cache_policy=RefCachePolicy(sections=("rollout",)),
     persist_result=True,
     result_serializer="json",
@@ -278,6 +210,7 @@ async def save_rollout(
     and log its rollout-side metrics (`rollout N: {...}`); loaded recordings skip the metrics, as in slime."""
     samples = read_rollout(rollout)
     record_rollout(cfg, rollout_id, samples)
+    actors.stage_end(cfg, "save-rollout", stage_context(rollout_id, "save-rollout"))
     if loaded:
         return {}
     stats = reward_stats(samples, cfg.rollout.n_samples_per_prompt)
@@ -287,136 +220,38 @@ async def save_rollout(
 
 @task(
     name="log-prob",
-    retries=2,
-    retry_delay_seconds=1,
     cache_policy=RefCachePolicy(sections=("rollout", "train")),
     persist_result=True,
     result_serializer="json",
     log_prints=True,
 )
 async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> LogProbs:
-    """Trainer log-probs (+ reference log-probs, entropy) of every response token, and their statistics. The
-    first attempt takes the pass the rollout flow run started for it (`start_log_prob`), if there is one."""
+    """Trainer log-probs (+ reference log-probs, entropy) of every response token, written to
+    logprobs/rollout_{id}.parquet, and their statistics. The engines release their memory first (they step aside
+    for the trainer); a trainer that already applied this rollout's step refuses the pass."""
     engines, trainers = actors.engines(cfg), actors.trainers(cfg)
-    out = _logprobs_out(cfg, rollout_id)
-    started = (
-        prefetch.take_log_probs(cfg, rollout_id, rollout, weights, out)
-        if _ctx(rollout_id)["attempt"] == 0
-        else None
-    )
-    if started is None:
-        await guarded(
-            cfg,
-            f"log-prob {rollout_id}: release engine memory",  # engines step aside for the trainer
-            asyncio.gather(*[e.release_memory.remote() for e in engines]),
-            cfg.faults.rollout_timeout,
-            engines=True,
-            weights=weights,
-        )
-    *refs, stats = await guarded(
+    ctx, what = stage_context(rollout_id, "log-prob"), f"log-prob {rollout_id}"
+    await guarded(
         cfg,
-        f"log-prob {rollout_id}",
-        started if started is not None else prefetch.answers(prefetch.log_prob_calls(trainers, rollout, out)),
-        cfg.faults.train_timeout,
-        trainers=True,
-        engines=started is not None,  # the engines' release ran in it
+        what,
+        asyncio.gather(*[e.release_memory.remote() for e in engines]),
+        cfg.faults.rollout_timeout,
+        engines=True,
         weights=weights,
     )
-    log_metrics(cfg, "rollout", rollout_id, stats)
-    result = LogProbs(table=refs[0], stats=stats)
-    prefetch.done(cfg, "log-prob", rollout_id, result)
-    return result
-
-
-def start_log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> None:
-    """The rollout flow run's head start on its log-prob task (tasks/prefetch.py), as soon as generate returned
-    `rollout`, and then on its train-step task once log-prob is done: when the rollout trains (not rollout-only)
-    and --debug-sequential-stages is off."""
-    if cfg.rollout_only or cfg.debug.debug_sequential_stages:
-        return
-    prefetch.start_log_probs(cfg, rollout_id, rollout, weights, _logprobs_out(cfg, rollout_id))
-    prefetch.when(
-        cfg, "log-prob", rollout_id, lambda lp: start_train_step(cfg, rollout_id, rollout, lp.table)
+    written = [t.compute_log_probs.remote(rollout, _logprobs_out(cfg, rollout_id), ctx) for t in trainers]
+    # rank 0 runs its calls in order and Ray hands it the ref it wrote
+    stats = trainers[0].rollout_stats.remote(rollout, written[0])
+    table, *_, computed = await guarded(
+        cfg, what, asyncio.gather(*written, stats), cfg.faults.train_timeout, trainers=True
     )
-
-
-def _logprobs_out(cfg: RunConfig, rollout_id: int) -> str:
-    """Where rollout `rollout_id`'s log-prob table goes (part of a log-prob head start's key)."""
-    return str(_paths(cfg).logprobs(rollout_id))
-
-
-def start_train_step(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef) -> None:
-    """The head start on rollout `rollout_id`'s train-step task, on `rollout` with the log-prob table `logprobs`
-    (from within the log-prob task, its own work done), and then on its sync task once train-step is done, when
-    the rollout's weights go to engines (not with --debug-skip-weight-update; a train-only run generates nothing,
-    so nothing starts this).
-
-    When the run's weight transfer allows it (`transfer.chained`), the sync's calls are submitted now too, ordered
-    by Ray behind every rank's step (colocated engines resume once it is done; each rank exports once it ran it,
-    and only if it applied this rollout: if the step raised, nothing reaches the engines), followed on the engines
-    by what the parent asked for after the sync (`ask_engines_after_sync`: the check's questions, the next rollout's
-    generation): the weights reach the engines and the next generation starts with no round trip through this
-    process; then the trainers write the step's snapshot (`_sync_writes_snapshot`). The sync task takes all this
-    only if its train-step task got exactly that step's answers (`start_sync`)."""
-    ctx = prefetch.first_attempt(rollout_id)
-    # submitted already, behind the log-prob pass the parent chained on the generation, if that made `logprobs`
-    calls = prefetch.chained_train(cfg, rollout_id, logprobs) or _train_calls(cfg, rollout, logprobs, ctx)
-    trained = asyncio.ensure_future(prefetch.answers(calls))
-    prefetch.start_calls("train-step", _train_key(cfg, rollout_id, rollout, logprobs), trained)
-    if cfg.debug.debug_skip_weight_update:
-        return
-    transfer = chained(transfer_for(cfg))
-    if transfer is not None:
-        steps, engines = calls[:-1], actors.engines(cfg)
-        # colocated engines take their memory back only once the trainers' step is done; others at once, so that
-        # their load is waiting for the export (Ray runs one caller's calls to an engine in order)
-        resumed = [e.resume_memory.remote(*(steps if cfg.placement.colocate else [])) for e in engines]
-        pushed = transfer.submit(cfg, engines, rollout_id + 1, ctx, applied=rollout_id)
-        # the step's snapshot, written once the weights left (the engines load and generate meanwhile)
-        written = [t.write_snapshot.remote() for t in actors.trainers(cfg)]
-        prefetch.chain_sync(cfg, rollout_id, trained, _after([*resumed, *written], pushed))
-    prefetch.when(cfg, "train-step", rollout_id, lambda _: start_sync(cfg, rollout_id))
-
-
-async def _after(first: list[Any], then: Awaitable[Pushed]) -> Pushed:
-    """`then`'s answer once `first` (calls submitted before it) are answered too; all awaited at once."""
-    *_, pushed = await asyncio.gather(*first, then)
-    return cast(Pushed, pushed)
-
-
-def _train_calls(
-    cfg: RunConfig, rollout: ArtifactRef, logprobs: ArtifactRef, ctx: dict[str, int]
-) -> list[Any]:
-    """Every rank's train step, then rank 0's perf metrics (answered after its step), submitted now. The step-boundary
-    snapshot is written by the step itself unless the weight sync writes it (`_sync_writes_snapshot`)."""
-    trainers, snapshot = actors.trainers(cfg), not _sync_writes_snapshot(cfg)
-    steps = [t.train_step.remote(rollout, logprobs, cfg.train_data_template, ctx, snapshot) for t in trainers]
-    return [*steps, trainers[0].perf.remote()]
-
-
-def _sync_writes_snapshot(cfg: RunConfig) -> bool:
-    """Whether the trainers' step-boundary snapshot of a rollout is written by its weight sync, once the weights
-    left for the engines (so that the next generation does not wait for it), rather than at the end of the train
-    step: when a sync that moves weights follows every train step and its transfer can be chained on the step
-    (`start_train_step`)."""
-    return (
-        not cfg.train_only
-        and not cfg.rollout_only
-        and not cfg.debug.debug_skip_weight_update
-        and chained(transfer_for(cfg)) is not None
-    )
-
-
-def _train_key(
-    cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef
-) -> tuple[Any, ...]:
-    return (actors.namespace(cfg), rollout_id, rollout.sha256, logprobs.sha256)
+    actors.stage_end(cfg, "log-prob", ctx)
+    log_metrics(cfg, "rollout", rollout_id, computed)
+    return LogProbs(table=table, stats=computed)
 
 
 @task(
     name="train-step",
-    retries=1,
-    retry_delay_seconds=1,
     cache_policy=RefCachePolicy(sections=("rollout", "train")),
     persist_result=True,
     result_serializer="json",
@@ -425,164 +260,79 @@ def _train_key(
 async def train_step(
     cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef, session: str
 ) -> list[dict]:
-    """Every optimizer step of this rollout on every rank; the trainer refuses to apply a rollout twice.
+    """Every optimizer step of this rollout on every rank, then each rank's step-boundary snapshot; a trainer
+    that applied this rollout already returns the metrics it applied (a retry never trains twice).
 
     Training changes actor state, so its cache is scoped to the trainer `session` (the actors of one
     `rollflow run`): re-running a rollout flow against the same actors returns the cached metrics,
     while a fresh run with fresh actors trains for real."""
-    ctx = _ctx(rollout_id)
-    key = _train_key(cfg, rollout_id, rollout, logprobs)
-    started = prefetch.take_calls("train-step", key) if ctx["attempt"] == 0 else None
-    *per_rank, perf = await guarded(
+    ctx, trainers = stage_context(rollout_id, "train-step"), actors.trainers(cfg)
+    steps = [t.train_step.remote(rollout, logprobs, cfg.train_data_template, ctx) for t in trainers]
+    per_rank_and_perf = await guarded(
         cfg,
         f"train-step {rollout_id}",
-        started if started is not None else prefetch.answers(_train_calls(cfg, rollout, logprobs, ctx)),
+        asyncio.gather(*steps, trainers[0].perf.remote()),
         cfg.faults.train_timeout,
         trainers=True,
     )
-    steps = per_rank[0]
-    for m in steps:
+    actors.stage_end(cfg, "train-step", ctx)
+    metrics, perf = per_rank_and_perf[0], per_rank_and_perf[-1]
+    for m in metrics:
         log_metrics(cfg, "step", rollout_id, m, step=int(m["train/step"]))
     log_metrics(cfg, "perf", rollout_id, perf)
-    prefetch.done(cfg, "train-step", rollout_id, steps)
-    return steps
+    return metrics
 
 
-def start_sync(cfg: RunConfig, rollout_id: int) -> None:
-    """The head start on rollout `rollout_id`'s sync task (from within its train-step task, its own work done):
-    the sync chained on the train step the task got (`start_train_step`), else, submitted now, the engines resume,
-    then the trainers' weights go to them as version `rollout_id + 1`."""
-    pushed = prefetch.synced_chain(cfg, rollout_id) or _push(
-        cfg, actors.engines(cfg), rollout_id + 1, prefetch.first_attempt(rollout_id)
-    )
-    prefetch.start_calls("sync", (actors.namespace(cfg), rollout_id), pushed)
-
-
-@task(name="sync", retries=2, retry_delay_seconds=1, log_prints=True)
-async def sync(
-    cfg: RunConfig,
-    rollout_id: int,
-    verify_equal: bool = False,
-    rollout: ArtifactRef | None = None,
-    logprobs: ArtifactRef | None = None,
-) -> WeightsRef:
+@task(name="sync", log_prints=True)
+async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> WeightsRef:
     """Push the trainer's weights to every engine as version `rollout_id + 1`.
 
     `verify_equal` (the weight-update checker, on the first sync): engines scramble every weight
-    first, and after the sync every tensor must equal the trainer's bitwise. `rollout`, `logprobs`: what rollout
-    `rollout_id`'s train step trained on; a retry after the trainers died before they wrote that step's snapshot
-    (`_sync_writes_snapshot`) applies the step again from them (`_reapply`)."""
+    first, and after the sync every tensor must equal the trainer's bitwise."""
     engines = actors.engines(cfg)
-    version, ctx, what = rollout_id + 1, _ctx(rollout_id), f"sync {rollout_id}"
-    if ctx["attempt"] > 0 and rollout is not None and logprobs is not None:
-        await _reapply(cfg, rollout_id, rollout, logprobs, ctx)
+    version, ctx, what = rollout_id + 1, stage_context(rollout_id, "sync"), f"sync {rollout_id}"
+    # an engine runs one caller's calls in order: snapshot and scramble, resume, then the transfer's loads
+    before = [
+        *([e.snapshot_and_scramble.remote() for e in engines] if verify_equal else []),
+        *[e.resume_memory.remote() for e in engines],
+    ]
     if (
         cfg.debug.debug_skip_weight_update
     ):  # the schedule around the transfer still runs; the engines keep theirs
-        before = _before_push(engines, verify_equal)
         await guarded(cfg, what, asyncio.gather(*before), cfg.faults.update_weights_timeout, engines=True)
         print(f"sync {rollout_id}: --debug-skip-weight-update: weight transfer skipped")
-        return WeightsRef(
+        held = WeightsRef(
             version=await engines[0].weight_version.remote(), sha256=await engines[0].weights_sha256.remote()
         )
-    started = (
-        prefetch.take_calls("sync", (actors.namespace(cfg), rollout_id))
-        if ctx["attempt"] == 0 and not verify_equal
-        else None
-    )
+        actors.stage_end(cfg, "sync", ctx)
+        return held
     pushed = await guarded(
         cfg,
         what,
-        started if started is not None else _push(cfg, engines, version, ctx, scramble=verify_equal),
+        _pushed(before, transfer_for(cfg).push(cfg, engines, version, ctx)),
         cfg.faults.update_weights_timeout,
         engines=True,
         trainers=True,
     )
     if verify_equal:
         skip = {s for s in (cfg.ci.check_weight_update_skip_list or "").split(",") if s}
-        held = await asyncio.gather(*[e.tensor_hashes.remote() for e in engines])
+        held_hashes = await asyncio.gather(*[e.tensor_hashes.remote() for e in engines])
         bad = {
             i: [n for n in differing_tensors(pushed.tensor_hashes, h) if n not in skip]
-            for i, h in enumerate(held)
+            for i, h in enumerate(held_hashes)
         }
         bad = {i: names for i, names in bad.items() if names}
         log_metrics(cfg, "check", rollout_id + 1, {"check/weight_update_equal": 0.0 if bad else 1.0})
         if bad:
             raise CheckFailed("; ".join(weight_update_failure(i, names) for i, names in bad.items()))
-    synced = WeightsRef(version=version, sha256=pushed.sha256)
-    prefetch.done(cfg, "sync", rollout_id, synced)
-    return synced
+    actors.stage_end(cfg, "sync", ctx)
+    return WeightsRef(version=version, sha256=pushed.sha256)
 
 
-async def _reapply(
-    cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef, ctx: dict[str, int]
-) -> None:
-    """A retried sync of rollout `rollout_id`: if the trainers were re-created from the snapshot before that
-    rollout's step (they died after the step, before its snapshot was written: `_sync_writes_snapshot`), apply the
-    step again on its recorded rollout and log-prob table, which gives the same weights bit for bit (a
-    deterministic trainer, from the restored weights, optimizer and RNG). Trainers anywhere else are an error."""
-    trainers, what = actors.trainers(cfg), f"sync {rollout_id}"
-    health = await guarded(
-        cfg,
-        what,
-        asyncio.gather(*[t.health.remote() for t in trainers]),
-        cfg.faults.train_timeout,
-        trainers=True,
-    )
-    at = {int(h["last_applied_rollout"]) for h in health}
-    if at == {rollout_id}:
-        return
-    if at != {rollout_id - 1}:
-        raise RuntimeError(
-            f"{what}: the trainers hold rollouts {sorted(at)}, not {rollout_id} (or {rollout_id - 1}, to apply its "
-            "step again): their state cannot be restored here; resume the run with --resume"
-        )
-    notify.notice(
-        f"{what}: the trainers were restored to rollout {rollout_id - 1} (they died before writing rollout "
-        f"{rollout_id}'s snapshot); applying rollout {rollout_id}'s step again from its recorded rollout and "
-        "log-probs",
-        logging.WARNING,  # as the recovery that made it necessary is reported
-    )
-    await guarded(
-        cfg,
-        what,
-        asyncio.gather(
-            *[t.train_step.remote(rollout, logprobs, cfg.train_data_template, ctx, True) for t in trainers]
-        ),
-        cfg.faults.train_timeout,
-        trainers=True,
-    )
-
-
-def _before_push(engines: list, scramble: bool) -> list:
-    """The engines' calls before a weight transfer, submitted now: snapshot and scramble (the weight-update
-    checker), then resume. An engine runs the calls of one caller in submission order (snapshot, resume,
-    update), so they are submitted together and awaited once."""
-    return [
-        *([e.snapshot_and_scramble.remote() for e in engines] if scramble else []),
-        *[e.resume_memory.remote() for e in engines],
-    ]
-
-
-def _push(
-    cfg: RunConfig, engines: list, version: int, ctx: dict, scramble: bool = False
-) -> Coroutine[Any, Any, Pushed]:
-    """The engines' calls before the transfer (`_before_push`), submitted as this is called; awaited, the transfer's
-    calls go out too and the trainers' weights go into the engines as `version` (each engine takes them after the
-    calls before: Ray runs one caller's calls to an actor in order), then the trainers write the step-boundary
-    snapshot if the sync writes it (`_sync_writes_snapshot`)."""
-    before = _before_push(engines, scramble)
-    # the transfer's calls go out at once: an engine takes them after the ones before (same caller, in order)
-    pushing = _after(before, transfer_for(cfg).push(cfg, engines, version, ctx))
-    if not _sync_writes_snapshot(cfg):
-        return pushing
-
-    async def then_snapshot() -> Pushed:
-        pushed = await pushing
-        await asyncio.gather(*[t.write_snapshot.remote() for t in actors.trainers(cfg)])
-        return pushed
-
-    return then_snapshot()
+async def _pushed(before: list[Any], push: Any) -> Pushed:
+    """The transfer's result once the engines' calls submitted before it are answered too."""
+    *_, pushed = await asyncio.gather(*before, push)
+    return pushed
 
 
 @task(name="check", log_prints=True)
@@ -595,10 +345,12 @@ async def check(
 ) -> dict[str, Any]:
     """Invariants of one rollout: finite metrics; every engine holds the trainer's weights
     (`weights` is None when nothing was synced: rollout-only and train-only runs); with --ci-test, the KL,
-    log-prob (on `logprob_stats`, the log-prob stage's statistics) and grad-norm checkers."""
+    log-prob (on `logprob_stats`, the log-prob stage's statistics) and grad-norm checkers. A checker's failure
+    raises CheckFailed, which is never retried."""
+    ctx = stage_context(rollout_id, "check")
     bad = [f"step {m.get('train/step')}: {k}" for m in steps for k in non_finite(m)]
     if bad:
-        raise RuntimeError(f"rollout {rollout_id}: non-finite training metrics: {bad}")
+        raise CheckFailed(f"rollout {rollout_id}: non-finite training metrics: {bad}")
     violations = _ci_violations(cfg, rollout_id, steps, logprob_stats or {})
     if cfg.ci.ci_test or violations:
         body = "\n".join(f"- {v}" for v in violations) or "- KL, log-prob and grad-norm checkers: all passed"
@@ -611,15 +363,17 @@ async def check(
         log_metrics(cfg, "check", rollout_id, {"check/violations": float(len(violations))})
         raise_if_any(violations)
     if weights is None:
+        actors.stage_end(cfg, "check", ctx)
         result = {"check/finite_metrics": 1.0}
         log_metrics(cfg, "check", rollout_id, result)
         return result
     engines = actors.engines(cfg)
-    started = prefetch.take_calls("check", _check_key(cfg, rollout_id, weights))
     answers = await guarded(
         cfg,
         f"check {rollout_id}",
-        started if started is not None else prefetch.answers(_weights_questions(engines)),
+        asyncio.gather(
+            *[e.weight_version.remote() for e in engines], *[e.weights_sha256.remote() for e in engines]
+        ),
         cfg.faults.rollout_timeout,
         engines=True,
         weights=weights,
@@ -631,7 +385,8 @@ async def check(
         if v != weights.version or s != weights.sha256
     ]
     if wrong:
-        raise RuntimeError(await _out_of_sync(cfg, rollout_id, weights, wrong, versions, shas))
+        raise CheckFailed(await _out_of_sync(cfg, rollout_id, weights, wrong, versions, shas))
+    actors.stage_end(cfg, "check", ctx)
     result = {
         "check/finite_metrics": 1.0,
         "check/engines_in_sync": 1.0,
@@ -694,8 +449,6 @@ def _ci_violations(
 
 @task(
     name="eval",
-    retries=2,
-    retry_delay_seconds=1,
     cache_policy=RefCachePolicy(sections=("rollout", "eval", "data", "reward")),
     persist_result=True,
     result_serializer="json",
@@ -704,22 +457,19 @@ def _ci_violations(
 async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> dict[str, float]:
     """Every --eval-prompt-data dataset with the weights of version `eval_id`: `eval/NAME` (mean reward) and
     `eval/NAME-truncated_ratio`, one generation over all datasets, written to eval_{id}.parquet."""
-    src = rollout_source(cfg)
-    entries = eval_requests(cfg, eval_id)
-    path, ctx = str(_paths(cfg).eval_rollout(eval_id)), _ctx(eval_id)
-    _, requests = _per_engine(cfg, entries)
-    weights_key = (weights.version, weights.sha256)
-    asked = prefetch.take_asked(cfg, "eval", eval_id, weights_key, requests) if ctx["attempt"] == 0 else None
-    _, generated = prefetch.generate_rollout(
-        cfg, entries, requests, eval_id, weights.sha256, path, ctx, eval_mode=True, asked=asked
+    src, ctx = rollout_source(cfg), stage_context(eval_id, "eval")
+    path = str(_paths(cfg).eval_rollout(eval_id))
+    generated = await guarded(
+        cfg,
+        f"eval {eval_id}",
+        _generate(cfg, eval_requests(cfg, eval_id), eval_id, weights, path, ctx, eval_mode=True),
+        cfg.faults.rollout_timeout,
+        engines=True,
+        weights=weights,
     )
-    ref = (
-        await guarded(
-            cfg, f"eval {eval_id}", generated, cfg.faults.rollout_timeout, engines=True, weights=weights
-        )
-    ).rollout
-    samples = read_rollout(ref)
+    samples = read_rollout(generated.rollout)
     record_rollout(cfg, f"eval_{eval_id}", samples)
+    actors.stage_end(cfg, "eval", ctx)
     metrics = eval_stats(samples, [name for name, _ in src.evals])
     log_metrics(cfg, "eval", eval_id, {**metrics, "eval/step": eval_id})
     return metrics
@@ -728,7 +478,7 @@ async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> dict[st
 @task(name="save", log_prints=True)
 async def save_checkpoint(cfg: RunConfig, rollout_id: int) -> str:
     """Write iter_{rollout_id:07d}/ under --save (rank 0 writes; all ranks hold the same weights)."""
-    ctx = _ctx(rollout_id)
+    ctx = stage_context(rollout_id, "save")
     await guarded(
         cfg,
         f"save {rollout_id}",

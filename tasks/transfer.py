@@ -8,10 +8,6 @@ engine backend) pair (slime keeps the same choice in `update_weight_from_{tensor
   loads them as they come, then commits the version once every weight arrived. No process holds two full copies:
   rank 0 holds its shard plus one bucket, an engine its model plus one bucket.
 
-`FullTransfer`'s calls can also be submitted before the weights exist (`FullTransfer.submit`): the sync a rollout's flow
-run starts with its train step (tasks/stages.start_train_step) then runs as soon as the step is done, ordered by Ray
-with no round trip through the orchestrating process.
-
 Both return what was pushed: the weights' sha256 (artifacts.hashing.weights_sha256) and the per-tensor hashes,
 which the weight-update checker and the engines-in-sync check compare against without moving weights again.
 """
@@ -19,7 +15,6 @@ which the weight-update checker and the engines-in-sync check compare against wi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,32 +43,13 @@ class FullTransfer:
     """One object with every weight, fetched by every engine (see the module docstring)."""
 
     async def push(self, cfg: RunConfig, engines: list[Any], version: int, ctx: dict[str, Any]) -> Pushed:
-        return await self.submit(cfg, engines, version, ctx)
-
-    def submit(
-        self,
-        cfg: RunConfig,
-        engines: list[Any],
-        version: int,
-        ctx: dict[str, Any],
-        applied: int | None = None,
-    ) -> Awaitable[Pushed]:
-        """`push`'s calls, submitted now, before the weights may exist: each trainer rank runs them after the calls
-        submitted to it before (Ray keeps one caller's calls in order). `applied`: the rollout whose step the
-        exported weights must hold; if a rank is not there (its step failed), the export raises and no weights
-        move. Awaited: what was pushed."""
         trainers = actors.trainers(cfg)
-        exported = [t.export_weights.remote(ctx, applied) for t in trainers]  # rank 0's holds the weights
-        hashes = [
-            t.tensor_hashes.remote() for t in trainers
-        ]  # hashed where the weights are, after the export
+        exported = [t.export_weights.remote(ctx) for t in trainers]  # rank 0's holds the weights
+        # hashed where the weights are, after the export
+        hashes = [t.tensor_hashes.remote() for t in trainers]
         loads = [e.update_weights.remote([exported[0]], version, ctx) for e in engines]
-
-        async def pushed() -> Pushed:
-            *_, tensor_hashes = await asyncio.gather(*loads, *exported[1:], *hashes[1:], hashes[0])
-            return Pushed(weights_sha256_of(tensor_hashes), tensor_hashes)
-
-        return pushed()
+        *_, tensor_hashes = await asyncio.gather(*loads, *exported[1:], *hashes[1:], hashes[0])
+        return Pushed(weights_sha256_of(tensor_hashes), tensor_hashes)
 
 
 class StreamedTransfer:
@@ -110,12 +86,6 @@ TRANSFERS: dict[tuple[str, str], type[FullTransfer] | type[StreamedTransfer]] = 
     ("torch", "torch"): FullTransfer,
     ("megatron", "torch"): StreamedTransfer,
 }
-
-
-def chained(transfer: WeightTransfer) -> FullTransfer | None:
-    """`transfer` if its calls can be submitted ahead of the weights (`FullTransfer.submit`), else None (a streamed
-    transfer forwards each bucket as it comes)."""
-    return transfer if isinstance(transfer, FullTransfer) else None
 
 
 def transfer_for(cfg: RunConfig) -> WeightTransfer:

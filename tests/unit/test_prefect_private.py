@@ -1,16 +1,19 @@
-"""A busy embedded Prefect server (SQLite "database is locked": 503 without Retry-After) is retried after
+"""What flows/prefect_private.py relies on in Prefect still holds: these fail when Prefect changes it.
+
+A busy embedded Prefect server (SQLite "database is locked": 503 without Retry-After) is retried after
 0.05, 0.25 and 1 s instead of Prefect's 2, 4 and 8 s, and only for the first three busy answers to a request;
-by the async client and the sync one."""
+by the async client and the sync one. The temporary server's process is found through its class's registry."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import httpx
 import pytest
 from prefect.client import base as client_base
 
-from flows.runtime import retry_busy_server_quickly
+from flows.prefect_private import retry_busy_server_quickly, temporary_server_pids
 
 
 def _busy_then_ok(busy: int, waits: list[float], monkeypatch, sync: bool) -> tuple[int, list[int]]:
@@ -60,3 +63,33 @@ def test_the_patch_is_applied_once_and_other_answers_pass_through(monkeypatch):
     assert client_base.PrefectHttpxAsyncClient._send_with_retry is patched
     waits: list[float] = []
     assert _busy_then_ok(0, waits, monkeypatch, sync=False) == (200, [200]) and waits == []
+
+
+@pytest.mark.parametrize("cls", ["PrefectHttpxAsyncClient", "PrefectHttpxSyncClient"])
+def test_prefects_send_with_retry_takes_the_request_and_the_send_function(cls):
+    params = list(inspect.signature(getattr(client_base, cls)._send_with_retry).parameters)
+    assert params[:3] == ["self", "request", "send"]
+
+
+def test_the_temporary_servers_are_found_through_their_class_registry(monkeypatch):
+    from prefect.server.api.server import SubprocessASGIServer
+
+    assert isinstance(SubprocessASGIServer._instances, dict)
+
+    class Process:
+        pid = 4242
+
+        def poll(self):
+            return None  # still running
+
+    class Ended(Process):
+        def poll(self):
+            return 0
+
+    class Server:
+        def __init__(self, process):
+            self.server_process = process  # the attribute Prefect sets when it starts the server
+
+    monkeypatch.setattr(SubprocessASGIServer, "_instances", {1: Server(Process()), 2: Server(Ended())})
+    assert temporary_server_pids() == [4242]
+    assert "server_process" in inspect.getsource(SubprocessASGIServer.start)
