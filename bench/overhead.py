@@ -9,13 +9,15 @@
     end -> the next child's start).
 Same config for both (no checkpoints, 1 torch thread): by default a small one with eval off; with
 --default-recipe the default recipe's (RunConfig's defaults: 128 prompts x 4 samples, eval every 10 rollouts,
-which the plain loop then runs too) with --rollouts rollouts. Rollout 0 is a warm-up and is left out of every
-mean. The plain loop runs before the flow (the Prefect server and Ray not yet running) and again after it (Ray
-stopped, the server idle): the machine's speed drifts by 15-30 % within minutes, and the flow is compared with
-the plain loop on both sides of it (their rollouts pooled for the medians and means; the mean of the two for
-the total), not with whichever side ran in a faster minute. The difference flow - plain is the orchestration
-overhead per rollout (Prefect task/flow runs, Ray calls and object transfer, the flow's extra checks, metric
-logging and artifacts).
+which the plain loop then runs too) with --rollouts rollouts. --recipe picks the model, prompts and reward for
+either: tiny-arith (the default; responses of at most 6 tokens unless --max-response-len) or long-arith (its
+preset's responses of 64-256 tokens, at most 256 unless --max-response-len). Rollout 0 is a warm-up and is left
+out of every mean. The plain loop runs before the flow (the Prefect server and Ray not yet running) and again
+after it (Ray stopped, the server idle): the machine's speed drifts by 15-30 % within minutes, and the flow is
+compared with the plain loop on both sides of it (their rollouts pooled for the medians and means; the mean of
+the two for the total), not with whichever side ran in a faster minute. The difference flow - plain is the
+orchestration overhead per rollout (Prefect task/flow runs, Ray calls and object transfer, the flow's extra checks,
+metric logging and artifacts).
 
 The two figures of issue 09's "done when", printed last:
 - start to start minus in-process, per rollout (medians; means beside them), target <= 0.1 s on a quiet machine;
@@ -30,6 +32,7 @@ eval, the warm-up left out.
 
     python bench/overhead.py [--rollouts 6] [--batch-size 16] [--n-samples 8] [--max-response-len 6]
     python bench/overhead.py --default-recipe --rollouts 40 [--timeline]
+    python bench/overhead.py --recipe long-arith --rollouts 6 [--timeline]
 """
 
 from __future__ import annotations
@@ -60,29 +63,42 @@ configure_ray_env()  # and its Ray settings (before ray is imported)
 from bench._plain_loop import PHASES, mean, plain_rollouts, table  # noqa: E402
 from config import RunConfig  # noqa: E402
 from procs import threads  # noqa: E402
+from recipes.registry import RECIPES  # noqa: E402
 
 
-def default_recipe_config(run_dir: Path, rollouts: int, name: str = "bench-overhead") -> RunConfig:
-    """The default recipe (every RunConfig default) with `rollouts` rollouts."""
+def default_recipe_config(
+    run_dir: Path, rollouts: int, name: str = "bench-overhead", recipe: str = "tiny-arith"
+) -> RunConfig:
+    """The default recipe's config (every RunConfig default) with `rollouts` rollouts, on `recipe`'s model, data
+    and reward (and its preset response length)."""
     return RunConfig.model_validate(
-        {"name": name, "run_dir": str(run_dir), "rollout": {"num_rollout": rollouts}}
+        {"name": name, "run_dir": str(run_dir), "recipe": recipe, "rollout": {"num_rollout": rollouts}}
     )
 
 
 def bench_config(
-    run_dir: Path, rollouts: int, batch_size: int, n_samples: int, max_len: int, name: str = "bench-overhead"
+    run_dir: Path,
+    rollouts: int,
+    batch_size: int,
+    n_samples: int,
+    max_len: int | None,
+    name: str = "bench-overhead",
+    recipe: str = "tiny-arith",
 ) -> RunConfig:
-    """A small but real run: eval off, no checkpoints, one optimizer step per rollout."""
+    """A small but real run of `recipe`: eval off, no checkpoints, one optimizer step per rollout; responses of at
+    most `max_len` tokens (None: the recipe's preset, else RunConfig's default)."""
+    lengths = {} if max_len is None else {"rollout_max_response_len": max_len}
     return RunConfig.model_validate(
         {
             "name": name,
             "run_dir": str(run_dir),
             "num_threads": 1,
+            "recipe": recipe,
             "rollout": {
                 "num_rollout": rollouts,
                 "rollout_batch_size": batch_size,
                 "n_samples_per_prompt": n_samples,
-                "rollout_max_response_len": max_len,
+                **lengths,
             },
             "eval": {"eval_interval": None},
             "train": {"global_batch_size": batch_size * n_samples},
@@ -248,12 +264,23 @@ def main() -> None:
     p.add_argument("--rollouts", type=int, default=6, help="rollouts per side (rollout 0 is the warm-up)")
     p.add_argument("--batch-size", type=int, default=16, help="rollout_batch_size (prompts per rollout)")
     p.add_argument("--n-samples", type=int, default=8, help="n_samples_per_prompt")
-    p.add_argument("--max-response-len", type=int, default=6, help="rollout_max_response_len")
+    p.add_argument(
+        "--max-response-len",
+        type=int,
+        default=None,
+        help="rollout_max_response_len (default: the recipe's, 256 for long-arith; 6 for tiny-arith)",
+    )
     p.add_argument(
         "--default-recipe",
         action="store_true",
         help="the default recipe's config (RunConfig's defaults, eval included) with --rollouts rollouts; "
         "--batch-size, --n-samples and --max-response-len are ignored",
+    )
+    p.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default="tiny-arith",
+        help="the model, prompts and reward: tiny-arith, or long-arith for responses of 64-256 tokens",
     )
     p.add_argument(
         "--timeline",
@@ -266,8 +293,10 @@ def main() -> None:
 
     def config(run_dir: Path) -> RunConfig:
         if args.default_recipe:
-            return default_recipe_config(run_dir, args.rollouts)
-        return bench_config(run_dir, args.rollouts, args.batch_size, args.n_samples, args.max_response_len)
+            return default_recipe_config(run_dir, args.rollouts, recipe=args.recipe)
+        return bench_config(
+            run_dir, args.rollouts, args.batch_size, args.n_samples, args.max_response_len, recipe=args.recipe
+        )
 
     phases: tuple[dict[str, list[float]], dict[str, list[float]]] = ({}, {})  # each pass's
     timeline = Timeline() if args.timeline else None
@@ -305,22 +334,24 @@ def main() -> None:
             "",
         ]
     )
-    cfg = config(_TMP / "x")
+    from flows.resolve import apply_recipe
+
+    cfg = apply_recipe(config(_TMP / "x"), build=False)  # with the recipe's preset lengths
     r = cfg.rollout
     shape = (
         f"{r.rollout_batch_size} prompts x {r.n_samples_per_prompt} samples, max {r.rollout_max_response_len} "
         f"new tokens, eval {'every ' + str(cfg.eval.eval_interval) if cfg.eval.eval_interval else 'off'}"
     )
     print(
-        f"\n{args.rollouts} rollouts x {shape}{' (default recipe)' if args.default_recipe else ''}, 1 torch "
-        f"thread; means over rollouts 1..{args.rollouts - 1} (cadence: 1..{args.rollouts - 2}); run_flow wall incl. "
+        f"\n{args.rollouts} rollouts x {shape}, {args.recipe}{' (default config)' if args.default_recipe else ''}, "
+        f"1 torch thread; means over rollouts 1..{args.rollouts - 1} (cadence: 1..{args.rollouts - 2}); run_flow wall incl. "
         f"start-up {wall:.1f} s"
     )
     print(table(["per rollout", "mean s", "overhead s (vs plain)", "median s", "overhead (medians)"], rows))
     print(
         "A cadence far above the median is Prefect's SQLite answering 503 (database is locked) to a request of "
         "the loop more than three times in a row (the first three retries wait 0.05, 0.25 and 1 s, then Prefect's 16 s: "
-        "flows/runtime.py::retry_busy_server_quickly), or the machine was busy."
+        "flows/prefect_private.py::retry_busy_server_quickly), or the machine was busy."
     )
     s2s_median = statistics.median(cadence[1:]) - base_median
     s2s_mean = mean(cadence[1:]) - base

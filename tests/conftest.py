@@ -22,6 +22,9 @@ _TMP = Path(tempfile.mkdtemp(prefix="rf-test-"))
 os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+# Ray's workers report their timeline events every this many ms (default 1000): a run kills its actors soon after
+# their last calls, which reach the timeline (tests/e2e/test_spans.py) only if reported before that
+os.environ.setdefault("RAY_task_events_report_interval_ms", "100")
 
 from flows.cli import configure_prefect_env, configure_ray_env  # noqa: E402
 
