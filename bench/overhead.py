@@ -287,16 +287,32 @@ def main() -> None:
         action="store_true",
         help="also print where a rollout's time goes: the in-process phases, the flow's task runs, the actors' timers",
     )
+    p.add_argument(
+        "--orchestrator-niceness",
+        type=int,
+        default=None,
+        help="the flow's --orchestrator-niceness (default: the run config's); 0 leaves the orchestrator as it is",
+    )
     args = p.parse_args()
     if args.rollouts < 3:
         p.error("--rollouts must be >= 3 (rollout 0 is excluded as warm-up)")
 
     def config(run_dir: Path) -> RunConfig:
         if args.default_recipe:
-            return default_recipe_config(run_dir, args.rollouts, recipe=args.recipe)
-        return bench_config(
-            run_dir, args.rollouts, args.batch_size, args.n_samples, args.max_response_len, recipe=args.recipe
-        )
+            cfg = default_recipe_config(run_dir, args.rollouts, recipe=args.recipe)
+        else:
+            cfg = bench_config(
+                run_dir,
+                args.rollouts,
+                args.batch_size,
+                args.n_samples,
+                args.max_response_len,
+                recipe=args.recipe,
+            )
+        if args.orchestrator_niceness is None:
+            return cfg
+        placement = cfg.placement.model_copy(update={"orchestrator_niceness": args.orchestrator_niceness})
+        return cfg.model_copy(update={"placement": placement})
 
     phases: tuple[dict[str, list[float]], dict[str, list[float]]] = ({}, {})  # each pass's
     timeline = Timeline() if args.timeline else None

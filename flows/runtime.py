@@ -358,13 +358,17 @@ async def settle(
 class Publisher:
     """The Prefect artifacts of each finished rollout -- its metrics table on its `rollout-<id>` flow run
     (`publish_metrics_table`) and the run page's update (`flows.run_page`) -- posted by a background task, one
-    rollout after the other, off the loop's path: the next rollout starts as soon as one ends (these are requests
-    to the Prefect server, no actor work). A failure to post is raised at the next rollout's end
-    (`rollout_done`) or by `drain`."""
+    rollout after the other, `POST_DELAY` seconds after the rollout ended: these are requests to the Prefect server
+    (no actor work), and made at once they would meet the next rollout's flow run creation in the server's SQLite,
+    which the loop waits for. A failure to post is raised at the next rollout's end (`rollout_done`) or by `drain`,
+    which posts what is due without waiting."""
+
+    POST_DELAY = 0.2  # seconds: the next rollout's flow run is created and running by then
 
     def __init__(self, cfg: RunConfig, records: list[dict[str, Any]], page: Any) -> None:
         self.cfg, self.records, self.page = cfg, records, page
         self._posting: asyncio.Task[None] | None = None
+        self._now = asyncio.Event()  # set by drain: post without waiting
 
     def rollout_done(self, rollout_id: int, flow_run_id: uuid.UUID | None) -> None:
         """Rollout `rollout_id` (flow run `flow_run_id`) has ended: post its artifacts after those before."""
@@ -374,8 +378,9 @@ class Publisher:
         self._posting = asyncio.get_running_loop().create_task(self._post(previous, rollout_id, flow_run_id))
 
     async def drain(self, *, raise_errors: bool = True) -> None:
-        """Wait for what is being posted. Raises a failure to post unless `raise_errors` is False (the run already
-        failed: that failure is the one to report)."""
+        """Post what is due now and wait for it. Raises a failure to post unless `raise_errors` is False (the run
+        already failed: that failure is the one to report)."""
+        self._now.set()
         posting, self._posting = self._posting, None
         if posting is None:
             return
@@ -386,6 +391,8 @@ class Publisher:
                 raise
 
     async def _post(self, previous: asyncio.Task[None] | None, rollout_id: int, flow_run_id: Any) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._now.wait(), self.POST_DELAY)
         if previous is not None:
             await previous
         await publish_metrics_table(self.cfg, rollout_id, flow_run_id, self.records)
