@@ -55,13 +55,13 @@ class PlacementConfig(Section):
     )
 
     orchestrator_niceness: int = Field(
-        5,
+        0,
         ge=0,
         le=19,
         description="Once the actors are up, the run's orchestrating process and the temporary Prefect server it "
         "started run this much lower in CPU priority (a nice increment) than the actors, which Ray starts at "
-        "the priority it had before: on a machine they share, the actors' chain of work (generate, log-prob "
-        "pass, train step, sync) waits less behind Prefect's bookkeeping. 0 = the same priority.",
+        "the priority it had before. Off by default: every stage's task waits for its own actor calls, so the "
+        "orchestrator is on the rollout's path. 0 = the same priority.",
     )
 
     @field_validator("actor_resources", "rollout_resources")

@@ -238,11 +238,7 @@ def yield_to_actors(cfg: RunConfig) -> None:
     """Once the run's actors are up: this process (the run's orchestrator, and any thread it starts later) and the
     temporary Prefect server it started run --orchestrator-niceness lower in CPU priority than the actors. Ray's
     processes keep the priority they started with: Ray was started before (`tasks.actors.ensure_ray`), and a
-    replaced actor is started by Ray's raylet, not by this process. The actors' chain (generate, write, log-prob
-    pass, train step, sync) no longer waits on this process, so a rollout is as fast as the actors run, and on a
-    small machine they share its cores with Prefect's bookkeeping. Measured on two cores (bench/overhead.py, the
-    default recipe, six pairs alternated with the same priority): start to start minus in-process +0.043 s against
-    +0.062 s (medians of the pairs), the 40 rollouts 1.18x the in-process loop against 1.22x (bench/HISTORY.md)."""
+    replaced actor is started by Ray's raylet, not by this process. Nothing with the default of 0."""
     from flows.prefect_private import temporary_server_pids
     from procs import lower_priority
 
