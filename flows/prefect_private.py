@@ -4,8 +4,9 @@ fails when Prefect changes what these rely on.
 - `retry_busy_server_quickly`: wraps `PrefectHttpxAsyncClient._send_with_retry` / `PrefectHttpxSyncClient.
   _send_with_retry(request, send, ...)` (prefect.client.base), which honours a Retry-After header and has no
   setting for its back-off.
-- `temporary_server_pids`: reads `SubprocessASGIServer._instances` (prefect.server.api.server), the only handle on
-  the temporary server process Prefect starts for a run without PREFECT_API_URL.
+- `start_temporary_server`, `temporary_server_pids`: `SubprocessASGIServer` (prefect.server.api.server), one
+  instance per port, is the temporary server Prefect starts for a client without PREFECT_API_URL; its
+  `_instances` registry is the only handle on that server's process.
 """
 
 from __future__ import annotations
@@ -77,3 +78,11 @@ def temporary_server_pids() -> list[int]:
     servers = getattr(module, "SubprocessASGIServer", None)
     started = [s.server_process for s in (servers._instances.values() if servers else [])]
     return [p.pid for p in started if p is not None and p.poll() is None]
+
+
+def start_temporary_server() -> None:
+    """Start the temporary Prefect server now, as Prefect would at a flow's first request: the same instance, which
+    the flow's client then finds running."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    SubprocessASGIServer().start()

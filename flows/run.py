@@ -51,7 +51,8 @@ def _run_name() -> str:
 async def rollout_flow(
     cfg: RunConfig, rollout_id: int, weights: WeightsRef, session: str, refresh: list[str] | None = None
 ) -> RolloutResult:
-    """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval).
+    """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval), each stage a
+    task that runs its actor calls inside its own span, one after the other (on-policy: each needs the one before).
 
     --debug-rollout-only stops after save-rollout; --load-debug-rollout-data (train-only) loads a
     recording instead of generating and never syncs; --ci-inject-rollout-data-path generates, then
@@ -59,11 +60,8 @@ async def rollout_flow(
     if not isinstance(cfg, RunConfig) or not isinstance(weights, WeightsRef):
         cfg, weights = RunConfig.model_validate(cfg), WeightsRef.model_validate(weights)
         rollout_id = int(rollout_id)
-    s, d, q = (
-        Stages(cfg, refresh or [], rollout_id),
-        cfg.debug,
-        opaque_config(cfg),
-    )  # q: cfg as the tasks' argument
+    s, d = Stages(cfg, refresh or [], rollout_id), cfg.debug
+    q = opaque_config(cfg)  # cfg as the tasks' argument
     if _evaluates_before(cfg, rollout_id):
         await s.eval(q, 0, weights)
     recording = d.load_debug_rollout_data or d.load_forge_rollout_data

@@ -260,11 +260,10 @@ def start_prefect_beside_ray(cfg: RunConfig) -> None:
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    from prefect.server.api.server import SubprocessASGIServer
+    from flows.prefect_private import start_temporary_server
 
     with ThreadPoolExecutor(1, thread_name_prefix="prefect-server-start") as pool:
-        # the instance the flow's client then finds running
-        server = pool.submit(SubprocessASGIServer().start)
+        server = pool.submit(start_temporary_server)
         actors.ensure_ray(cfg)
         server.result()
 

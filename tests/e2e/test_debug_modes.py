@@ -4,6 +4,7 @@ forge replay and task-level replay, on real flows over real actors."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -16,6 +17,20 @@ pytestmark = pytest.mark.e2e
 
 def _records(cfg, kind):
     return [r for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics) if r["kind"] == kind]
+
+
+def _stage_end_raise(stage: str, rollout_id: int) -> dict:
+    """A run's faults: `stage`'s task raises once at its end (after its work and files) in rollout `rollout_id`."""
+    from config.stages import stage_end_hook
+
+    request = {"request_id": f"end-{stage}", "hook_name": stage_end_hook(stage), "action": {"kind": "raise"}}
+    hooks = [{**request, "rollout_id": rollout_id, "attempt": 0}]
+    return {"task_retry_delay": 0.0, "ci_fault_hooks": json.dumps(hooks)}
+
+
+def _fired(cfg) -> list[str]:
+    lines = (cfg.resolved_run_dir / "faults.jsonl").read_text().splitlines()
+    return [e["request_id"] for e in map(json.loads, lines) if e["status"] == "fired"]
 
 
 def _forbid(monkeypatch, name):
@@ -62,10 +77,14 @@ def test_record_rollout_only_then_train_only_from_slime_pt(
             "dump_details": str(tmp_path / "dump"),
         },
         checkpoint={},
+        faults=_stage_end_raise(
+            "load-rollout", 1
+        ),  # retried: the loaded recording is written again, the same
     )
     with monkeypatch.context() as m:
         _forbid(m, "start_engines")  # no engine process during training from recordings
         asyncio.run(run_flow(train))
+    assert _fired(train) == ["end-load-rollout"]
     assert len(_records(train, "step")) == 3  # subsample 0.5 keeps 8 of 16 samples: one step of 8 per rollout
     assert not [
         r for r in _records(train, "rollout") if "rollout/raw_reward" in r["metrics"]
@@ -114,8 +133,10 @@ def test_injection_passes_on_a_healthy_run_and_names_the_ratio_when_weights_are_
         eval={"eval_interval": None},
         rollout={"num_rollout": 3},
         debug=inject,
+        faults=_stage_end_raise("inject", 1),  # retried: the guard runs again and passes again
     )
     asyncio.run(run_flow(healthy))
+    assert _fired(healthy) == ["end-inject"]
     ratios = [
         r["metrics"]["check/inject_mean_match_ratio"]
         for r in _records(healthy, "check")

@@ -93,3 +93,12 @@ def test_the_temporary_servers_are_found_through_their_class_registry(monkeypatc
     monkeypatch.setattr(SubprocessASGIServer, "_instances", {1: Server(Process()), 2: Server(Ended())})
     assert temporary_server_pids() == [4242]
     assert "server_process" in inspect.getsource(SubprocessASGIServer.start)
+
+
+def test_the_temporary_server_is_one_instance_per_port_with_a_start():
+    from prefect.server.api.server import SubprocessASGIServer
+
+    assert (
+        SubprocessASGIServer() is SubprocessASGIServer()
+    )  # what the flow's client finds is what was started
+    assert callable(SubprocessASGIServer.start)

@@ -95,7 +95,7 @@ def test_the_orchestrator_and_the_temporary_server_it_started_yield(
     monkeypatch.delitem(sys.modules, "prefect.server.api.server")
     calls.clear()
     runtime.yield_to_actors(RunConfig())
-    assert calls == [([os.getpid()], 5)]
+    assert calls == [([os.getpid()], 0)]  # the default: lower_priority leaves it as it is
 
 
 def test_the_niceness_is_a_nice_increment() -> None:
