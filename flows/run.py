@@ -99,10 +99,12 @@ async def run_flow(
     and its findings join both. Log lines go to `<run dir>/logs/run.log`, the actors' output to logs/actors.log."""
     retry_busy_server_quickly()
     # a Prefect retry of this flow run (UI, `prefect flow-run retry`) continues the run like --resume
-    owned = runtime.own(cfg, resume=resume or (flow_run.run_count or 1) > 1, overwrite=overwrite)
+    this = str(flow_run.get_id())
+    retry_of = this if (flow_run.run_count or 1) > 1 else None
+    owned = runtime.own(cfg, resume=resume, overwrite=overwrite, retry_of=retry_of)
     cfg = owned.cfg
-    await runtime.crash_stale_flow_run(owned.previous_flow_run)
-    runtime.record_flow_run(owned, str(flow_run.get_id()))
+    await runtime.crash_stale_flow_run(owned.previous_flow_run, current=this)
+    runtime.record_flow_run(owned, this)
     faults = FaultInjector(
         cfg.faults.requests(), "orchestrator", None, str(cfg.resolved_run_dir), owned.info.started_at
     )

@@ -74,15 +74,24 @@ def check_ownership(cfg: RunConfig, *, resume: bool, overwrite: bool) -> None:
         lock.close()
 
 
-def own(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> OwnedRun:
+def own(
+    cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, retry_of: str | None = None
+) -> OwnedRun:
     """Resolve `cfg`, lock its run dir and decide where the run starts; nothing is written before the config
     resolved. A run dir that holds another run's records is refused unless the run resumes it (`resume`, or
-    `--load` of that run's own checkpoint) or `overwrite` clears it."""
+    `--load` of that run's own checkpoint) or `overwrite` clears it. `retry_of`: this process is a Prefect retry of
+    that parent flow run (the UI's Retry, `prefect flow-run retry`): it resumes the run dir only if that flow run
+    recorded it, starts afresh where nothing was recorded yet, and refuses the records of any other flow run."""
     cfg, _ = resolve(cfg)
     cfg = cfg.model_copy(update={"run_dir": str(cfg.resolved_run_dir)})
     run_dir = cfg.resolved_run_dir
     lock = rundir.acquire(run_dir)
     try:
+        if retry_of is not None and _retry_resumes(run_dir, retry_of, overwrite):
+            resume, overwrite = (
+                True,
+                False,
+            )  # its first attempt already owned (and, with overwrite, cleared) it
         owned = _start_point(cfg, lock, resume=resume, overwrite=overwrite)
     except BaseException:
         lock.close()
@@ -103,6 +112,24 @@ def own(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> Own
                 f"{owned.passed_over}: the trainers restore {owned.trainer_state} instead", logging.WARNING
             )
     return owned
+
+
+def _retry_resumes(run_dir: Path, flow_run_id: str, overwrite: bool) -> bool:
+    """Whether a retry of the parent flow run `flow_run_id` resumes `run_dir`: yes when that flow run recorded it,
+    no when nothing is recorded there yet (its first attempt failed before) or when the run replaces another run's
+    records (`overwrite`); ValueError for another run's records otherwise."""
+    previous = rundir.read_info(run_dir)
+    if previous is None or not rundir.has_records(run_dir):
+        return False
+    if previous.flow_run_id == flow_run_id:
+        return True
+    if overwrite:
+        return False
+    raise ValueError(
+        f"run dir {run_dir} holds the records of run {previous.run_id} (flow run {previous.flow_run_id}), not "
+        f"of flow run {flow_run_id}: a retry resumes only its own run; start a new run with another --name or "
+        "--run-dir, or replace those records with --overwrite"
+    )
 
 
 def _start_point(cfg: RunConfig, lock: IO[str], *, resume: bool, overwrite: bool) -> OwnedRun:
@@ -204,9 +231,10 @@ def record_flow_run(owned: OwnedRun, flow_run_id: str) -> None:
     rundir.write_info(owned.cfg.resolved_run_dir, owned.info)
 
 
-async def crash_stale_flow_run(flow_run_id: str | None) -> None:
+async def crash_stale_flow_run(flow_run_id: str | None, current: str | None = None) -> None:
     """Mark the previous process's parent flow run, and its rollout flow runs, Crashed if the server still shows
-    them running (the lock proves that process is gone)."""
+    them running (the lock proves that process is gone). When that parent is `current` (a Prefect retry of the same
+    flow run, now running again), only its rollout flow runs left running are marked."""
     if not flow_run_id:
         return
     from prefect.client.orchestration import get_client
@@ -221,7 +249,7 @@ async def crash_stale_flow_run(flow_run_id: str | None) -> None:
         children = await client.read_flow_runs(
             flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent.id]))
         )
-        for run in [parent, *children]:
+        for run in [parent, *children] if flow_run_id != current else children:
             if run.state is not None and not run.state.is_final():
                 await client.set_flow_run_state(
                     run.id,
