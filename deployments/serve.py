@@ -15,7 +15,7 @@ from prefect import serve
 
 from config import RunConfig
 from flows.replay import replay_flow
-from flows.run import run_flow
+from flows.run import run_flow, run_tags
 
 REPLAY_DEPLOYMENT = "rollflow"  # served as replay/rollflow, as prefect.yaml declares it
 
@@ -29,7 +29,7 @@ def deployments(cfg: RunConfig, *, cron: str | None = None, interval: int | None
         cron=cron,
         interval=interval,
         description=f"rollflow run '{cfg.name}' (recipe {cfg.recipe})",
-        tags=["rollflow"],
+        tags=run_tags(cfg),
     )
     replay = replay_flow.to_deployment(
         name=REPLAY_DEPLOYMENT,

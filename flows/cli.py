@@ -415,18 +415,21 @@ def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: fl
     """Run the flow under the console (quiet or `--verbose`); exit 0, or 1 with the root cause as the last line."""
     import asyncio
 
+    from prefect import tags
+
     from flows import runtime
     from flows.console import header, open_console
     from flows.failure import failure_line
-    from flows.run import run_flow
+    from flows.run import run_flow, run_tags
 
     with open_console(sys.stdout, verbose=args.verbose, began=began) as console:
         console.write(header(cfg, args.verbose))
         try:
             runtime.start_prefect_beside_ray(cfg)
-            result = asyncio.run(
-                run_flow(cfg, refresh=refresh, resume=bool(args.resume), overwrite=args.overwrite)
-            )
+            with tags(*run_tags(cfg)):  # the parent's flow run and its rollout flow runs
+                result = asyncio.run(
+                    run_flow(cfg, refresh=refresh, resume=bool(args.resume), overwrite=args.overwrite)
+                )
         except Exception as e:  # the flow run is already marked Failed in Prefect; say why and exit non-zero
             sys.stdout.flush()
             print(failure_line(e), file=sys.stderr, flush=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -24,6 +23,7 @@ from flows.stages import Stages, opaque_config, with_policy
 from procs import freeze_heap, preload_arrow
 from tasks import actors, notify
 from tasks.checks import metric_gate, raise_if_any
+from tasks.lifecycle import start_actors, stop_actors
 from tasks.metrics import close_run, log_metrics
 from tasks.refs import LogProbs, WeightsRef
 from tasks.stages import injects, save_checkpoint, sync
@@ -38,6 +38,14 @@ class RolloutResult:
 
     weights: WeightsRef
     task_runs: int
+
+
+def run_tags(cfg: RunConfig) -> list[str]:
+    """The Prefect tags of a run's flow runs, to filter runs by in the UI: rollflow, the recipe, the two backends,
+    and ci-test when the assertion harness is on."""
+    tags = ["rollflow", f"recipe:{cfg.recipe}", f"rollout:{cfg.rollout.rollout_backend}"]
+    tags.append(f"train:{cfg.train.train_backend}")
+    return [*tags, "ci-test"] if cfg.ci.ci_test else tags
 
 
 def _run_name() -> str:
@@ -160,7 +168,6 @@ class _RunLoop:
         """Every rollout from the run's start point to its end; the engines' weights after the last one."""
         cfg, owned = self.cfg, self.owned
         actors.set_run(cfg, owned.info.run_id, owned.info.started_at)
-        actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
         session = uuid.uuid4().hex
         self.publisher = runtime.Publisher(cfg, self.report.records, self.page)
         ok = False
@@ -177,6 +184,7 @@ class _RunLoop:
             if self.report.end < cfg.rollout.num_rollout:
                 notify.notice(f"--debug-exit-after-rollout: stopping after rollout {self.report.end - 1}")
             await self.publisher.drain()
+            stop_actors(opaque_config(cfg))
             if (
                 last is not None
             ):  # task runs are recorded in order: the last rollout's last ones are the run's
@@ -186,16 +194,19 @@ class _RunLoop:
         finally:
             if not ok:
                 await self.publisher.drain(raise_errors=False)
-            actors.stop_actors(cfg)
+            actors.stop_actors(cfg)  # however the run ended (nothing left to do after stop-actors)
 
     async def _start_actors(self) -> WeightsRef:
-        """Engines and trainers started (trainers restored on a resume); the weights the engines hold."""
+        """Engines and trainers started (trainers restored on a resume: the start-actors task), then the first
+        weight sync (a sync task); the weights the engines hold."""
         cfg, owned = self.cfg, self.owned
-        engines, trainers = await actors.start_run_actors(cfg, actors.start_weights(cfg, owned.trainer_state))
+        state = owned.trainer_state
+        engines, trainers = await with_policy(cfg, start_actors)(
+            opaque_config(cfg), str(state) if state else None
+        )
         start = owned.start
-        if owned.trainer_state is not None and trainers:
-            await asyncio.gather(*[t.load.remote(str(owned.trainer_state)) for t in trainers])
-            notify.notice(f"trainers restored from {owned.trainer_state}; starting at rollout {start}")
+        if state is not None and trainers:
+            notify.notice(f"trainers restored from {state}; starting at rollout {start}")
         elif cfg.checkpoint.load and trainers:
             notify.notice(
                 f"--load {cfg.checkpoint.load} holds no checkpoint yet: starting from "
@@ -205,7 +216,7 @@ class _RunLoop:
             check_first_sync = cfg.ci.weight_check and not owned.resumed
             return await with_policy(cfg, sync)(opaque_config(cfg), start - 1, verify_equal=check_first_sync)
         if engines:  # rollout-only: the engines keep the weights they loaded, version 0
-            return WeightsRef(version=0, sha256=await engines[0].weights_sha256.remote())
+            return WeightsRef(version=0, sha256=await actors.engines(cfg)[0].weights_sha256.remote())
         # train-only: nothing to sync; identify the trainer's starting weights
         return WeightsRef(version=start, sha256=(await trainer_weights(cfg)).sha256)
 

@@ -22,6 +22,7 @@ import ray
 from artifacts.checkpoints import model_dir
 from config import RunConfig
 from tasks import placement
+from tasks.notify import notice
 from trainers.collectives import LOOPBACK, rendezvous_host
 
 # (namespace, actor name) -> handle created by this process. Non-detached named actors die when their
@@ -167,7 +168,11 @@ def stage_context(rollout_id: int, stage: str) -> dict[str, Any]:
     the fault hooks filter on and the actors' refusals name."""
     from prefect.runtime import task_run
 
-    return {"rollout_id": rollout_id, "attempt": max(0, int(task_run.run_count or 1) - 1), "stage": stage}
+    attempt = max(0, int(task_run.run_count or 1) - 1)
+    if attempt:  # Prefect's log has the failure; the console says that the stage runs again
+        what = "eval" if stage == "eval" else "rollout"
+        notice(f"{what} {rollout_id}: retrying {stage} (attempt {attempt + 1})", logging.WARNING)
+    return {"rollout_id": rollout_id, "attempt": attempt, "stage": stage}
 
 
 def stage_end(cfg: RunConfig, stage: str, ctx: dict[str, Any]) -> None:
