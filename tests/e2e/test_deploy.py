@@ -64,6 +64,72 @@ def test_readme_deploy_steps_work_on_a_fresh_server(prefect_server):
     assert schema["properties"]["task"]["enum"] == ["generate", "log-prob", "train-step", "sync", "check"]
 
 
+def test_a_worker_runs_the_deployed_run_and_a_replay_of_it_to_completed(
+    prefect_server, base_checkpoint, tmp_path
+):
+    """The README's path end to end: the pool, `prefect deploy --all`, a real `prefect worker start` process, and a
+    run of each deployment through the API (as `prefect deployment run` and the UI's Run form do), each flow run in
+    the worker's own subprocess, which sets up Ray itself."""
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL
+
+    for step in ("work-pool create rollflow --type process --overwrite", "deploy --all"):
+        done = _prefect(*step.split())
+        assert done.returncode == 0, f"{step}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    script = ROOT / ".venv" / "bin" / "prefect"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "prefect"]
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "PYTHONPATH": str(ROOT),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+    }
+    for name in (
+        "RAY_AUTH_MODE",
+        "RAY_AUTH_TOKEN",
+        "GLOO_SOCKET_IFNAME",
+    ):  # as a user's shell has them: unset
+        env.pop(name, None)
+    env["HOME"] = str(tmp_path / "home")  # Ray's own token file goes there, not into the user's home
+    run_dir = tmp_path / "run"
+    cfg = {
+        "name": "worker-run",
+        "run_dir": str(run_dir),
+        "hf_checkpoint": base_checkpoint,
+        "rollout": {"num_rollout": 2, "rollout_batch_size": 4, "n_samples_per_prompt": 4},
+        "eval": {"eval_interval": None},
+        "train": {"global_batch_size": 8},
+        "checkpoint": {"save": str(tmp_path / "ckpt"), "save_interval": 1},
+    }
+    with open(tmp_path / "worker.log", "w") as log:
+        worker = subprocess.Popen(
+            [*cmd, "worker", "start", "--pool", "rollflow", "--limit", "1"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+
+            def run(name: str, parameters: dict) -> str:
+                # called outside an event loop, Prefect's run_deployment waits for the flow run's final state
+                flow_run = run_deployment(name, parameters=parameters, timeout=600, poll_interval=2)
+                return flow_run.state.name  # type: ignore[union-attr]
+
+            def output() -> str:  # the worker streams its flow runs' output
+                return (tmp_path / "worker.log").read_text()
+
+            assert run("rollflow-run/tiny-arith", {"cfg": cfg}) == "Completed", output()[-4000:]
+            records = read_metrics(RunPaths(run_dir).metrics)
+            assert {r["rollout_id"] for r in records if r["kind"] == "step"} == {0, 1}
+            replay = {"run_dir": str(run_dir), "rollout_id": 1, "task": "train-step"}
+            assert run("replay/rollflow", replay) == "Completed", output()[-4000:]
+            assert "replay of train-step for rollout 1: identical" in output()
+        finally:
+            worker.terminate()
+            worker.wait(timeout=60)
+
+
 def test_partial_parameters_merge_over_served_defaults(
     tmp_path, ray_session, prefect_server, base_checkpoint, monkeypatch
 ):
