@@ -58,6 +58,19 @@ def choose_run_dir(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update={"name": name}) if n > 1 else cfg
 
 
+def deployment_run_dir(cfg: RunConfig, flow_run_id: str, *, resume: bool) -> RunConfig:
+    """A deployment's run (scheduled, or started from the UI or the API) writes to a run dir of its own,
+    `runs/<name>-<first 8 hex of its flow run id>`, so that the next run of the same deployment does not meet its
+    records; its retries are the same flow run and find it again. Unchanged when the config names a run dir, when
+    the run resumes (the deployment continues one run: `resume` with the config's run dir, `runs/<name>` by
+    default) and outside a deployment (`rollflow run` picks its own, `choose_run_dir`)."""
+    from prefect.runtime import deployment
+
+    if deployment.id is None or cfg.run_dir is not None or resume:
+        return cfg
+    return cfg.model_copy(update={"run_dir": f"runs/{cfg.name}-{flow_run_id.replace('-', '')[:8]}"})
+
+
 def check_ownership(cfg: RunConfig, *, resume: bool, overwrite: bool) -> None:
     """The ownership rules of `own` checked without writing anything (the CLI calls it before starting Prefect
     and Ray, so that a busy or used run dir is refused at once)."""

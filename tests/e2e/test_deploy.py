@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
+import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -84,17 +86,12 @@ def test_a_worker_runs_the_deployed_run_and_a_replay_of_it_to_completed(
         "PYTHONPATH": str(ROOT),
         "PREFECT_WORKER_QUERY_SECONDS": "1",
     }
-    for name in (
-        "RAY_AUTH_MODE",
-        "RAY_AUTH_TOKEN",
-        "GLOO_SOCKET_IFNAME",
-    ):  # as a user's shell has them: unset
-        env.pop(name, None)
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "GLOO_SOCKET_IFNAME"):  # as a user's shell has them: unset
+        env.pop(var, None)
     env["HOME"] = str(tmp_path / "home")  # Ray's own token file goes there, not into the user's home
-    run_dir = tmp_path / "run"
+    name = f"worker-{uuid.uuid4().hex[:6]}"  # its runs' dirs: runs/<name>-<flow run>, under the worker's cwd
     cfg = {
-        "name": "worker-run",
-        "run_dir": str(run_dir),
+        "name": name,
         "hf_checkpoint": base_checkpoint,
         "rollout": {"num_rollout": 2, "rollout_batch_size": 4, "n_samples_per_prompt": 4},
         "eval": {"eval_interval": None},
@@ -119,15 +116,24 @@ def test_a_worker_runs_the_deployed_run_and_a_replay_of_it_to_completed(
             def output() -> str:  # the worker streams its flow runs' output
                 return (tmp_path / "worker.log").read_text()
 
+            # the same deployment three times in a row, as a schedule runs it: each run in a run dir of its own
             assert run("rollflow-run/tiny-arith", {"cfg": cfg}) == "Completed", output()[-4000:]
-            records = read_metrics(RunPaths(run_dir).metrics)
-            assert {r["rollout_id"] for r in records if r["kind"] == "step"} == {0, 1}
-            replay = {"run_dir": str(run_dir), "rollout_id": 1, "task": "train-step"}
+            unsaved = {**cfg, "checkpoint": {}}
+            for _ in range(2):
+                assert run("rollflow-run/tiny-arith", {"cfg": unsaved}) == "Completed", output()[-4000:]
+            run_dirs = sorted(ROOT.glob(f"runs/{name}-*"), key=lambda d: d.stat().st_mtime)
+            assert len(run_dirs) == 3
+            for run_dir in run_dirs:
+                records = read_metrics(RunPaths(run_dir).metrics)
+                assert {r["rollout_id"] for r in records if r["kind"] == "step"} == {0, 1}
+            replay = {"run_dir": str(run_dirs[0]), "rollout_id": 1, "task": "train-step"}
             assert run("replay/rollflow", replay) == "Completed", output()[-4000:]
             assert "replay of train-step for rollout 1: identical" in output()
         finally:
             worker.terminate()
             worker.wait(timeout=60)
+            for run_dir in ROOT.glob(f"runs/{name}-*"):
+                shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def test_partial_parameters_merge_over_served_defaults(

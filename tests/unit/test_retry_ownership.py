@@ -74,3 +74,14 @@ def test_a_retry_with_overwrite_replaces_another_runs_records(tmp_path):
         assert not owned.resumed and owned.start == 0 and not rundir.has_records(tmp_path / "run")
     finally:
         owned.release()
+
+
+def test_a_deployments_runs_each_get_a_run_dir_of_their_own(monkeypatch):
+    cfg = RunConfig.model_validate({"name": "nightly"})
+    assert runtime.deployment_run_dir(cfg, "0a1b2c3d-4e5f", resume=False) is cfg  # not a deployment's run
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "9f8e7d6c-0000-0000-0000-000000000000")
+    mine = runtime.deployment_run_dir(cfg, "0a1b2c3d-4e5f", resume=False)
+    assert mine.run_dir == "runs/nightly-0a1b2c3d"
+    assert runtime.deployment_run_dir(cfg, "0a1b2c3d-4e5f", resume=True) is cfg  # continues runs/nightly
+    named = RunConfig.model_validate({"name": "nightly", "run_dir": "/data/nightly"})
+    assert runtime.deployment_run_dir(named, "0a1b2c3d-4e5f", resume=False) is named
