@@ -35,7 +35,7 @@ _RUNS: dict[str, tuple[str, float]] = {}
 # INFO lines); the quiet console of `rollflow run` turns it off. A run's logs/actors.log gets the lines either way.
 _echo_actor_logs = True
 _RAY_PRINTER = "ray_print_logs"  # the name Ray gives its log_to_driver handler
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # namespace -> the run's placement group, created with its first actor and kept until stop_actors: every actor of
 # the run, and every replacement of one, is scheduled into its bundles
 _PLACEMENTS: dict[str, placement.Placement] = {}
@@ -125,7 +125,7 @@ def actor_logs_to(path: Path) -> Iterator[None]:
                 return
             who = data.get("actor_name") or data.get("task_name") or data.get("pid")
             pid = f" pid={data.get('pid')}" if who != data.get("pid") else ""  # e.g. "(raylet) ..."
-            out.writelines(f"({who}{pid}) {_ANSI.sub('', line)}\n" for line in data.get("lines", []))
+            out.writelines(f"({who}{pid}) {ANSI.sub('', line)}\n" for line in data.get("lines", []))
             out.flush()
 
         # Ray's dispatcher is the one place every forwarded line passes (Ray's own client server taps it too)

@@ -60,7 +60,7 @@ async def guarded(
         cause = f"no answer within {timeout:g} s"
     except ray.exceptions.RayTaskError as e:  # a live actor raised; lost only if what it waited for was lost
         if not isinstance(e.cause, _LOST):
-            raise
+            raise unwrapped(e) from None
         cause = f"{type(e.cause).__name__}: {_first_line(e.cause)}"
     except _LOST as e:
         cause = f"{type(e).__name__}: {_first_line(e)}"
@@ -125,6 +125,17 @@ async def restart_trainers(cfg: RunConfig) -> None:
     state = snap or resume
     if state is not None:
         await asyncio.gather(*[t.load.remote(str(state)) for t in fresh])
+
+
+def unwrapped(e: ray.exceptions.RayTaskError) -> BaseException:
+    """The exception an actor raised, as it raised it: its own type and message, which Prefect's state message then
+    shows (Ray's wrapper text carries terminal colour codes), with Ray's remote traceback, colour codes removed, as a
+    note for the logs. `e` itself when Ray did not keep the cause."""
+    cause = e.cause
+    if not isinstance(cause, BaseException) or cause is e:
+        return e
+    cause.add_note(actors.ANSI.sub("", str(e)))
+    return cause
 
 
 def _first_line(e: BaseException) -> str:

@@ -130,3 +130,14 @@ def test_text_without_ray_keeps_its_message_and_collapses_whitespace():
 def test_exception_group_of_one_is_unwrapped():
     group = ExceptionGroup("unhandled errors in a TaskGroup", [ray_error(FiredFault(FAULT))])
     assert describe(group) == f"FiredFault: {FAULT}"
+
+
+def test_a_stage_raises_what_the_actor_raised_without_colour_codes_its_remote_traceback_a_note():
+    from engines.base import StaleWeights
+    from tasks.recovery import unwrapped
+
+    message = "rollout 3, generate: engine 0 holds weight version 2 but the call names version 3"
+    err = unwrapped(ray_error(StaleWeights(message)))
+    assert type(err) is StaleWeights and str(err) == message  # what Prefect's state message shows
+    (note,) = err.__notes__
+    assert "ray::EngineActor.generate" in note and "\x1b[" not in note
