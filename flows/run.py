@@ -107,10 +107,9 @@ async def run_flow(
     and its findings join both. Log lines go to `<run dir>/logs/run.log`, the actors' output to logs/actors.log."""
     retry_busy_server_quickly()
     this = str(flow_run.get_id())
-    cfg = runtime.deployment_run_dir(cfg, this, resume=resume)
     # a Prefect retry of this flow run (UI, `prefect flow-run retry`) continues the run like --resume
     retry_of = this if (flow_run.run_count or 1) > 1 else None
-    owned = runtime.own(cfg, resume=resume, overwrite=overwrite, retry_of=retry_of)
+    owned = runtime.own(cfg, resume=resume, overwrite=overwrite, retry_of=retry_of, flow_run_id=this)
     cfg = owned.cfg
     await runtime.crash_stale_flow_run(owned.previous_flow_run, current=this)
     runtime.record_flow_run(owned, this)

@@ -88,14 +88,23 @@ def check_ownership(cfg: RunConfig, *, resume: bool, overwrite: bool) -> None:
 
 
 def own(
-    cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, retry_of: str | None = None
+    cfg: RunConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    retry_of: str | None = None,
+    flow_run_id: str | None = None,
 ) -> OwnedRun:
     """Resolve `cfg`, lock its run dir and decide where the run starts; nothing is written before the config
     resolved. A run dir that holds another run's records is refused unless the run resumes it (`resume`, or
     `--load` of that run's own checkpoint) or `overwrite` clears it. `retry_of`: this process is a Prefect retry of
     that parent flow run (the UI's Retry, `prefect flow-run retry`): it resumes the run dir only if that flow run
-    recorded it, starts afresh where nothing was recorded yet, and refuses the records of any other flow run."""
+    recorded it, starts afresh where nothing was recorded yet, and refuses the records of any other flow run.
+    `flow_run_id`: the parent flow run, whose run dir is its own when it is a deployment's (`deployment_run_dir`,
+    decided on the resolved config: a deployment's served `cfg` may name one)."""
     cfg, _ = resolve(cfg)
+    if flow_run_id is not None:
+        cfg = deployment_run_dir(cfg, flow_run_id, resume=resume)
     cfg = cfg.model_copy(update={"run_dir": str(cfg.resolved_run_dir)})
     run_dir = cfg.resolved_run_dir
     lock = rundir.acquire(run_dir)
