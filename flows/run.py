@@ -184,7 +184,7 @@ class _RunLoop:
             if self.report.end < cfg.rollout.num_rollout:
                 notify.notice(f"--debug-exit-after-rollout: stopping after rollout {self.report.end - 1}")
             await self.publisher.drain()
-            stop_actors(opaque_config(cfg))
+            stop_actors(opaque_config(cfg))  # a task, on the parent's timeline
             if (
                 last is not None
             ):  # task runs are recorded in order: the last rollout's last ones are the run's
@@ -192,9 +192,9 @@ class _RunLoop:
             ok = True
             return weights
         finally:
-            if not ok:
+            if not ok:  # the run failed or was stopped: the actors go all the same
                 await self.publisher.drain(raise_errors=False)
-            actors.stop_actors(cfg)  # however the run ended (nothing left to do after stop-actors)
+                actors.stop_actors(cfg)
 
     async def _start_actors(self) -> WeightsRef:
         """Engines and trainers started (trainers restored on a resume: the start-actors task), then the first

@@ -1,6 +1,7 @@
 """What the run flow needs besides the algorithm: owning the run dir (lock, identity, resume point, records a
-resume must not duplicate), the run's log file, the Prefect/SQLite accommodations (`settle`, `Publisher`), the per-rollout metrics table, marking a dead run's flow run
-Crashed, and the watchdog that ends a run whose Prefect API stopped answering."""
+resume must not duplicate; a deployment run's own dir; a retry's own run), the run's log file, the Prefect/SQLite
+accommodations (`settle`, `Publisher`), the per-rollout metrics table, marking a dead run's flow run Crashed, and
+the watchdog that ends a run whose Prefect API stopped answering."""
 
 from __future__ import annotations
 
@@ -110,10 +111,8 @@ def own(
     lock = rundir.acquire(run_dir)
     try:
         if retry_of is not None and _retry_resumes(run_dir, retry_of, overwrite):
-            resume, overwrite = (
-                True,
-                False,
-            )  # its first attempt already owned (and, with overwrite, cleared) it
+            # its first attempt already owned (and, with overwrite, cleared) it
+            resume, overwrite = True, False
         owned = _start_point(cfg, lock, resume=resume, overwrite=overwrite)
     except BaseException:
         lock.close()

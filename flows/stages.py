@@ -3,6 +3,7 @@ flow, the parent's own tasks and `rollflow replay` alike."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -32,24 +33,23 @@ TASKS: dict[str, Task] = {
 }
 assert tuple(TASKS) == STAGES, "config.stages.STAGES names every stage task, in order"
 
-# (task, retries, retry delay, refresh) -> the task with those options
-_CONFIGURED: dict[tuple[Task, str, str, bool], Task] = {}
-
 
 def with_policy(cfg: RunConfig, task: Task[P, R], refresh: bool = False) -> Task[P, R]:
     """`task` with the run's retry policy (--task-retries attempts, --task-retry-delay apart; a checker's failure
-    is never retried) and, with `refresh`, its cache bypassed. Made once per process and policy: every
-    `Task.with_options` copy reads the task's source again."""
-    f = cfg.faults
-    key = (task, repr(f.task_retries), repr(f.task_retry_delay), refresh)
-    if key not in _CONFIGURED:
-        _CONFIGURED[key] = task.with_options(
-            retries=f.task_retries,
-            retry_delay_seconds=f.task_retry_delay,
-            retry_condition_fn=retry_unless_check_failed,
-            refresh_cache=True if refresh else NotSet,
-        )
-    return cast(Task[P, R], _CONFIGURED[key])
+    is never retried) and, with `refresh`, its cache bypassed."""
+    return cast(
+        Task[P, R], _with_options(task, cfg.faults.task_retries, cfg.faults.task_retry_delay, refresh)
+    )
+
+
+@functools.cache  # every `Task.with_options` copy reads the task's source again: one per task and policy
+def _with_options(task: Task, retries: int, delay: float, refresh: bool) -> Task:
+    return task.with_options(
+        retries=retries,
+        retry_delay_seconds=delay,
+        retry_condition_fn=retry_unless_check_failed,
+        refresh_cache=True if refresh else NotSet,
+    )
 
 
 def opaque_config(cfg: RunConfig) -> RunConfig:

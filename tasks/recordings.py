@@ -52,6 +52,7 @@ def _as_rollout(samples: list[Sample], rollout_id: int) -> list[Sample]:
 @task(name="load-rollout", log_prints=True)
 async def load_rollout(cfg: RunConfig, rollout_id: int, template: str, forge: bool = False) -> ArtifactRef:
     """Read a recorded rollout (`.parquet` or slime `.pt`) and publish it as this rollout's artifact."""
+    ctx = stage_context(rollout_id, "load-rollout")
     path = recording_path(template, rollout_id, fallback_to_zero=forge)
     samples = read_any(path, trust_pickle=cfg.debug.trust_pickle)
     if cfg.debug.load_debug_rollout_data_subsample is not None:
@@ -62,7 +63,7 @@ async def load_rollout(cfg: RunConfig, rollout_id: int, template: str, forge: bo
         _as_rollout(samples, rollout_id),
         metadata={"recorded_from": str(path)},
     )
-    actors.stage_end(cfg, "load-rollout", stage_context(rollout_id, "load-rollout"))
+    actors.stage_end(cfg, "load-rollout", ctx)
     return ref
 
 
@@ -70,7 +71,7 @@ async def load_rollout(cfg: RunConfig, rollout_id: int, template: str, forge: bo
 async def inject(cfg: RunConfig, rollout_id: int, fresh: ArtifactRef) -> ArtifactRef:
     """Compare the fresh generation with the recording (prompts identical, mean response match ratio
     above --ci-inject-rollout-data-min-match-ratio), then train on the recording instead."""
-    d = cfg.debug
+    d, ctx = cfg.debug, stage_context(rollout_id, "inject")
     assert d.ci_inject_rollout_data_path is not None
     path = recording_path(d.ci_inject_rollout_data_path, rollout_id, fallback_to_zero=False)
     recorded = read_any(path, trust_pickle=d.trust_pickle)
@@ -80,6 +81,6 @@ async def inject(cfg: RunConfig, rollout_id: int, fresh: ArtifactRef) -> Artifac
         _as_rollout(recorded, rollout_id),
         metadata={"recorded_from": str(path)},
     )
-    actors.stage_end(cfg, "inject", stage_context(rollout_id, "inject"))
+    actors.stage_end(cfg, "inject", ctx)
     log_metrics(cfg, "check", rollout_id, {f"check/inject_{k}": float(v) for k, v in result.items()})
     return ref
