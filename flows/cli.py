@@ -242,7 +242,46 @@ def make_parser() -> argparse.ArgumentParser:
     )
     server = sub.add_parser("server", help="start a Prefect server with the UI at http://127.0.0.1:4200")
     server.add_argument("--port", type=int, default=4200)
+    server.add_argument(
+        "--files-port",
+        type=int,
+        default=None,
+        help="serve the files under the current directory read-only at http://127.0.0.1:FILES_PORT, so the run "
+        "pages' file links open from the UI (default: --port + 1; 0: off)",
+    )
+    server.add_argument(
+        "--database-url",
+        type=_database_url,
+        metavar="URL",
+        help="the server's database: postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DB for a shared server "
+        "(sets PREFECT_SERVER_DATABASE_CONNECTION_URL; default: that variable, else SQLite under PREFECT_HOME)",
+    )
     return parser
+
+
+# The database drivers Prefect's server runs on (it opens every connection through asyncio)
+DATABASE_SCHEMES = ("postgresql+asyncpg", "sqlite+aiosqlite")
+
+
+def masked_url(url: str) -> str:
+    """`url` with the password of its user part replaced by ***, fit to print: everything up to the last @ is
+    the user part, so a password holding an @ stays hidden too."""
+    scheme, sep, rest = url.partition("://") if "://" in url.partition("@")[0] else ("", "", url)
+    user, at, host = rest.rpartition("@")
+    if not (at and ":" in user):
+        return url
+    return f"{scheme}{sep}{user.split(':', 1)[0]}:***@{host}"
+
+
+def _database_url(text: str) -> str:
+    """`--database-url`: a URL of one of `DATABASE_SCHEMES`, else a one-line refusal that shows it masked."""
+    scheme = text.partition("://")[0]
+    if "://" not in text or scheme not in DATABASE_SCHEMES:
+        raise argparse.ArgumentTypeError(
+            f"{masked_url(text)!r} is not a database Prefect's server can use: expected "
+            "postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DB or sqlite+aiosqlite:///PATH"
+        )
+    return text
 
 
 def _pixels(text: str) -> tuple[int, int]:
@@ -338,8 +377,21 @@ def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     if args.command == "server":
         configure_prefect_env(serving=True)
+        if args.database_url:
+            os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = args.database_url
+        if database := os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+            print(f"rollflow server: database {masked_url(database)}", file=sys.stderr)
         # the UI calls the API at PREFECT_UI_API_URL, which Prefect defaults to port 4200 whatever --port says
         os.environ.setdefault("PREFECT_UI_API_URL", f"http://127.0.0.1:{args.port}/api")
+        files_port = args.port + 1 if args.files_port is None else args.files_port
+        if files_port:
+            from flows.files import serve_beside_prefect
+
+            try:
+                serve_beside_prefect(args.port, files_port, os.getcwd())
+            except (OSError, OverflowError, ValueError) as e:
+                print(f"rollflow: error: --files-port {files_port}: {e} (0 turns it off)", file=sys.stderr)
+                return 2
         os.execv(sys.executable, server_command(args.port))
     if args.command == "diff":
         from flows.diff import diff_command
@@ -370,10 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         configure_prefect_env()
         configure_ray_env()
-        from deployments.serve import serve_run
+        from deployments.serve import refuse_work_pool_deployments, serve_run
 
         try:
             cfg = RunConfig.model_validate(load_yaml(args.config) if args.config else {})
+            refuse_work_pool_deployments(cfg)
         except ValidationError as e:
             print(
                 f"rollflow: error: --config {args.config}: {'; '.join(_describe(err) for err in e.errors())}",
@@ -416,6 +469,7 @@ def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: fl
     import asyncio
 
     from prefect import tags
+    from prefect.exceptions import TerminationSignal
 
     from flows import runtime
     from flows.console import header, open_console
@@ -434,9 +488,26 @@ def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: fl
             sys.stdout.flush()
             print(failure_line(e), file=sys.stderr, flush=True)
             return 1
+        except (
+            KeyboardInterrupt,
+            TerminationSignal,
+        ) as e:  # stopped: the flow runs are Cancelled (flows/stop.py)
+            sys.stdout.flush()
+            return _stopped(e)
     if args.verbose:
         print(f"run finished: {result}")
     return 0
+
+
+def _stopped(signal: BaseException) -> int:
+    """The line of a run stopped by Ctrl-C, SIGTERM or a cancel from Prefect, and its exit code (130, 143, 1);
+    `signal` stopped Ray's or Prefect's start-up when no run flow was stopped."""
+    from flows import stop
+
+    line = stop.last_line()
+    reason = stop.stop_reason() or (stop.CTRL_C if isinstance(signal, KeyboardInterrupt) else stop.SIGTERM)
+    print(f"rollflow: {line or f'stopped by {reason} before the run started'}", file=sys.stderr, flush=True)
+    return stop.EXIT_CODES[reason]
 
 
 def _resumed_config(args: argparse.Namespace) -> RunConfig:
@@ -506,6 +577,9 @@ def _replay(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"rollflow: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a replay writes only to a replays/ dir of its own: the run loses nothing
+        print("\nrollflow: replay stopped by Ctrl-C", file=sys.stderr)
+        return 130
     print("identical" if result["identical"] else f"first difference: {result['difference']}")
     return 0 if result["identical"] else 1
 

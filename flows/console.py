@@ -188,6 +188,7 @@ def summary(report: RunReport, wall: float) -> list[str]:
     status = {
         "completed": "completed",
         "stopped": "stopped (--debug-exit-after-rollout)",
+        "cancelled": "cancelled",
         "failed": "FAILED",
         "running": "ended",
     }[report.status]

@@ -20,7 +20,7 @@ from artifacts.rundir import logged_by
 from artifacts.store import RunPaths, read_metrics
 from config import RunConfig
 
-Status = Literal["running", "completed", "stopped", "failed"]
+Status = Literal["running", "completed", "stopped", "cancelled", "failed"]
 
 # check metrics whose value 1 means the check passed (check/violations counts failures instead;
 # check/weight_version is a record, not a check)
@@ -102,7 +102,8 @@ class RunReport:
         self.seconds[rollout_id] = seconds
 
     def finish(self, status: Status, failure: str | None = None) -> None:
-        """The run ended with `status` (`failure`: its root cause when it failed)."""
+        """The run ended with `status` (`failure`: its root cause when it failed, the stop line when it was
+        cancelled)."""
         self.status, self.failure, self.ended = status, failure, self.clock()
 
     @property

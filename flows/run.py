@@ -15,7 +15,7 @@ from prefect.runtime import flow_run
 from config import RunConfig
 from config.stages import STAGES
 from faults import FaultInjector
-from flows import run_page, runtime
+from flows import run_page, runtime, stop
 from flows.failure import explain
 from flows.prefect_private import retry_busy_server_quickly
 from flows.report import RunReport, observers
@@ -121,7 +121,7 @@ async def run_flow(
     report = RunReport.load(cfg, owned.info.run_id, owned.start, _end(cfg, owned.start))
     page = run_page.RunPage(report, uuid.UUID(str(flow_run.get_id()))) if run_page.enabled() else None
     loop = _RunLoop(cfg, owned, report, page, faults, refresh or [])
-    with runtime.run_log(cfg.resolved_run_dir), _listening(report), runtime.api_watchdog(cfg):
+    with runtime.run_log(cfg.resolved_run_dir), _listening(report), stop.stoppable(cfg, this):
         await _started(report, page)
         try:
             actors.ensure_ray(cfg)
@@ -130,7 +130,10 @@ async def run_flow(
             _dispose_gate(cfg, report)
             report.finish("completed" if report.done >= report.total else "stopped")
         except BaseException as e:
-            report.finish("failed", explain(e))
+            line = stop.stopped_line(report.done, report.total, cfg.resolved_run_dir)
+            report.finish("failed" if line is None else "cancelled", explain(e) if line is None else line)
+            if line is not None:
+                await _mark_interrupted(this, str(stop.stop_reason()))
             raise
         finally:
             faults.expire_unfired()
@@ -294,6 +297,16 @@ def _dispose_gate(cfg: RunConfig, report: RunReport) -> None:
             cfg, "check", cfg.rollout.num_rollout, {"check/metric_gate": 0.0 if gate else 1.0}, sync=True
         )
     raise_if_any(gate)
+
+
+async def _mark_interrupted(flow_run_id: str, reason: str) -> None:
+    """`stop.mark_interrupted`, a failure of which is reported, never raised (the run is stopped already)."""
+    try:
+        await stop.mark_interrupted(flow_run_id, reason)
+    except Exception as e:
+        notify.notice(
+            f"could not mark the interrupted runs Cancelled: {type(e).__name__}: {e}", logging.WARNING
+        )
 
 
 async def _wrap_up(report: RunReport, page: run_page.RunPage | None) -> None:

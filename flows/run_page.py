@@ -5,7 +5,8 @@ run goes, beside the per-rollout metrics tables on the `rollout-<id>` flow runs.
   run is (rollout i/N, last reward, last eval).
 - `<name>-summary`: a markdown artifact: status, the eval table and best eval, the last rollout's numbers, the
   checks passed / failed, the doctor's findings (end of a --ci-test run), the root cause of a failure, a config
-  digest and the run dir's files. Updated after every rollout.
+  digest and the run dir's files (http links to the file server of `rollflow server`, flows/files.py, found once at
+  the start of the run; absolute paths where none serves them). Updated after every rollout.
 - `<name>-curves`: a markdown artifact embedding the curves (reward, eval accuracy, KL, entropy, grad norm,
   response length; `artifacts/plots.py`) as a PNG data URI, which the UI renders (raw `<svg>` it strips).
   Re-drawn after every rollout that ran an eval, and at the end.
@@ -22,15 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from artifacts.store import RunPaths
 from config import RunConfig
 from flows.console import duration, evals_text, number, pick, sparkline
+from flows.files import VARIABLE, answers, parse_announcement, served_path
 from flows.report import RunReport
+from tasks import notify
 from tasks.stages import artifact_slug
 
 CHART_SIZE = (1200, 800)  # pixels of the embedded PNG (the size `rollflow plot` draws by default)
@@ -41,6 +47,7 @@ _STATUS = {
     "running": "running",
     "completed": "completed",
     "stopped": "stopped (--debug-exit-after-rollout)",
+    "cancelled": "cancelled",
     "failed": "FAILED",
 }
 
@@ -208,7 +215,47 @@ def config_rows(cfg: RunConfig) -> list[list[str]]:
     ]
 
 
-def _files_section(cfg: RunConfig) -> list[str]:
+@dataclass(frozen=True)
+class FileLinks:
+    """Where the file server of `rollflow server` answers (`url`, no trailing slash) and the directory it serves
+    (`root`, resolved): the Files section links the files under it (flows/files.py)."""
+
+    url: str
+    root: Path
+
+
+async def find_file_server() -> FileLinks | None:
+    """The file server `rollflow server` recorded in the Prefect Variable `flows.files.VARIABLE`, when there is one
+    and it answers; None otherwise: the ephemeral server of a plain `rollflow run`, a plain `prefect server start`,
+    a `rollflow server` stopped since it set the Variable (it stays in the database). A Variable that cannot be
+    read, or holds something else, is said as a warning: the run goes on with paths instead of links."""
+    from prefect.variables import Variable
+
+    try:
+        value = await Variable.aget(VARIABLE)
+        if value is None:
+            return None
+        url, root = parse_announcement(value)
+    except Exception as e:
+        notify.notice(
+            f"the run page shows file paths, not links: the Prefect Variable {VARIABLE!r}: "
+            f"{type(e).__name__}: {e}",
+            logging.WARNING,
+        )
+        return None
+    return FileLinks(url, root.resolve()) if await asyncio.to_thread(answers, url + "/") else None
+
+
+def file_cell(name: str, path: Path, files: FileLinks | None) -> str:
+    """A file's cell in the Files table: a link to the file server when it serves `path`, else the absolute path
+    as code (a file:// link does not open from the UI's http page)."""
+    served = served_path(files.root, path) if files is not None else None
+    if files is None or served is None:
+        return f"`{path.absolute()}`"
+    return f"[{name}]({files.url}/{served}{'/' if served and path.is_dir() else ''})"
+
+
+def _files_section(cfg: RunConfig, files: FileLinks | None) -> list[str]:
     d = cfg.resolved_run_dir
     wanted = [
         ("config.yaml", "the resolved config"),
@@ -220,21 +267,23 @@ def _files_section(cfg: RunConfig) -> list[str]:
         ("faults.jsonl", "fault hook transitions"),
     ]
     rows = [
-        [f"[{name}]({(d / name).as_uri()})", what]
+        [file_cell(name, d / name, files), what]
         for name, what in wanted
         if (d / name).exists() or name in ("plots/curves.png", "metrics.jsonl")
     ]
     if cfg.checkpoint.save:
-        rows.append([f"[checkpoints]({Path(cfg.checkpoint.save).resolve().as_uri()})", "--save"])
+        rows.append([file_cell("checkpoints", Path(cfg.checkpoint.save), files), "--save"])
     return ["## Files", "", f"In `{d}`:", "", *_table(["file", "holds"], rows)]
 
 
-def summary_markdown(report: RunReport) -> str:
-    """The summary artifact's markdown (see the module docstring)."""
+def summary_markdown(report: RunReport, files: FileLinks | None = None) -> str:
+    """The summary artifact's markdown (see the module docstring); its files link to `files` when it serves
+    them."""
     cfg = report.cfg
     lines = [f"# run/{cfg.name}: {_STATUS[report.status]}", "", *_table(["", ""], _status_rows(report)), ""]
     if report.failure:
-        lines += ["## Failure", "", f"`{report.failure}`", ""]
+        heading = "Stopped" if report.status == "cancelled" else "Failure"
+        lines += [f"## {heading}", "", f"`{report.failure}`", ""]
     lines += [*_eval_section(report), ""]
     for section in (_checks_section(report), _doctor_section(report)):
         if section:
@@ -248,7 +297,7 @@ def summary_markdown(report: RunReport) -> str:
         "Set away from the defaults: " + (f"`{' '.join(flags)}`" if flags else "nothing"),
         "",
     ]
-    return "\n".join([*lines, *_files_section(cfg)]) + "\n"
+    return "\n".join([*lines, *_files_section(cfg, files)]) + "\n"
 
 
 def curves_markdown(cfg: RunConfig, png: bytes, after: int) -> str:
@@ -281,15 +330,18 @@ class RunPage:
         self.report, self.flow_run_id = report, flow_run_id
         self.slug = artifact_slug(report.cfg.name)
         self.ids: dict[str, uuid.UUID] = {}
+        self.files: FileLinks | None = None  # found by `open`
         self.seconds = 0.0
         self._sent = self._drawn = time.monotonic()  # when progress and summary / the curves were last sent
         self._undrawn = False  # an eval ran since the curves were last drawn
 
     async def open(self) -> None:
-        """Create the progress and summary artifacts (the curves come with the first eval)."""
+        """Find the file server the summary links to, and create the progress and summary artifacts (the curves
+        come with the first eval)."""
         from prefect.artifacts import MarkdownArtifact, ProgressArtifact
 
         began = time.perf_counter()
+        self.files = await find_file_server()
         name = self.report.cfg.name
         progress = ProgressArtifact(
             key=f"{self.slug}-progress",
@@ -301,7 +353,7 @@ class RunPage:
         summary = MarkdownArtifact(
             key=f"{self.slug}-summary",
             description=f"summary of run {name}",
-            markdown=summary_markdown(self.report),
+            markdown=summary_markdown(self.report, self.files),
             flow_run_id=self.flow_run_id,
         )
         self.ids["summary"] = (await summary.acreate()).id
@@ -339,7 +391,7 @@ class RunPage:
                 ArtifactUpdate(data=self._percent(), description=progress_text(self.report)),
             )
             await client.update_artifact(
-                self.ids["summary"], ArtifactUpdate(data=summary_markdown(self.report))
+                self.ids["summary"], ArtifactUpdate(data=summary_markdown(self.report, self.files))
             )
             self._sent = time.monotonic()
             if curves:
@@ -354,6 +406,10 @@ class RunPage:
         from artifacts.plots import render_png
 
         cfg = self.report.cfg
+        if not RunPaths(
+            cfg.resolved_run_dir
+        ).metrics.is_file():  # stopped or failed before it logged anything
+            return
         png = await asyncio.to_thread(render_png, [cfg.resolved_run_dir], CHART_SIZE, [cfg.name])
         markdown = curves_markdown(cfg, png, self.report.done)
         if "curves" in self.ids:

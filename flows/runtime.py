@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -61,7 +61,7 @@ def choose_run_dir(cfg: RunConfig) -> RunConfig:
 
 def deployment_run_dir(cfg: RunConfig, flow_run_id: str, *, resume: bool) -> RunConfig:
     """A deployment's run (scheduled, or started from the UI or the API) writes to a run dir of its own,
-    `runs/<name>-<first 8 hex of its flow run id>`, so that the next run of the same deployment does not meet its
+    `runs/<name>-<last 8 hex of its flow run id>`, so that the next run of the same deployment does not meet its
     records; its retries are the same flow run and find it again. Unchanged when the config names a run dir, when
     the run resumes (the deployment continues one run: `resume` with the config's run dir, `runs/<name>` by
     default) and outside a deployment (`rollflow run` picks its own, `choose_run_dir`)."""
@@ -69,7 +69,9 @@ def deployment_run_dir(cfg: RunConfig, flow_run_id: str, *, resume: bool) -> Run
 
     if deployment.id is None or cfg.run_dir is not None or resume:
         return cfg
-    return cfg.model_copy(update={"run_dir": f"runs/{cfg.name}-{flow_run_id.replace('-', '')[:8]}"})
+    # the last digits: Prefect's ids are UUIDv7, whose first ones are the creation time that the runs a schedule
+    # creates at once share; the last ones are random
+    return cfg.model_copy(update={"run_dir": f"runs/{cfg.name}-{flow_run_id.replace('-', '')[-8:]}"})
 
 
 def check_ownership(cfg: RunConfig, *, resume: bool, overwrite: bool) -> None:
@@ -317,25 +319,45 @@ def start_prefect_beside_ray(cfg: RunConfig) -> None:
         server.result()
 
 
-def start_api_watchdog(api_url: str, timeout: float, run_dir: Path) -> threading.Event:
-    """A thread that ends this process, with a message, once the Prefect API has not answered `/health` for
-    `timeout` seconds (Prefect's client would retry for minutes; the run cannot record anything meanwhile).
-    Set the returned event to stop it. The reaper (flows/reaper.py) then stops the run's other processes."""
+def start_api_watchdog(
+    api_url: str,
+    timeout: float,
+    run_dir: Path,
+    *,
+    flow_run_id: str | None = None,
+    on_cancel: Callable[[], None] | None = None,
+) -> threading.Event:
+    """A thread that ends this process, with a message, once the Prefect API has not answered for `timeout`
+    seconds (Prefect's client would retry for minutes; the run cannot record anything meanwhile). It reads the
+    flow run `flow_run_id` (`/health` without one) about once a second, and calls `on_cancel` once when that flow
+    run is Cancelling (the UI's Cancel, `prefect flow-run cancel`: for a run no runner watches). Set the returned
+    event to stop it. The reaper (flows/reaper.py) then stops the run's other processes."""
     import httpx
 
     stop = threading.Event()
-    url = api_url.rstrip("/") + "/health"
+    base = api_url.rstrip("/")
+    url = f"{base}/flow_runs/{flow_run_id}" if flow_run_id else f"{base}/health"
+    every = min(1.0, timeout / 4)
+
+    def cancelling(response: httpx.Response) -> bool:
+        if flow_run_id is None or response.status_code != 200:
+            return False
+        state = response.json().get("state") or {}
+        return state.get("type") == "CANCELLING"
 
     def watch() -> None:
-        last_ok = time.monotonic()
-        with httpx.Client(timeout=min(5.0, timeout / 4)) as client:  # one connection for every poll
-            while not stop.wait(min(5.0, timeout / 4)):
+        last_ok, told = time.monotonic(), False
+        with httpx.Client(timeout=min(5.0, timeout / 4), headers=_api_headers()) as client:
+            while not stop.wait(every):
                 try:
-                    answered = client.get(url).status_code < 500
+                    response = client.get(url)
                 except httpx.HTTPError:  # refused, reset, timed out: counts as not answering
-                    answered = False
-                if answered:
+                    response = None
+                if response is not None and response.status_code < 500:
                     last_ok = time.monotonic()
+                    if on_cancel is not None and not told and cancelling(response):
+                        told = True
+                        on_cancel()
                 elif time.monotonic() - last_ok > timeout:
                     print(
                         f"rollflow: error: the Prefect API at {api_url} has not answered for {timeout:g} s "
@@ -350,8 +372,22 @@ def start_api_watchdog(api_url: str, timeout: float, run_dir: Path) -> threading
     return stop
 
 
+def _api_headers() -> dict[str, str]:
+    """The Authorization header Prefect's own client sends (PREFECT_API_AUTH_STRING, else PREFECT_API_KEY)."""
+    import base64
+
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY
+
+    if PREFECT_API_AUTH_STRING.value():
+        token = base64.b64encode(str(PREFECT_API_AUTH_STRING.value()).encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+    return {"Authorization": f"Bearer {PREFECT_API_KEY.value()}"} if PREFECT_API_KEY.value() else {}
+
+
 @contextlib.contextmanager
-def api_watchdog(cfg: RunConfig) -> Iterator[None]:
+def api_watchdog(
+    cfg: RunConfig, flow_run_id: str | None = None, on_cancel: Callable[[], None] | None = None
+) -> Iterator[None]:
     """`start_api_watchdog` on the API this flow run talks to (the ephemeral server or PREFECT_API_URL), with
     --prefect-timeout, for as long as the block runs."""
     from prefect.client.orchestration import get_client
@@ -359,7 +395,9 @@ def api_watchdog(cfg: RunConfig) -> Iterator[None]:
     # the client knows the ephemeral server's URL; Prefect's settings say None for it
     with get_client(sync_client=True) as client:
         url = str(client.api_url)
-    stop = start_api_watchdog(url, cfg.faults.prefect_timeout, cfg.resolved_run_dir)
+    stop = start_api_watchdog(
+        url, cfg.faults.prefect_timeout, cfg.resolved_run_dir, flow_run_id=flow_run_id, on_cancel=on_cancel
+    )
     try:
         yield
     finally:
@@ -449,7 +487,7 @@ async def publish_metrics_table(
 ) -> None:
     """One Prefect table artifact per rollout with every metric its flow run logged (of the run's `records`):
     rollout, step, perf and check records, and the evals it ran (eval E runs after rollout E - 1, so its row is
-    in that rollout's table; `eval/step` names the weights evaluated). Attached to the rollout's `rollout-<id>`
+    in that rollout's table, at slime's `eval/step`, the rollout id). Attached to the rollout's `rollout-<id>`
     flow run. The parent's `Publisher` posts it in the background."""
     from prefect.artifacts import TableArtifact
 

@@ -89,6 +89,7 @@ def ensure_ray(cfg: RunConfig) -> None:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, log_to_driver=True, logging_level=level)
     else:
+        _local_ray_in_own_session()
         ray.init(
             num_cpus=max(2, os.cpu_count() or 2),
             resources=placement.local_resources(cfg),
@@ -97,6 +98,26 @@ def ensure_ray(cfg: RunConfig) -> None:
             _node_ip_address="127.0.0.1",
             logging_level=level,
         )
+
+
+def _local_ray_in_own_session() -> None:
+    """A local Ray's processes (GCS, raylet, workers) start in a session of their own. Ray starts them in the
+    driver's process group, where a signal sent to the whole group (`timeout`, `kill -- -PGID`) would kill them
+    under the run, which then could not stop its actors; Ray already blocks Ctrl-C's SIGINT in them. They still
+    end with the run (its stop, Ray's shutdown at exit, the reaper: flows/reaper.py). Relies on Ray starting them
+    through `ray._private.services.ConsolePopen` (tests/unit/test_procs.py)."""
+    from ray._private import services
+
+    if getattr(services.ConsolePopen, "_own_session", False):
+        return
+
+    class OwnSession(services.ConsolePopen):  # type: ignore[misc,name-defined]
+        _own_session = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "start_new_session": True})
+
+    services.ConsolePopen = OwnSession  # type: ignore[misc]
 
 
 def echo_actor_logs(on: bool) -> None:

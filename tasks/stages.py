@@ -41,6 +41,7 @@ from tasks.metrics import eval_stats, log_metrics, non_finite, reward_stats
 from tasks.recordings import record_rollout
 from tasks.recovery import guarded
 from tasks.refs import LogProbs, WeightsRef
+from tasks.trackers import eval_step
 from tasks.transfer import Pushed, trainer_weights, transfer_for
 
 
@@ -471,7 +472,7 @@ async def evaluate(cfg: RunConfig, eval_id: int, weights: WeightsRef) -> dict[st
     record_rollout(cfg, f"eval_{eval_id}", samples)
     actors.stage_end(cfg, "eval", ctx)
     metrics = eval_stats(samples, [name for name, _ in src.evals])
-    log_metrics(cfg, "eval", eval_id, {**metrics, "eval/step": eval_id})
+    log_metrics(cfg, "eval", eval_id, {**metrics, "eval/step": eval_step(eval_id)})
     return metrics
 
 

@@ -4,7 +4,7 @@ names and step keys.
 Each tracker is opened lazily by the first record of a run (so a run that fails before logging anything
 creates no W&B run) and lives until `finish_trackers` at the end of the run, once per run directory and
 process. slime's step keys: rollout and perf records are logged at `rollout/step` = rollout id, train steps
-at `train/step`, evals at `eval/step` = the eval id. `check` records are not slime metrics and stay in
+at `train/step`, evals at `eval/step` = the rollout id slime gives the eval (`eval_step`). `check` records are not slime metrics and stay in
 metrics.jsonl and the Prefect UI.
 
 Failure policy: a missing package is refused before the run starts (`require_trackers`, called when the
@@ -59,9 +59,18 @@ class Tracker(Protocol):
         """Flush and close; no `log` follows."""
 
 
+def eval_step(eval_id: int) -> int:
+    """slime's `eval/step` of eval `eval_id`: the rollout it follows (eval E runs on the weights rollout E - 1
+    trained), 0 for the eval of the starting weights, as slime's `eval(rollout_id)` logs them."""
+    return max(eval_id - 1, 0)
+
+
 def step_value(kind: str, rollout_id: int, step: int | None) -> int:
-    """The value of the record's step key: the optimizer step for train records, else the rollout (or eval) id."""
-    return step if kind == "step" and step is not None else rollout_id
+    """The value of the record's step key: the optimizer step for train records, `eval_step` for evals, else the
+    rollout id."""
+    if kind == "step" and step is not None:
+        return step
+    return eval_step(rollout_id) if kind == "eval" else rollout_id
 
 
 def scalars(metrics: dict[str, Any]) -> dict[str, float]:

@@ -174,7 +174,7 @@ def test_server_command_runs_without_the_venv_on_path(monkeypatch, tmp_path):
 
     monkeypatch.setattr(flows.cli.os, "execv", fake_execv)
     with pytest.raises(SystemExit):
-        main(["server", "--port", "4321"])
+        main(["server", "--port", "4321", "--files-port", "0"])  # no file server beside an exec that is faked
     [(path, argv)] = execs
     assert path == sys.executable and argv[:6] == [
         sys.executable,

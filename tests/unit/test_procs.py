@@ -103,3 +103,25 @@ def test_the_niceness_is_a_nice_increment() -> None:
         RunConfig.model_validate({"placement": {"orchestrator_niceness": 20}})
     with pytest.raises(ValueError, match="orchestrator_niceness"):
         RunConfig.model_validate({"placement": {"orchestrator_niceness": -1}})
+
+
+def test_a_local_rays_processes_start_in_a_session_of_their_own():
+    import inspect
+    import os
+    import sys
+
+    from ray._private import services
+
+    from tasks.actors import _local_ray_in_own_session
+
+    assert "ConsolePopen(" in inspect.getsource(
+        services.start_ray_process
+    )  # how Ray starts GCS, raylet, workers
+    _local_ray_in_own_session()
+    _local_ray_in_own_session()  # idempotent: one subclass
+    assert services.ConsolePopen.__bases__[0].__name__ == "ConsolePopen"
+    child = services.ConsolePopen(
+        [sys.executable, "-c", "import os; print(os.getsid(0))"], stdout=-1, text=True
+    )
+    out, _ = child.communicate(timeout=60)
+    assert int(out) == child.pid != os.getsid(0)  # its own session leader, out of this process group

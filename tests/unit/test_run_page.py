@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 
 from flows.doctor import Finding
-from flows.run_page import curves_markdown, non_default_flags, progress_text, summary_markdown
+from flows.run_page import FileLinks, curves_markdown, non_default_flags, progress_text, summary_markdown
 from tests.report_records import report_of
 
 
@@ -27,7 +27,9 @@ def test_summary_shows_status_eval_table_checks_config_and_files(tmp_path):
     assert "| optimizer | lr 0.01 cosine, global batch 128 (4 steps per rollout), clip grad 1 |" in lines
     assert "--lr 0.01" in md and "--eval-interval 3" in md and "--num-rollout 10" in md
     run_dir = report.cfg.resolved_run_dir
-    assert f"| [metrics.jsonl]({(run_dir / 'metrics.jsonl').as_uri()}) | every metric record |" in lines
+    # no file server known: the path as code, not a file:// link the UI's http page cannot open
+    assert f"| `{run_dir.absolute() / 'metrics.jsonl'}` | every metric record |" in lines
+    assert "file://" not in md and "](" not in md.split("## Files", 1)[1]
     assert (
         "## Failure" not in md and "## Doctor" not in md
     )  # no failure, and the doctor ran not (no --ci-test)
@@ -74,3 +76,24 @@ def test_progress_text_and_flags(tmp_path):
     assert progress_text(report) == "run/t: rollout 2/5 (running), reward 0.310, eval@2 0.450"
     flags = non_default_flags(report.cfg)
     assert "--name t" in flags and "--num-rollout 5" in flags and all(not f.startswith("--lr") for f in flags)
+
+
+def test_files_link_to_the_file_server_when_it_serves_them(tmp_path):
+    report = report_of(tmp_path, 1, 4, {}, checkpoint={"save": str(tmp_path / "elsewhere" / "ckpt")})
+    run_dir = report.cfg.resolved_run_dir
+    (run_dir / "rollouts").mkdir(parents=True)
+    files = FileLinks("http://127.0.0.1:4201", tmp_path.resolve())
+    lines = summary_markdown(report, files).splitlines()
+    assert "| [metrics.jsonl](http://127.0.0.1:4201/run/metrics.jsonl) | every metric record |" in lines
+    assert "| [rollouts](http://127.0.0.1:4201/run/rollouts/) | one Parquet file per rollout |" in lines
+    assert "| [checkpoints](http://127.0.0.1:4201/elsewhere/ckpt) | --save |" in lines
+
+
+def test_files_the_file_server_would_refuse_show_as_paths(tmp_path):
+    """A run dir outside the served root, or under a dot-dir of it: the server refuses those, so no link."""
+    outside = report_of(tmp_path, 1, 4, {})
+    hidden = report_of(tmp_path, 1, 4, {}, run_dir=str(tmp_path / ".cache" / "run"))
+    for report, root in ((outside, tmp_path / "other"), (hidden, tmp_path)):
+        md = summary_markdown(report, FileLinks("http://127.0.0.1:4201", root.resolve()))
+        metrics = report.cfg.resolved_run_dir.absolute() / "metrics.jsonl"
+        assert f"| `{metrics}` | every metric record |" in md.splitlines() and "http://" not in md

@@ -43,7 +43,7 @@ def _log_a_short_run(cfg: RunConfig) -> None:
             )
         log_metrics(cfg, "check", rid, {"check/finite_metrics": 1.0})
     log_metrics(
-        cfg, "eval", 2, {"eval/tiny-arith": 0.5, "eval/tiny-arith-truncated_ratio": 0.0, "eval/step": 2}
+        cfg, "eval", 2, {"eval/tiny-arith": 0.5, "eval/tiny-arith-truncated_ratio": 0.0, "eval/step": 1}
     )
 
 
@@ -64,7 +64,7 @@ def test_tensorboard_scalars_use_slime_names_dir_and_step_keys(tmp_path, monkeyp
     assert steps["rollout/raw_reward"] == [0, 1] and values["rollout/raw_reward"] == [0.5, 1.5]
     assert steps["rollout/entropy"] == [0, 1] and steps["perf/rollout_time"] == [0, 1]  # perf at rollout/step
     assert steps["train/loss"] == [0, 1, 2, 3] and values["train/grad_norm"] == [2.0, 3.0, 4.0, 5.0]
-    assert steps["eval/tiny-arith"] == [0, 2] and values["eval/tiny-arith"] == [0.25, 0.5]
+    assert steps["eval/tiny-arith"] == [0, 1] and values["eval/tiny-arith"] == [0.25, 0.5]
     # the step keys are the x axis, not scalars; check records are not slime metrics
     assert not {"train/step", "eval/step", "rollout/step"} & set(steps)
     assert not [t for t in steps if t.startswith("check/")]
@@ -131,7 +131,8 @@ def test_wandb_offline_history_has_slime_names_and_step_metrics(tmp_path):
     assert series("rollout/raw_reward", "rollout/step") == [(0, 0.5), (1, 1.5)]
     assert series("perf/rollout_time", "rollout/step") == [(0, 1.5), (1, 1.5)]
     assert series("train/loss", "train/step") == [(0, 1.0), (1, 0.5), (2, 1 / 3), (3, 0.25)]
-    assert series("eval/tiny-arith", "eval/step") == [(0, 0.25), (2, 0.5)]
+    # slime's eval(rollout_id): the starting weights at 0, the eval after rollout 1 at 1
+    assert series("eval/tiny-arith", "eval/step") == [(0, 0.25), (1, 0.5)]
     assert not [k for row in rows for k in row if k.startswith("check/")]
     # every row carries exactly its family's step key (W&B adds a defined step key that is missing, so a row
     # logged at the wrong key would show both)
@@ -252,3 +253,11 @@ def test_tracker_flags_parse_with_slime_names():
     assert (lg.use_tensorboard, lg.tb_project_name, lg.tb_experiment_name) == (True, "tp", "te")
     with pytest.raises(SystemExit):
         make_parser().parse_args(["run", "--wandb-mode", "cloud"])
+
+
+def test_an_eval_is_logged_at_the_rollout_id_slime_gives_it():
+    from tasks.trackers import eval_step, step_value
+
+    # slime evaluates the starting weights as eval(0) and the weights rollout N trained as eval(N)
+    assert [eval_step(e) for e in (0, 1, 5, 11)] == [0, 0, 4, 10]
+    assert step_value("eval", 5, None) == 4 and step_value("rollout", 5, None) == 5
