@@ -1,18 +1,35 @@
-"""Deployments against a real Prefect server (the test harness): the README's `prefect deploy` steps on a
-fresh server, and a served deployment run given a partial `cfg` that deep-merges over the served defaults,
-executed by Prefect's engine the way a worker or `serve` executes it."""
+"""Deployments against real Prefect servers, each way a Prefect user goes in.
+
+The README's deployment commands run as written, in order, from a checkout of their own (`rollflow server`, the
+work pool, `prefect deploy --all`, a real `prefect worker start`, a run and a replay of it through `prefect
+deployment run --watch`); beside them, on the same server, `rollflow serve --interval` whose schedule runs three
+times in a row and a replay of each kind, and a worker's run that fails after a rollout and is retried as the UI's
+Retry does it. The server and the worker are shared by the module's tests. On the test session's server:
+`rollflow serve` refusing a work pool's deployment of its name, and a served deployment run given a partial `cfg`
+that deep-merges over the served defaults, executed by Prefect's engine the way a worker or `serve` executes it."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import glob
+import json
 import os
+import re
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
-import sys
+import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -23,117 +40,422 @@ from tests.helpers import wandb_records
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
+README_PORT = "127.0.0.1:4200"  # the README's server address; the test's server takes a free port instead
+# what a checkout leaves out: run outputs and caches (a fresh clone has none of them)
+NOT_CHECKED_OUT = {".git", "runs", "wandb", "tensorboard_log", "build"}
 
 
-def _prefect(*args: str) -> subprocess.CompletedProcess:
-    """`.venv/bin/prefect ARGS` in the repo root, as the README runs it, against the test server."""
-    from prefect.settings import PREFECT_API_URL
-
-    script = ROOT / ".venv" / "bin" / "prefect"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "prefect"]
-    # PYTHONPATH: the flows prefect.yaml names are loaded from this checkout, whatever the venv's install points at
-    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(ROOT)}
-    return subprocess.run([*cmd, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-
-
-def test_readme_deploy_steps_work_on_a_fresh_server(prefect_server):
-    from prefect.client.orchestration import get_client
-
+def readme_deploy_commands() -> list[str]:
+    """The README's deployment commands in the order written: the bash block of its "### Deployments" section that
+    deploys prefect.yaml, one command a line (a trailing backslash continues one), comments left as written."""
     readme = (ROOT / "README.md").read_text()
-    steps = [
-        ".venv/bin/prefect work-pool create rollflow --type process --overwrite",
-        ".venv/bin/prefect deploy --all",
-    ]
-    for step in steps:
-        assert step in readme  # the test runs what the README says
-        done = _prefect(*step.split()[1:])
-        assert done.returncode == 0, f"{step}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-
-    async def read() -> tuple:
-        async with get_client() as client:
-            pool = await client.read_work_pool("rollflow")
-            run = await client.read_deployment_by_name("rollflow-run/tiny-arith")
-            replay = await client.read_deployment_by_name("replay/rollflow")
-            return pool, run, replay
-
-    pool, run, replay = asyncio.run(read())
-    assert pool.type == "process"
-    assert run.work_pool_name == replay.work_pool_name == "rollflow"
-    assert run.parameters == {"cfg": {"name": "tiny-arith-scheduled"}}
-    assert run.entrypoint == "flows/run.py:run_flow" and replay.entrypoint == "flows/replay.py:replay_flow"
-    schema = replay.parameter_openapi_schema
-    assert set(schema["required"]) == {"run_dir", "rollout_id", "task"}  # the UI's Run form asks for these
-    assert schema["properties"]["task"]["enum"] == ["generate", "log-prob", "train-step", "sync", "check"]
+    section = readme.split("### Deployments", 1)[1].split("\n## ", 1)[0]
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "prefect deploy --all" in b]
+    return [line for line in block.replace("\\\n", " ").splitlines() if shlex.split(line, comments=True)]
 
 
-def test_a_worker_runs_the_deployed_run_and_a_replay_of_it_to_completed(
-    prefect_server, base_checkpoint, tmp_path
-):
-    """The README's path end to end: the pool, `prefect deploy --all`, a real `prefect worker start` process, and a
-    run of each deployment through the API (as `prefect deployment run` and the UI's Run form do), each flow run in
-    the worker's own subprocess, which sets up Ray itself."""
-    from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL
+def _free_port_pair() -> int:
+    """A port free on 127.0.0.1 whose next one is free too (`rollflow server` serves the run files on it)."""
+    for _ in range(100):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return int(port)
+    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
 
-    for step in ("work-pool create rollflow --type process --overwrite", "deploy --all"):
-        done = _prefect(*step.split())
-        assert done.returncode == 0, f"{step}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    script = ROOT / ".venv" / "bin" / "prefect"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "prefect"]
-    env = {
-        **os.environ,
-        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
-        "PYTHONPATH": str(ROOT),
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-    }
-    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "GLOO_SOCKET_IFNAME"):  # as a user's shell has them: unset
-        env.pop(var, None)
-    env["HOME"] = str(tmp_path / "home")  # Ray's own token file goes there, not into the user's home
-    name = f"worker-{uuid.uuid4().hex[:6]}"  # its runs' dirs: runs/<name>-<flow run>, under the worker's cwd
-    cfg = {
-        "name": name,
-        "hf_checkpoint": base_checkpoint,
-        "rollout": {"num_rollout": 2, "rollout_batch_size": 4, "n_samples_per_prompt": 4},
-        "eval": {"eval_interval": None},
-        "train": {"global_batch_size": 8},
-        "checkpoint": {"save": str(tmp_path / "ckpt"), "save_interval": 1},
-    }
-    with open(tmp_path / "worker.log", "w") as log:
-        worker = subprocess.Popen(
-            [*cmd, "worker", "start", "--pool", "rollflow", "--limit", "1"],
-            cwd=ROOT,
-            env=env,
+
+def _checkout(dest: Path) -> Path:
+    """A checkout of this working tree at `dest`, as a fresh clone has it: its files (linked, so the code under
+    test is this tree's) and the venv, without runs or caches."""
+    dest.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name in NOT_CHECKED_OUT or (entry.name.startswith(".") and entry.name != ".venv"):
+            continue
+        (dest / entry.name).symlink_to(entry)
+    return dest
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a process started in a session of its own, and what it started in that session."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@dataclass
+class Deployed:
+    """The README's server and worker, up, with prefect.yaml deployed; the rest of its commands not run yet."""
+
+    checkout: Path
+    port: int  # the server's, for the README's 4200
+    env: dict[str, str]
+    logs: Path
+    rest: list[str]  # the README's commands after the worker's
+    server: subprocess.Popen | None = None  # the first command run in the background
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def api(self) -> contextlib.AbstractContextManager[Any]:
+        """This process's Prefect client talks to this server inside it."""
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        return temporary_settings({PREFECT_API_URL: self.api_url})
+
+    def run(self, line: str, *, timeout: float = 900) -> subprocess.CompletedProcess | subprocess.Popen:
+        """One README command, run as a shell would run it from the checkout: `export` sets the environment of the
+        next ones, a trailing `&` runs it in the background (its output into logs/), any other waits for it."""
+        argv = shlex.split(line, comments=True)
+        if argv[0] == "export":
+            for assignment in argv[1:]:
+                name, _, value = assignment.partition("=")
+                self.env[name] = value.replace(README_PORT, f"127.0.0.1:{self.port}")
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        background = argv[-1] == "&"
+        argv = argv[:-1] if background else argv
+        if argv[:2] == ["scripts/rollflow", "server"]:
+            argv += ["--port", str(self.port)]
+        if not background:
+            return subprocess.run(
+                argv, cwd=self.checkout, env=self.env, capture_output=True, text=True, timeout=timeout
+            )
+        log = open(self.logs / f"{Path(argv[0]).name}-{argv[1]}.log", "w")  # noqa: SIM115 (the process keeps it)
+        proc = subprocess.Popen(
+            argv,
+            cwd=self.checkout,
+            env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
+        self.procs.append(proc)
+        return proc
+
+    def output(self, name: str) -> str:
+        """What a background command (`prefect`, `rollflow`) printed so far."""
+        return "".join(p.read_text() for p in sorted(self.logs.glob(f"{name}-*.log")))
+
+
+@pytest.fixture(scope="module")
+def deployed(prefect_server, base_checkpoint, tmp_path_factory) -> Iterator[Deployed]:
+    """The README's deployment commands up to the worker's, run in order from a checkout of their own, against a
+    server on a free port whose Prefect home starts as a fresh server's (migrated, empty). As a user's shell has
+    it: no Ray variables of the test session, PWD the checkout (prefect.yaml's pull step reads it), and a home of
+    its own (Ray's token file goes there)."""
+    from tests.conftest import _MIGRATED_DB
+
+    base = tmp_path_factory.mktemp("deploy")
+    home = base / "prefect"
+    home.mkdir()
+    shutil.copyfile(_MIGRATED_DB, home / "prefect.db")
+    (base / "home").mkdir()
+    (base / "logs").mkdir()
+    session_only = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "GLOO_SOCKET_IFNAME", "PREFECT_LOGGING_LEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in session_only}
+    checkout = _checkout(base / "rollflow")
+    env.update(
+        PREFECT_HOME=str(home), HOME=str(base / "home"), PWD=str(checkout), PREFECT_WORKER_QUERY_SECONDS="1"
+    )
+    commands = readme_deploy_commands()
+    (server_at,) = [i for i, c in enumerate(commands) if c.startswith("scripts/rollflow server")]
+    (worker_at,) = [i for i, c in enumerate(commands) if " worker start " in c]
+    assert server_at < worker_at
+    it = Deployed(checkout, _free_port_pair(), env, base / "logs", commands[worker_at + 1 :])
+    try:
+        for line in commands[: worker_at + 1]:
+            done = it.run(line)
+            if isinstance(done, subprocess.Popen):
+                assert done.poll() is None, f"{line}: exited {done.returncode}"
+                it.server = it.server or done
+            else:
+                assert done.returncode == 0, f"{line}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert it.env.get("PREFECT_API_URL") == it.api_url  # the README's export, on the test's port
+        yield it
+    finally:
+        for proc in reversed(it.procs):  # the worker, then the server
+            _stop(proc)
+
+
+def _flow_run(deployment: str, parameters: dict, *, timeout: float = 900) -> Any:
+    """A run of `deployment` created through the API (as the UI's Run form and `prefect deployment run` do), after
+    it reached a final state."""
+    from prefect.deployments import run_deployment
+
+    # called outside an event loop, Prefect's run_deployment waits for the flow run's final state
+    return run_deployment(deployment, parameters=parameters, timeout=timeout, poll_interval=2)
+
+
+def _retry(flow_run_id: uuid.UUID, *, timeout: float = 900) -> Any:
+    """A retry of a finished deployment flow run as the UI's Retry and `prefect flow-run retry` make it (the flow run
+    set Scheduled, forced, for a worker to pick up), then the flow run once it is final again."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Scheduled
+
+    async def go() -> Any:
+        async with get_client() as client:
+            before = await client.read_flow_run(flow_run_id)
+            await client.set_flow_run_state(flow_run_id, Scheduled(message="Retried via CLI"), force=True)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                await asyncio.sleep(2)
+                run = await client.read_flow_run(flow_run_id)
+                if run.run_count > before.run_count and run.state is not None and run.state.is_final():
+                    return run
+                assert run.state is None or run.state.type != StateType.CRASHED, run.state
+            raise AssertionError(f"the retry of flow run {flow_run_id} did not end within {timeout} s")
+
+    return asyncio.run(go())
+
+
+def _steps(run_dir: Path) -> set[int]:
+    return {r["rollout_id"] for r in read_metrics(RunPaths(run_dir).metrics) if r["kind"] == "step"}
+
+
+def _answers(api_url: str) -> bool:
+    return httpx.get(f"{api_url}/health", timeout=10).status_code == 200
+
+
+def _tiny(name: str, checkpoint: str, rollouts: int) -> dict:
+    return {
+        "name": name,
+        "hf_checkpoint": checkpoint,
+        "rollout": {"num_rollout": rollouts, "rollout_batch_size": 4, "n_samples_per_prompt": 4},
+        "eval": {"eval_interval": None},
+        "train": {"global_batch_size": 8},
+    }
+
+
+def test_the_readme_deployment_commands_reach_completed_in_order(deployed):
+    """The README's commands after the worker's (a run of the deployed run flow, then a replay of its last train
+    step, each watched to its end), as written."""
+    assert [c.split()[:3] for c in deployed.rest] == [[".venv/bin/prefect", "deployment", "run"]] * 2
+    for line in deployed.rest:
+        done = deployed.run(line)
+        assert isinstance(done, subprocess.CompletedProcess)
+        assert done.returncode == 0, (
+            f"{line}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n" + deployed.output("prefect")[-4000:]
+        )
+        assert "Flow run finished successfully in 'Completed'" in done.stdout
+    assert _steps(deployed.checkout / "runs" / "deployed") == {0, 1, 2}
+    assert "replay of train-step for rollout 2: identical" in deployed.output("prefect")
+
+
+def test_a_served_schedule_runs_three_times_beside_the_worker_deployments(
+    deployed, base_checkpoint, tmp_path
+):
+    """`rollflow serve --interval` on the server prefect.yaml is deployed to: its schedule runs three times in a row to
+    Completed, each run in a run dir of its own; the worker's deployments keep their path and pull steps, and a
+    replay of each kind (the served one's, the worker's) completes."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.exceptions import ObjectNotFound
+
+    name = f"sched-{uuid.uuid4().hex[:6]}"
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump(_tiny(name, base_checkpoint, 2)))
+
+    async def worker_deployments() -> list[tuple]:
+        async with get_client() as client:
+            found = [
+                await client.read_deployment_by_name(n)
+                for n in ("rollflow-run/tiny-arith-worker", "replay/worker")
+            ]
+            return [(d.work_pool_name, d.path, d.pull_steps, d.entrypoint) for d in found]
+
+    async def served_runs() -> tuple[uuid.UUID, list[Any]]:
+        async with get_client() as client:
+            deployment = await client.read_deployment_by_name(f"rollflow-run/{name}-served")
+            runs = await client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+            )
+            return deployment.id, runs
+
+    async def stop_schedule(deployment_id: uuid.UUID, waiting: list[Any]) -> None:
+        """The deployment paused and its runs still waiting deleted: pausing deletes only those due later, and serve
+        starts a Late one still."""
+        async with get_client() as client:
+            await client.pause_deployment(deployment_id)
+            for run in waiting:
+                with contextlib.suppress(ObjectNotFound):
+                    await client.delete_flow_run(run.id)
+
+    with deployed.api():
+        before = asyncio.run(worker_deployments())
+        assert all(pool == "rollflow" and pull for pool, _, pull, _ in before)  # prefect deploy made them
+        env = {**deployed.env, "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+        with open(deployed.logs / "serve.log", "w") as log:
+            serve = subprocess.Popen(
+                ["scripts/rollflow", "serve", "--config", str(config), "--interval", "5"],
+                cwd=deployed.checkout,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+        def output() -> str:
+            return (deployed.logs / "serve.log").read_text()
+
         try:
-
-            def run(name: str, parameters: dict) -> str:
-                # called outside an event loop, Prefect's run_deployment waits for the flow run's final state
-                flow_run = run_deployment(name, parameters=parameters, timeout=600, poll_interval=2)
-                return flow_run.state.name  # type: ignore[union-attr]
-
-            def output() -> str:  # the worker streams its flow runs' output
-                return (tmp_path / "worker.log").read_text()
-
-            # the same deployment three times in a row, as a schedule runs it: each run in a run dir of its own
-            assert run("rollflow-run/tiny-arith", {"cfg": cfg}) == "Completed", output()[-4000:]
-            unsaved = {**cfg, "checkpoint": {}}
-            for _ in range(2):
-                assert run("rollflow-run/tiny-arith", {"cfg": unsaved}) == "Completed", output()[-4000:]
-            run_dirs = sorted(ROOT.glob(f"runs/{name}-*"), key=lambda d: d.stat().st_mtime)
-            assert len(run_dirs) == 3
+            deadline, paused, runs = time.monotonic() + 1800, False, []
+            while time.monotonic() < deadline:
+                time.sleep(2)
+                assert serve.poll() is None, output()[-4000:]
+                with contextlib.suppress(ObjectNotFound):  # until serve has registered its deployments
+                    deployment_id, found = asyncio.run(served_runs())
+                    runs = [
+                        r for r in found if r.state and r.state.type.value not in ("SCHEDULED", "PENDING")
+                    ]
+                    if len(runs) >= 3 and not paused:  # the third has started: the schedule's later runs go
+                        waiting = [r for r in found if r.state and r.state.type.value == "SCHEDULED"]
+                        asyncio.run(stop_schedule(deployment_id, waiting))
+                        paused = True
+                    if paused and all(r.state.is_final() for r in runs):
+                        break
+            assert paused and len(runs) == 3, output()[-4000:]
+            assert [r.state.name for r in runs] == ["Completed"] * 3, output()[-4000:]
+            run_dirs = {deployed.checkout / "runs" / f"{name}-{r.id.hex[-8:]}" for r in runs}
+            assert set((deployed.checkout / "runs").glob(f"{name}-*")) == run_dirs
             for run_dir in run_dirs:
-                records = read_metrics(RunPaths(run_dir).metrics)
-                assert {r["rollout_id"] for r in records if r["kind"] == "step"} == {0, 1}
-            replay = {"run_dir": str(run_dirs[0]), "rollout_id": 1, "task": "train-step"}
-            assert run("replay/rollflow", replay) == "Completed", output()[-4000:]
-            assert "replay of train-step for rollout 1: identical" in output()
+                assert _steps(run_dir) == {0, 1}
+            # serving left the work pool's deployments as they were
+            assert asyncio.run(worker_deployments()) == before
+            # rollout 0's train step starts from the base model: the runs need no --save checkpoints
+            first, second, _ = (
+                {"run_dir": str(d), "rollout_id": 0, "task": "train-step"} for d in sorted(run_dirs)
+            )
+            served = _flow_run("replay/served", first)
+            assert served.state.name == "Completed", output()[-4000:]
+            assert "replay of train-step for rollout 0: identical" in output()  # run by serve
+            worker = _flow_run("replay/worker", second)
+            assert worker.state.name == "Completed", deployed.output("prefect")[-4000:]
         finally:
-            worker.terminate()
-            worker.wait(timeout=60)
-            for run_dir in ROOT.glob(f"runs/{name}-*"):
-                shutil.rmtree(run_dir, ignore_errors=True)
+            _stop(serve)
+
+
+def test_a_retry_from_the_api_resumes_its_own_run_and_refuses_another(deployed, base_checkpoint):
+    """A worker's run that fails after its first rollout, retried as the UI's Retry does it: the worker resumes
+    the run in its own run dir to Completed, and the flow run is never Crashed. A run into that run dir is refused,
+    and so is its retry, with the reason in the flow run's state message. No failure stops the server."""
+    from prefect.client.orchestration import get_client
+
+    name = f"retry-{uuid.uuid4().hex[:6]}"
+    cut = [
+        {
+            "request_id": "cut",
+            "hook_name": "orchestrator_rollout_end",
+            "action": {"kind": "raise"},
+            "rollout_id": 0,
+        }
+    ]
+    cfg = {**_tiny(name, base_checkpoint, 2), "faults": {"ci_fault_hooks": json.dumps(cut)}}
+
+    async def states(flow_run_id: uuid.UUID) -> list[str]:
+        async with get_client() as client:
+            return [s.type.value for s in await client.read_flow_run_states(flow_run_id)]
+
+    with deployed.api():
+        failed = _flow_run("rollflow-run/tiny-arith-worker", {"cfg": cfg})
+        assert failed.state.name == "Failed", deployed.output("prefect")[-4000:]
+        assert _answers(deployed.api_url)  # the failed run left the server up
+        run_dir = deployed.checkout / "runs" / f"{name}-{failed.id.hex[-8:]}"
+        assert _steps(run_dir) == {0}
+
+        retried = _retry(failed.id)
+        assert retried.state.name == "Completed", deployed.output("prefect")[-4000:]
+        assert retried.run_count == 2 and "CRASHED" not in asyncio.run(states(failed.id))
+        assert list((deployed.checkout / "runs").glob(f"{name}-*")) == [run_dir]  # resumed its own run dir
+        assert _steps(run_dir) == {0, 1}
+        records = read_metrics(RunPaths(run_dir).metrics)
+        per_rollout = collections.Counter(
+            r["rollout_id"] for r in records if r["kind"] in ("rollout", "step")
+        )
+        assert per_rollout[0] == per_rollout[1]  # rollout 0's records once: the retry resumed after it
+        assert f"in {run_dir} at rollout 1" in deployed.output(
+            "prefect"
+        )  # "resuming run <id> in <dir> at rollout 1"
+        recorded = RunPaths(run_dir).metrics.read_text()
+
+        other = _flow_run(
+            "rollflow-run/tiny-arith-worker",
+            {"cfg": {**_tiny(name, base_checkpoint, 2), "run_dir": str(run_dir)}},
+        )
+        assert other.state.name == "Failed" and "holds the records of run" in other.state.message
+        refused = _retry(other.id)
+        assert refused.state.name == "Failed", refused.state.message
+        assert "a retry resumes only its own run" in refused.state.message
+        assert (
+            f"flow run {failed.id}" in refused.state.message
+            and f"not of flow run {other.id}" in refused.state.message
+        )
+        assert RunPaths(run_dir).metrics.read_text() == recorded  # the other run's records untouched
+        assert _answers(deployed.api_url) and deployed.server.poll() is None
+
+
+def test_serve_refuses_to_take_over_a_work_pool_deployment_of_its_name(prefect_server, tmp_path):
+    """`rollflow serve` of a config whose run deployment a work pool already has: one line naming the deployment
+    and what to do, exit 2, and the pool's deployment as it was."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.run import run_flow
+
+    name, pool = f"taken-{uuid.uuid4().hex[:6]}", f"pool-{uuid.uuid4().hex[:6]}"
+    pull = [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
+
+    async def deploy() -> tuple:
+        async with get_client() as client:
+            await client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+            flow_id = await client.create_flow(run_flow)
+            deployment_id = await client.create_deployment(
+                flow_id,
+                f"{name}-served",
+                work_pool_name=pool,
+                path=str(ROOT),
+                entrypoint="flows/run.py:run_flow",
+                pull_steps=pull,
+            )
+            d = await client.read_deployment(deployment_id)
+            return d.work_pool_name, d.path, d.pull_steps, d.entrypoint
+
+    before = asyncio.run(deploy())
+    (tmp_path / "my.yaml").write_text(yaml.safe_dump({"name": name}))
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    done = subprocess.run(
+        ["scripts/rollflow", "serve", "--config", str(tmp_path / "my.yaml")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"rollflow: error: rollflow serve will not take over deployment rollflow-run/{name}-served: it belongs to "
+        f"work pool '{pool}' (prefect deploy), whose workers run it; delete it (prefect deployment delete "
+        f"rollflow-run/{name}-served) or rename it in prefect.yaml, or serve a config of another name"
+    ]
+
+    async def after() -> tuple:
+        async with get_client() as client:
+            d = await client.read_deployment_by_name(f"rollflow-run/{name}-served")
+            return d.work_pool_name, d.path, d.pull_steps, d.entrypoint
+
+    assert asyncio.run(after()) == before
 
 
 def test_partial_parameters_merge_over_served_defaults(

@@ -77,11 +77,13 @@ def test_a_retry_with_overwrite_replaces_another_runs_records(tmp_path):
 
 
 def test_a_deployments_runs_each_get_a_run_dir_of_their_own(monkeypatch):
+    # two flow runs a schedule created at once (Prefect's ids are UUIDv7: the same time, in the first digits)
+    first, second = "01a2446b-a0b8-790b-85ca-5d344b3b19d2", "01a2446b-a0b8-7177-b86d-d3f0d1238c5b"
     cfg = RunConfig.model_validate({"name": "nightly"})
-    assert runtime.deployment_run_dir(cfg, "0a1b2c3d-4e5f", resume=False) is cfg  # not a deployment's run
+    assert runtime.deployment_run_dir(cfg, first, resume=False) is cfg  # not a deployment's run
     monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "9f8e7d6c-0000-0000-0000-000000000000")
-    mine = runtime.deployment_run_dir(cfg, "0a1b2c3d-4e5f", resume=False)
-    assert mine.run_dir == "runs/nightly-0a1b2c3d"
-    assert runtime.deployment_run_dir(cfg, "0a1b2c3d-4e5f", resume=True) is cfg  # continues runs/nightly
+    assert runtime.deployment_run_dir(cfg, first, resume=False).run_dir == "runs/nightly-4b3b19d2"
+    assert runtime.deployment_run_dir(cfg, second, resume=False).run_dir == "runs/nightly-d1238c5b"
+    assert runtime.deployment_run_dir(cfg, first, resume=True) is cfg  # continues runs/nightly
     named = RunConfig.model_validate({"name": "nightly", "run_dir": "/data/nightly"})
-    assert runtime.deployment_run_dir(named, "0a1b2c3d-4e5f", resume=False) is named
+    assert runtime.deployment_run_dir(named, first, resume=False) is named
