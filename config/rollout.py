@@ -194,3 +194,11 @@ class RewardConfig(Section):
         None, description="When the reward returns a dict: the key of the scalar reward."
     )
     eval_reward_key: str | None = Field(None, description="--reward-key for eval; None = --reward-key.")
+    rm_timeout: float | None = Field(
+        5.0,
+        gt=0,
+        le=86_400,
+        description="Seconds one call of the --custom-rm-path reward may take for one sample before it is "
+        "abandoned and the sample marked failed, with a warning; None = no limit (the reward then runs on "
+        "the rollout actor's main thread, as a reward that sets signal.alarm itself needs).",
+    )

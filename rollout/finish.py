@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from artifacts.store import ArtifactRef, write_rollout
 from engines.base import GenerateOutput, StaleWeights
 from rollout.requests import Entry, sampling_metadata, split_for_engines, to_samples
+from rollout.rewards import RewardTimeout
 from rollout.source import scoring_side, train_params
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ class Tally:
     seconds: float  # spent scoring and writing
     # the longest engine's generate call (EngineAnswer.seconds): set by the rollout actor, which has the answers
     generation: float = 0.0
+    # what the run's console should warn about: samples whose reward call was abandoned (--rm-timeout)
+    warnings: tuple[str, ...] = ()
 
 
 def in_entry_order(
@@ -99,4 +102,17 @@ async def finish_rollout(
         }
         ref = write_rollout(path, samples, metadata=meta)
     lengths = [s.response_length for s in samples]
-    return ref, Tally(sum(lengths), max(lengths, default=0), time.perf_counter() - began)
+    late = [s.sample_index for s in samples if _timed_out(s.metadata.get("reward_error"))]
+    warnings: tuple[str, ...] = ()
+    if late:
+        used = eval_scorer if eval_mode else scorer
+        warnings = (
+            f"{'eval' if eval_mode else 'rollout'} {rollout_id}: reward {used.name} did not return within "
+            f"{used.timeout:g} s (--rm-timeout) for {len(late)} of {len(samples)} samples (sample "
+            f"{', '.join(map(str, late[:5]))}{', ...' if len(late) > 5 else ''}): abandoned, marked failed",
+        )
+    return ref, Tally(sum(lengths), max(lengths, default=0), time.perf_counter() - began, warnings=warnings)
+
+
+def _timed_out(error: str | None) -> bool:
+    return error is not None and error.startswith(f"{RewardTimeout.__name__}:")

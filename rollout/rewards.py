@@ -10,7 +10,8 @@ custom function, so that a slime reward module works unchanged:
 
 Sync and async functions both work. Rewards run in the orchestrating process, never inside an engine.
 A reward that raises marks its sample `failed` (reward 0, excluded from the loss, the exception text in
-its metadata); a rollout fails only if every sample failed. A reward that returns something that is not
+its metadata); a rollout fails only if every sample failed. A custom reward that does not return within
+`--rm-timeout` seconds for a sample fails that sample the same way, with a warning that names it. A reward that returns something that is not
 a finite number is a bug in the reward, and the error names the sample.
 """
 
@@ -19,8 +20,11 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 import math
 import re
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -183,6 +187,7 @@ class Scorer:
         custom_rm_path: str | None,
         reward_key: str | None,
         settings: dict[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> None:
         if custom_rm_path:
             self.name, self.fn = custom_rm_path, load_function(custom_rm_path, "--custom-rm-path")
@@ -199,21 +204,67 @@ class Scorer:
             rm_type=rm_type, custom_rm_path=custom_rm_path, reward_key=reward_key, **(settings or {})
         )  # slime's `args`, for slime-style functions
         self._style = "builtin" if self.builtin else _calling_style(self.fn, custom_rm_path or "")
+        # the built-in rules are ours and never wait on anything: they run inline, at no cost
+        self.timeout = None if self.builtin else timeout
+        self._in_thread = self.timeout is not None and not inspect.iscoroutinefunction(self.fn)
 
     async def score(self, requests: list[RewardRequest]) -> list[Scored]:
         """Rewards in request order; async functions run concurrently. A plain function's values are taken as
         it returns them: only awaitables get a task each (64 tasks cost ~0.25 ms, a tenth of a tiny-arith
-        rollout's scoring and write)."""
-        values = [self._guarded(r) for r in requests]
+        rollout's scoring and write). With a timeout, a call that has not returned after `timeout` seconds
+        fails its sample (`RewardTimeout`) and is abandoned, with a warning naming the reward and the sample;
+        the other samples score as they would without it."""
+        if self._in_thread:
+            values = await self._in_order(requests)
+        else:
+            values = [self._guarded(r) for r in requests]
         waiting = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
         if waiting:
-            done = await asyncio.gather(*[self._awaited(values[i]) for i in waiting])
+            done = await asyncio.gather(*[self._awaited(values[i], requests[i]) for i in waiting])
             for i, value in zip(waiting, done, strict=True):
                 values[i] = value
         return [
             v if isinstance(v, Scored) else self._to_scored(v, r)
             for v, r in zip(values, requests, strict=True)
         ]
+
+    async def _in_order(self, requests: list[RewardRequest]) -> list[Any]:
+        """The sync reward's values for `requests`, called one after another (as inline, so a stateful reward
+        sees the same calls in the same order) on a worker thread; a call past the timeout fails its sample and
+        a fresh worker goes on with the next sample.
+
+        Why a thread: Python cannot kill one, but a hung reward almost always waits (a judge that never
+        answers, a lock, a sleep) and so holds no GIL, and the abandoned daemon thread blocks neither this
+        actor's next calls nor its exit. A process per reward (verl's PRIME manager) would also stop a reward
+        stuck in C code that holds the GIL, but it costs a spawn per restart, pickling of every sample, and
+        the module-level state (clients, caches) a reward keeps between calls; the stage timeout
+        (`--rollout-timeout`) still bounds that rare case, and `--rm-timeout none` calls the reward inline on
+        the actor's main thread (for a reward that sets signal.alarm itself)."""
+        assert self.timeout is not None
+        loop, start = asyncio.get_running_loop(), 0
+        values: list[Any] = [None] * len(requests)
+        while start < len(requests):
+            worker = _Worker(self._guarded, requests, start, loop)
+            stuck = None
+            while stuck is None and not worker.done.done():
+                since = worker.running[1]
+                await asyncio.wait([worker.done], timeout=max(0.0, since + self.timeout - time.monotonic()))
+                stuck = worker.abandon_if_past(self.timeout)
+            for i, value in worker.values.items():
+                values[i] = value
+            if stuck is None:
+                break
+            values[stuck], start = self._timed_out(requests[stuck]), stuck + 1
+        return values
+
+    def _timed_out(self, r: RewardRequest) -> Scored:
+        """The failed score of a sample whose reward call was abandoned, said as a warning."""
+        text = (
+            f"reward {self.name} did not return within {self.timeout:g} s (--rm-timeout) for sample "
+            f"{r.sample_index}: call abandoned, sample marked failed"
+        )
+        logging.getLogger(__name__).warning(text)
+        return _failed(RewardTimeout(text))
 
     def _guarded(self, r: RewardRequest) -> Any:
         """The reward's value (or awaitable) for `r`; its own failure marks the sample failed, the rollout goes on."""
@@ -222,11 +273,17 @@ class Scorer:
         except Exception as e:
             return _failed(e)
 
-    @staticmethod
-    async def _awaited(value: Any) -> Any:
-        """An async reward's value; its failure marks the sample failed, as in `_guarded`."""
+    async def _awaited(self, value: Any, r: RewardRequest) -> Any:
+        """An async reward's value; its failure, or no answer within the timeout (the call is then cancelled),
+        marks the sample failed, as in `_guarded`. A call that blocks the event loop cannot be timed out here:
+        the stage timeout bounds it."""
+        call = asyncio.ensure_future(value)
+        done, _ = await asyncio.wait([call], timeout=self.timeout)
+        if not done:
+            call.cancel()
+            return self._timed_out(r)
         try:
-            return await value
+            return call.result()
         except Exception as e:
             return _failed(e)
 
@@ -269,6 +326,63 @@ class Scorer:
                 f"{r.sample_index} (prompt {r.prompt[:60]!r}): expected a finite number"
             )
         return Scored(float(value), extra=_jsonable(extra))
+
+
+class RewardTimeout(TimeoutError):
+    """A reward call that did not return within `--rm-timeout` seconds (its sample is marked failed)."""
+
+
+class _Worker:
+    """Calls `call(requests[i])` for i = start, start + 1, ... one after another on a daemon thread of its own,
+    keeping each value in `values`; `done` resolves (on `loop`) once every call returned. Once abandoned, it
+    keeps nothing more and makes no further call."""
+
+    def __init__(
+        self,
+        call: Callable[[RewardRequest], Any],
+        requests: list[RewardRequest],
+        start: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.values: dict[int, Any] = {}
+        self.running = (start, time.monotonic())  # the call in progress and since when
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._lock, self._abandoned, self._loop = threading.Lock(), False, loop
+        thread = threading.Thread(
+            target=self._run, args=(call, requests, start), name="rollflow-reward", daemon=True
+        )
+        thread.start()
+
+    def _run(self, call: Callable[[RewardRequest], Any], requests: list[RewardRequest], start: int) -> None:
+        for i in range(start, len(requests)):
+            with self._lock:
+                if self._abandoned:
+                    return
+                self.running = (i, time.monotonic())
+            value = call(requests[i])
+            with self._lock:
+                if self._abandoned:
+                    return
+                self.values[i] = value
+        try:
+            self._loop.call_soon_threadsafe(_resolve, self.done)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def abandon_if_past(self, timeout: float) -> int | None:
+        """The index of the call running for `timeout` seconds or more, which this worker then abandons; None
+        while none is (or once all returned)."""
+        with self._lock:
+            i, since = self.running
+            if i in self.values or time.monotonic() - since < timeout:
+                return None
+            self._abandoned = True
+            return i
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _failed(e: Exception) -> Scored:

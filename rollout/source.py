@@ -118,8 +118,11 @@ def _scorers(cfg: RunConfig) -> tuple[Scorer, Scorer]:
         "n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
         "rollout_seed": cfg.rollout.rollout_seed,
     }
-    scorer = Scorer(r.rm_type, r.custom_rm_path, r.reward_key, settings)
-    return scorer, Scorer(r.rm_type, r.custom_rm_path, r.eval_reward_key or r.reward_key, settings)
+    scorer = Scorer(r.rm_type, r.custom_rm_path, r.reward_key, settings, r.rm_timeout)
+    eval_scorer = Scorer(
+        r.rm_type, r.custom_rm_path, r.eval_reward_key or r.reward_key, settings, r.rm_timeout
+    )
+    return scorer, eval_scorer
 
 
 def _source(cfg: RunConfig, tokenizer: Any) -> RolloutSource:

@@ -186,12 +186,18 @@ def orchestrator_faults(cfg: RunConfig) -> Any:
     return FaultInjector(requests, "orchestrator", None, str(cfg.resolved_run_dir), _epoch(cfg))
 
 
+def task_attempt() -> int | None:
+    """The running Prefect task run's attempt (0 for the first, 1 for the first retry, ...); None outside one."""
+    from prefect.runtime import task_run
+
+    count = int(task_run.run_count or 0)
+    return count - 1 if count > 0 else None
+
+
 def stage_context(rollout_id: int, stage: str) -> dict[str, Any]:
     """What a stage's task passes its actors: the rollout, the task run's attempt (0, 1, ...) and the stage, which
     the fault hooks filter on and the actors' refusals name."""
-    from prefect.runtime import task_run
-
-    attempt = max(0, int(task_run.run_count or 1) - 1)
+    attempt = task_attempt() or 0
     if attempt:  # Prefect's log has the failure; the console says that the stage runs again
         what = "eval" if stage == "eval" else "rollout"
         notice(f"{what} {rollout_id}: retrying {stage} (attempt {attempt + 1})", logging.WARNING)

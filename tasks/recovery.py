@@ -35,7 +35,8 @@ T = TypeVar("T")
 
 
 class ActorLost(RuntimeError):
-    """A stage's actor died or hung; it was replaced, and the stage fails so that Prefect retries it."""
+    """A stage's actor died or hung; it was replaced, and the stage fails so that Prefect retries it (while the
+    stage has retries left)."""
 
 
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.ObjectLostError)
@@ -53,7 +54,7 @@ async def guarded(
 ) -> T:
     """Await `call` within `timeout` seconds. On an actor death or a timeout, replace the `engines` and/or
     `trainers` that do not answer (engines then hold `weights`, when given) and raise ActorLost naming the
-    stage and the cause."""
+    stage, the cause and whether the stage will be retried."""
     try:
         return await asyncio.wait_for(call, timeout)
     except TimeoutError:
@@ -78,8 +79,20 @@ async def guarded(
             await actors.restart_rollout_actor(cfg)
             replaced.append("the rollout actor")
     done = f"replaced {' and '.join(replaced)}" if replaced else "every actor answers"
-    notice(f"{what}: {cause}; {done}; the stage will be retried", logging.WARNING)
-    raise ActorLost(f"{what}: {cause}; {done}; the stage will be retried")
+    line = f"{what}: {cause}; {done}; {retry_outlook(cfg.faults.task_retries, actors.task_attempt())}"
+    notice(line, logging.WARNING)
+    raise ActorLost(line)
+
+
+def retry_outlook(retries: int, attempt: int | None) -> str:
+    """Whether a stage that fails now on attempt `attempt` (0, 1, ...; None: not a Prefect task run) is run again,
+    given `--task-retries` `retries`: every stage task runs under that policy (flows/stages.py), and ActorLost is
+    never excluded from it."""
+    if attempt is None:
+        return "the stage will not be retried (it does not run as a Prefect task)"
+    if attempt < retries:
+        return f"the stage will be retried (attempt {attempt + 2} of {retries + 1})"
+    return f"the stage will not be retried (attempt {attempt + 1} of {retries + 1} failed; --task-retries {retries})"
 
 
 async def _unhealthy(handles: list[Any], timeout: float = 10.0) -> list[int]:

@@ -9,6 +9,7 @@ log-prob pass for a rollout whose step it applied). Retry policy and `--refresh`
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from tasks.checks import (
     weight_update_failure,
 )
 from tasks.metrics import eval_stats, log_metrics, non_finite, reward_stats
+from tasks.notify import notice
 from tasks.recordings import record_rollout
 from tasks.recovery import guarded
 from tasks.refs import LogProbs, WeightsRef
@@ -154,6 +156,8 @@ async def _generate(
         ctx=ctx,
     )
     rollout, counted = await asyncio.gather(ref, tally)
+    for line in counted.warnings:
+        notice(line, logging.WARNING)
     return Generated(rollout, counted, counted.generation)
 
 

@@ -286,6 +286,7 @@ CASES: list[Case] = [
     run("--task-retries", "-1", needle="--task-retries", kind="number", what="negative retries"),
     run("--prefect-timeout", "0", needle="--prefect-timeout", kind="number", what="Prefect timeout 0"),
     run("--rollout-timeout", "-5", needle="--rollout-timeout", kind="number", what="negative stage timeout"),
+    run("--rm-timeout", "0", needle="--rm-timeout", kind="number", what="reward timeout 0"),
     # -- combinations ------------------------------------------------------------------------------------------
     run(
         "--global-batch-size",

@@ -77,6 +77,18 @@ def test_invalid_values_name_the_flag(argv, needle):
         parse(*argv)
 
 
+@pytest.mark.parametrize("value", ["0", "-0.5", "nan", "inf"])
+def test_rm_timeout_must_be_a_positive_number(value):
+    with pytest.raises(ValueError, match=r"\-\-rm\-timeout"):
+        parse("--rm-timeout", value)
+
+
+def test_rm_timeout_default_and_none():
+    assert RunConfig().reward.rm_timeout == 5.0
+    assert parse("--rm-timeout", "0.5").reward.rm_timeout == 0.5
+    assert parse("--rm-timeout", "none").reward.rm_timeout is None
+
+
 def test_unknown_flag_and_bad_choice_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         make_parser().parse_args(["run", "--no-such-flag", "1"])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import textwrap
+import time
 
 import pytest
 
@@ -112,6 +114,28 @@ def reward_module(tmp_path, monkeypatch):
                 await asyncio.sleep(0)
             return 1.0
 
+        import threading
+        import time
+
+        def hangs_on_seven(response, label):  # a judge that never answers, for one sample
+            if "7" in response:
+                time.sleep(30)
+            return float(response.strip() == label)
+
+        async def async_hangs_on_seven(response, label):
+            if "7" in response:
+                await asyncio.sleep(30)
+            return 1.0
+
+        CALLS = []
+
+        def counts_calls(response, label):  # stateful: sees the calls in order
+            CALLS.append(response)
+            return float(len(CALLS))
+
+        def on_main_thread(response, label):
+            return float(threading.current_thread() is threading.main_thread())
+
         NOT_CALLABLE = 3
     """)
     )
@@ -168,3 +192,45 @@ def test_a_reward_that_returns_a_non_number_names_the_sample(reward_module):
 def test_custom_rm_path_errors(reward_module, path, needle):
     with pytest.raises(ExtensionError, match=needle):
         load_function(path, "--custom-rm-path")
+
+
+@pytest.mark.parametrize("fn", ["hangs_on_seven", "async_hangs_on_seven"])
+def test_a_reward_past_rm_timeout_fails_its_sample_is_named_and_the_next_samples_score(
+    reward_module, caplog, fn
+):
+    scorer = Scorer(None, f"{reward_module}.{fn}", None, timeout=0.5)
+    requests = [_req("4"), _req("7", index=1), _req("4", index=2), _req("7", index=3), _req("4", index=4)]
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="rollout.rewards"):
+        out = asyncio.run(scorer.score(requests))
+    assert time.monotonic() - began < 5  # two abandoned calls, not two 30 s sleeps
+    assert [s.reward for s in out] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert [s.error is None for s in out] == [True, False, True, False, True]
+    assert out[1].error is not None and out[1].error.startswith("RewardTimeout: reward myrewards.")
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned == [
+        f"reward myrewards.{fn} did not return within 0.5 s (--rm-timeout) for sample {i}: call abandoned, "
+        "sample marked failed"
+        for i in (1, 3)
+    ]
+
+
+def test_rewards_in_time_score_the_same_with_and_without_rm_timeout(reward_module):
+    """The worker thread changes nothing when rewards return in time: same values, same call order."""
+    requests = [_req(str(i), index=i) for i in range(6)]
+    outs = []
+    for timeout in (None, 0.5):
+        module = __import__(reward_module)
+        module.CALLS.clear()
+        outs.append(
+            asyncio.run(Scorer(None, f"{reward_module}.counts_calls", None, timeout=timeout).score(requests))
+        )
+        assert module.CALLS == [str(i) for i in range(6)]
+    assert outs[0] == outs[1] and [s.reward for s in outs[0]] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+def test_no_rm_timeout_calls_the_reward_on_the_callers_thread(reward_module):
+    inline = Scorer(None, f"{reward_module}.on_main_thread", None, timeout=None)
+    assert [s.reward for s in asyncio.run(inline.score([_req("4")]))] == [1.0]
+    bounded = Scorer(None, f"{reward_module}.on_main_thread", None, timeout=0.5)
+    assert [s.reward for s in asyncio.run(bounded.score([_req("4")]))] == [0.0]
