@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -89,3 +91,89 @@ def model_dir(path: str | Path) -> Path:
             f"{path}: neither an HF model dir (config.json) nor a directory of checkpoints"
         )
     return ckpt
+
+
+# What a load of each format reads (trainers/torch_trainer `load`, trainers/megatron/persistence.py), besides the
+# distributed shards (`*.distcp`) of a Megatron checkpoint.
+_TORCH_FORMAT = {
+    "meta.json": "step and rollout id",
+    "model.safetensors": "the weights",
+    "optimizer.safetensors": "the optimizer state",
+    "scheduler.json": "the LR schedule",
+    "rng.safetensors": "the RNG state",
+}
+_MEGATRON_FORMAT = {
+    "meta.json": "step and rollout id",
+    "metadata.json": "the distributed checkpoint's format",
+    "common.pt": "step, schedule and optimizer flags",
+    ".metadata": "the index of the distributed shards",
+}
+_CHECKPOINT_NAME = re.compile(r"iter_\d+")
+_UNFINISHED_NAME = re.compile(r"iter_\d+\.tmp-.+")
+
+
+def is_checkpoint_name(path: Path) -> bool:
+    """Whether `path` is named as a published checkpoint (`iter_N`), not an unfinished save."""
+    return _CHECKPOINT_NAME.fullmatch(path.name) is not None
+
+
+def unfinished_saves(directory: str | Path) -> list[Path]:
+    """The `iter_N.tmp-*` dirs in `directory`: saves that died before their rename published them."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.iterdir() if p.is_dir() and _UNFINISHED_NAME.fullmatch(p.name))
+
+
+def remove_unfinished_saves(directory: str | Path) -> list[Path]:
+    """Delete `unfinished_saves(directory)` and return them. Only a run that owns `directory` calls this, as it
+    starts: a save in progress there can only be its own, which has not begun."""
+    removed = unfinished_saves(directory)
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
+def load_problems(path: str | Path) -> list[tuple[str, str]]:
+    """What a load of the checkpoint dir `path` would fail on, as (file, problem) pairs (none when it would
+    not): a file its format's load reads that is missing, empty, not JSON or not a readable safetensors file
+    (meta.json with an integer rollout id and step; model, optimizer, scheduler and RNG of the torch format;
+    metadata, common.pt and shards of a Megatron distributed checkpoint). Reads headers only."""
+    from artifacts.lint import read_safetensors_header
+
+    root = Path(path)
+    try:
+        meta = json.loads((root / "meta.json").read_bytes())
+    except (OSError, ValueError):
+        meta = None
+    megatron = (isinstance(meta, dict) and meta.get("format") == "megatron") or (
+        root / "metadata.json"
+    ).is_file()
+    problems: list[tuple[str, str]] = []
+    for name, holds in (_MEGATRON_FORMAT if megatron else _TORCH_FORMAT).items():
+        file = root / name
+        if not file.is_file():
+            problems.append((name, f"missing (a load reads {holds} from it)"))
+        elif file.stat().st_size == 0:
+            problems.append((name, "empty"))
+        elif file.suffix == ".json" and not _is_json(file):
+            problems.append((name, "not JSON"))
+        elif file.suffix == ".safetensors" and (bad := read_safetensors_header(file)[1]):
+            problems.append((name, bad[0]))
+    if megatron and not any(root.glob("*.distcp")):
+        problems.append(("*.distcp", "missing (a load reads the weights and optimizer state from them)"))
+    if isinstance(meta, dict):
+        for key in ("rollout_id", "global_step"):
+            if type(meta.get(key)) is not int:
+                problems.append(("meta.json", f"holds no integer {key}"))
+    elif meta is not None:
+        problems.append(("meta.json", "not a JSON object"))
+    return problems
+
+
+def _is_json(file: Path) -> bool:
+    try:
+        json.loads(file.read_bytes())
+    except ValueError:
+        return False
+    return True

@@ -19,7 +19,10 @@ is cheap on any size of model. What it checks, each problem naming the shard or 
   gate into packed INT4 tensors that SGLang skips by name, leaving the gate all zeros.
 
 A directory is an HF model dir (``model.safetensors`` or an index), a rollflow ``--save`` dir (every
-``iter_*`` checkpoint in it is linted) or one ``iter_*`` dir.
+``iter_N`` checkpoint in it is linted; the ``iter_N.tmp-*`` dirs of saves that died are named, not linted) or
+one ``iter_N`` dir. A rollflow checkpoint (a dir with ``meta.json``, or an ``iter_N`` dir beside
+``latest_checkpointed_iteration.txt``) is also checked for every file a ``--load`` reads
+(``artifacts.checkpoints.load_problems``: meta, optimizer, scheduler, RNG, a Megatron checkpoint's shards).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from artifacts.checkpoints import LATEST_FILE, is_checkpoint_name, load_problems, unfinished_saves
 
 __all__ = ["CheckpointNotFound", "LintProblem", "LintReport", "lint_checkpoint", "read_safetensors_header"]
 
@@ -112,6 +117,7 @@ class LintReport:
     """What `lint_checkpoint` looked at and the problems it found (none = the checkpoint is consistent)."""
 
     dirs: list[str] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)  # iter_N.tmp-* dirs of saves that died, not linted
     files: int = 0
     tensors: int = 0
     problems: list[LintProblem] = field(default_factory=list)
@@ -181,8 +187,12 @@ def _is_model_dir(d: Path) -> bool:
     return (d / INDEX_FILE).is_file() or (d / SINGLE_FILE).is_file()
 
 
+def _is_rollflow_checkpoint(d: Path) -> bool:
+    return (d / "meta.json").is_file() or (is_checkpoint_name(d) and (d.parent / LATEST_FILE).is_file())
+
+
 def _model_dirs(path: Path) -> list[Path]:
-    """The model dirs under `path`: itself, or every iter_* checkpoint of a rollflow --save dir."""
+    """The model dirs under `path`: itself, or every iter_N checkpoint of a rollflow --save dir."""
     if not path.exists():
         raise CheckpointNotFound(f"{path}: no such file or directory")
     if path.is_file():
@@ -191,30 +201,49 @@ def _model_dirs(path: Path) -> list[Path]:
         raise CheckpointNotFound(
             f"{path}: not a checkpoint (give the directory, {SINGLE_FILE} or {INDEX_FILE})"
         )
-    if _is_model_dir(path):
+    if _is_model_dir(path) or _is_rollflow_checkpoint(path):
         return [path]
-    iters = sorted(p for p in path.glob("iter_*") if p.is_dir() and _is_model_dir(p))
+    iters = sorted(
+        p
+        for p in path.glob("iter_*")
+        if p.is_dir() and is_checkpoint_name(p) and (_is_model_dir(p) or _is_rollflow_checkpoint(p))
+    )
     if not iters:
+        unfinished = unfinished_saves(path)
+        stale = (
+            f" ({len(unfinished)} unfinished save(s) only: {unfinished[0].name}, ...)" if unfinished else ""
+        )
         raise CheckpointNotFound(
-            f"{path}: not a checkpoint: no {SINGLE_FILE}, no {INDEX_FILE}, no iter_* checkpoints"
+            f"{path}: not a checkpoint: no {SINGLE_FILE}, no {INDEX_FILE}, no iter_* checkpoints{stale}"
         )
     return iters
 
 
 def lint_checkpoint(path: str | Path) -> LintReport:
     """Lint the checkpoint(s) at `path` (see the module docstring). Raises `CheckpointNotFound` when `path`
-    holds no safetensors model; every other problem is reported, none raised."""
+    holds no checkpoint; every other problem is reported, none raised."""
     root = Path(path)
     report = LintReport()
     for d in _model_dirs(root):
         prefix = "" if d == root or d == root.parent else f"{d.name}/"
         _lint_dir(d, prefix, report)
+    if root.is_dir():
+        report.unfinished = [p.name for p in unfinished_saves(root)]
     return report
 
 
 def _lint_dir(d: Path, prefix: str, report: LintReport) -> None:
     report.dirs.append(str(d))
     problems: list[LintProblem] = []
+    model = _is_model_dir(d)
+    if _is_rollflow_checkpoint(d):
+        # with the weights present, the inventory below judges model.safetensors in its own words
+        problems += [LintProblem(n, m) for n, m in load_problems(d) if not (model and n == SINGLE_FILE)]
+    if not model:
+        if not any(p.where == SINGLE_FILE for p in problems):
+            problems.append(LintProblem(SINGLE_FILE, "missing: the HF weights cannot be checked"))
+        report.problems += [LintProblem(prefix + p.where, p.message) for p in problems]
+        return
     tensors, declared = _inventory(d, problems)
     config = _read_config(d, problems)
     if config is not None:

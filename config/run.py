@@ -200,29 +200,23 @@ SECTIONS: dict[str, type[Section]] = {
 }
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file (nested by section, the format `config.yaml` in a run dir is written in)."""
-    import yaml
+def load_yaml(path: str | Path, what: str | None = None) -> dict[str, Any]:
+    """Read a YAML config file (nested by section, the format `config.yaml` in a run dir is written in) with
+    `config.yaml_file.BoundedLoader` (no duplicate keys, bounded aliases and size); raises ValueError with one
+    line that starts with `what` (default "--config PATH") and names the line."""
+    from config.yaml_file import quote, read
 
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"--config {path}: no such file")
-    try:
-        data = yaml.safe_load(p.read_bytes().decode("utf-8")) or {}
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"--config {path}: not valid YAML{where}: {problem}") from None
+    what = what or f"--config {path}"
+    data = read(Path(path), what)
+    if data is None:
+        return {}
     if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise ValueError(f"{what}: expected a mapping at the top level, got {type(data).__name__}")
     for section, value in data.items():
         if section in SECTIONS and not isinstance(value, dict):
             raise ValueError(
-                f"--config {path}: section {section!r} must be a mapping of its fields, got "
-                f"{type(value).__name__} {value!r}"
+                f"{what}: section {section!r} must be a mapping of its fields, got "
+                f"{type(value).__name__} {quote(value)}"
             )
     return data
 

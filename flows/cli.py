@@ -107,10 +107,16 @@ def build_config(args: argparse.Namespace) -> RunConfig:
 
 
 def _describe(err: Any) -> str:
+    """One pydantic error as "--flag: message (got value)", the message and the value bounded (a value can be
+    as long as a config file makes it)."""
+    from config.yaml_file import bounded, quote
+
     loc = [str(x) for x in err["loc"]]
     if not loc:
-        return err["msg"].removeprefix("Value error, ")
-    return f"{flag(loc[-1])}: {err['msg']}" + (f" (got {err['input']!r})" if "input" in err else "")
+        return bounded(err["msg"].removeprefix("Value error, "))
+    return f"{flag(loc[-1])}: {bounded(err['msg'])}" + (
+        f" (got {quote(err['input'])})" if "input" in err else ""
+    )
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -562,6 +568,7 @@ def _start_replay(run_dir: str, rollout_id: int, task: str, overrides: dict) -> 
 def _replay(args: argparse.Namespace) -> int:
     import yaml
 
+    from config import yaml_file
     from flows.replay import check_replay
 
     overrides = {}
@@ -570,7 +577,14 @@ def _replay(args: argparse.Namespace) -> int:
         if not sep:
             print(f"rollflow: error: --override {item!r}: expected SECTION.KEY=VALUE", file=sys.stderr)
             return 2
-        overrides[key] = yaml.safe_load(value)
+        try:
+            overrides[key] = yaml_file.loads(value)
+        except yaml.YAMLError as e:
+            print(
+                f"rollflow: error: --override {key}: not valid YAML{yaml_file.describe_error(e)}",
+                file=sys.stderr,
+            )
+            return 2
     try:
         check_replay(args.run_dir, args.rollout_id, args.task, overrides)  # before Prefect and Ray start
         result = _start_replay(args.run_dir, args.rollout_id, args.task, overrides)

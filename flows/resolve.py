@@ -90,19 +90,20 @@ def check_paths(cfg: RunConfig) -> None:
 
 
 def _check_checkpoint(load: str) -> None:
-    """--load: a missing or empty dir is fine (a first launch), an HF dir too; a broken checkpoint names its file."""
-    import json
+    """--load: a missing or empty dir is fine (a first launch), an HF dir too; a checkpoint is linted as
+    `rollflow lint-ckpt` lints it (every file its load reads, the weights against config.json), the first
+    problem named with its file."""
+    from artifacts.lint import lint_checkpoint
 
+    if Path(load).exists() and not Path(load).is_dir():
+        raise ValueError(f"--load {load}: not a directory (give a --save dir or one of its iter_N dirs)")
     path = latest_checkpoint(load)
     if path is None:
         return
-    for name in ("meta.json", "model.safetensors"):
-        if not (path / name).is_file():
-            raise ValueError(f"--load {load}: {path / name} is missing (an incomplete checkpoint)")
-    try:
-        json.loads((path / "meta.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"--load {load}: {path / 'meta.json'} is not valid JSON ({e})") from None
+    problems = lint_checkpoint(path).problems
+    if problems:
+        more = f" (and {len(problems) - 1} more: rollflow lint-ckpt {path})" if len(problems) > 1 else ""
+        raise ValueError(f"--load {load}: {path / problems[0].where}: {problems[0].message}{more}")
 
 
 def _check_recordings(cfg: RunConfig) -> None:

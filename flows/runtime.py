@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from artifacts import rundir
 from artifacts.atomic import atomic_write_text
-from artifacts.checkpoints import damage, latest_checkpoint
+from artifacts.checkpoints import damage, latest_checkpoint, remove_unfinished_saves
 from artifacts.store import RunPaths, read_metrics
 from config import RunConfig, dump_yaml
 from flows.resolve import resolve
@@ -119,6 +119,7 @@ def own(
     except BaseException:
         lock.close()
         raise
+    _remove_unfinished_saves(cfg)
     paths = RunPaths(run_dir)
     paths.rollout(0).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
@@ -187,6 +188,17 @@ def _start_point(cfg: RunConfig, lock: IO[str], *, resume: bool, overwrite: bool
     return OwnedRun(
         cfg, rundir.new_info(cfg.name), lock, start, False, load, previous.flow_run_id if previous else None
     )
+
+
+def _remove_unfinished_saves(cfg: RunConfig) -> None:
+    """Remove, and log, the iter_N.tmp-* dirs that the saves of a process that died left in this run's snapshot
+    dir and --save dir: the run owns both now, so no save of its own is under way there."""
+    from trainers.actor import snapshot_dir
+
+    dirs = [snapshot_dir(cfg.resolved_run_dir)] + ([Path(cfg.checkpoint.save)] if cfg.checkpoint.save else [])
+    for d in dirs:
+        for p in remove_unfinished_saves(d):
+            notice(f"removed {p}: a save that never finished (its process died)", logging.WARNING)
 
 
 def _state_before(cfg: RunConfig, start: int) -> tuple[Path | None, str | None]:

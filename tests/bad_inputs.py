@@ -179,6 +179,8 @@ def _run_dir(tmp: Path, broken: str) -> str:
         (d / "rollouts" / "rollout_000000.parquet").write_bytes(b"PAR1 garbage")
     if broken == "unknown-key":
         (d / "config.yaml").write_text("train: {learning_rate: 1}\n")
+    if broken == "dup-key":
+        (d / "config.yaml").write_text("name: x\nname: y\n")
     if broken == "noconfig":
         (d / "config.yaml").unlink()
     return str(d)
@@ -202,6 +204,35 @@ def _checkpoint(tmp: Path, broken: str) -> str:
     return str(d)
 
 
+def whole_checkpoint(d: Path, rollout_id: int = 0) -> Path:
+    """An iter_ dir with every file a torch-format `--load` reads (tiny tensors; config.json implies no shapes)."""
+    import torch
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.ones(2, 3)}, str(d / "model.safetensors"))
+    save_file({"w::exp_avg": torch.zeros(2, 3)}, str(d / "optimizer.safetensors"))
+    save_file({"torch_rng": torch.get_rng_state()}, str(d / "rng.safetensors"))
+    (d / "scheduler.json").write_text(json.dumps({"last_epoch": rollout_id}))
+    (d / "config.json").write_text("{}")
+    (d / "meta.json").write_text(json.dumps({"rollout_id": rollout_id, "global_step": rollout_id + 1}))
+    (d.parent / "latest_checkpointed_iteration.txt").write_text(str(rollout_id))
+    return d
+
+
+def _save_dir(tmp: Path, broken: str) -> str:
+    """A --save dir with one whole checkpoint, then one thing wrong: a file a load reads removed, or only an
+    unfinished save (a trainer killed before its rename) beside it."""
+    d = tmp / f"save-{broken}"
+    it = whole_checkpoint(d / "iter_0000001", 1)
+    if broken.endswith((".safetensors", ".json")):
+        (it / broken).unlink()
+    if broken == "only-tmp":
+        it.rename(d / "iter_0000002.tmp-4242")
+        (d / "latest_checkpointed_iteration.txt").unlink()
+    return str(d)
+
+
 def _yaml(tmp: Path, text: str, name: str) -> str:
     path = tmp / f"{name}.yaml"
     path.write_text(text)
@@ -218,6 +249,17 @@ def _model_dir_without_config(tmp: Path) -> str:
     d = tmp / "not-a-model"
     d.mkdir(exist_ok=True)
     return str(d)
+
+
+# 9 levels of 9 aliases: 9^9 values once expanded (billion laughs, in YAML)
+ALIAS_BOMB = "a0: &a0 [x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10)
+)
+ALIAS_BOMB_FLOW = "{" + ALIAS_BOMB.strip().replace("\n", ", ") + "}"
+# under the alias count, over the expansion bound: 64 KB strings repeated
+WIDE_ALIASES = (
+    f"s: &s {'y' * 65536}\n" + f"t: &t [{', '.join(['*s'] * 8)}]\n" + f"u: [{', '.join(['*t'] * 8)}]\n"
+)
 
 
 CASES: list[Case] = [
@@ -622,6 +664,54 @@ CASES: list[Case] = [
         lambda tmp: ["run", "--config", _yaml(tmp, "\x00\x01\x02: [", "garbage")],
         "--config",
     ),
+    Case(
+        "config file",
+        "a key given twice",
+        lambda tmp: ["run", "--config", _yaml(tmp, "train: {lr: 1.0e-3}\ntrain: {lr: 2.0e-3}\n", "dup")],
+        "line 2 column 1: duplicate key 'train' (first at line 1)",
+    ),
+    Case(
+        "config file",
+        "a field given twice in one section",
+        lambda tmp: ["run", "--config", _yaml(tmp, "rollout:\n  num_rollout: 2\n  num_rollout: 3\n", "dupf")],
+        "line 3 column 3: duplicate key 'num_rollout'",
+    ),
+    Case(
+        "config file",
+        "a 400-byte YAML alias bomb",
+        lambda tmp: ["run", "--config", _yaml(tmp, ALIAS_BOMB, "bomb")],
+        "aliases expand this value",
+    ),
+    Case(
+        "config file",
+        "101 aliases",
+        lambda tmp: ["run", "--config", _yaml(tmp, f"a: &a 1\nb: [{', '.join(['*a'] * 101)}]\n", "aliases")],
+        "more than 100 aliases",
+    ),
+    Case(
+        "config file",
+        "16 aliases of a 64 KB string, 4 MB expanded",
+        lambda tmp: ["run", "--config", _yaml(tmp, WIDE_ALIASES, "wide")],
+        "aliases expand this value",
+    ),
+    Case(
+        "config file",
+        "an alias that contains itself",
+        lambda tmp: ["run", "--config", _yaml(tmp, "rollout: &a {x: *a}\n", "recursive")],
+        "refers to a value that contains it",
+    ),
+    Case(
+        "config file",
+        "a 2 MB config file",
+        lambda tmp: ["run", "--config", _yaml(tmp, "# " + "x" * (2 << 20) + "\n", "huge")],
+        "more than the 1048576",
+    ),
+    Case(
+        "config file",
+        "a 300 KB value quoted in the refusal",
+        lambda tmp: ["run", "--config", _yaml(tmp, f"rollout: {{num_rollout: {'9' * 300_000}x}}\n", "long")],
+        "... (300003 characters))",
+    ),
     # -- hostile files for the other commands ------------------------------------------------------------------
     inspect("empty.parquet", "empty.parquet"),
     inspect("noise.parquet", "noise.parquet"),
@@ -708,6 +798,63 @@ CASES: list[Case] = [
         "`serve` with a YAML syntax error",
         lambda tmp: ["serve", "--config", _yaml(tmp, "rollout: {num_rollout: [\n", "serve-syntax")],
         "line",
+    ),
+    Case(
+        "hostile file",
+        "`serve` with a config that gives a section twice",
+        lambda tmp: ["serve", "--config", _yaml(tmp, "rollout: {}\nrollout: {}\n", "serve-dup")],
+        "duplicate key 'rollout'",
+    ),
+    Case(
+        "hostile file",
+        "`replay` with an --override that is an alias bomb",
+        lambda tmp: [
+            "replay",
+            _run_dir(tmp, "ok"),
+            "--rollout-id",
+            "0",
+            "--task",
+            "generate",
+            "--override",
+            "train.lr=" + ALIAS_BOMB_FLOW,
+        ],
+        "--override train.lr",
+    ),
+    Case(
+        "hostile file",
+        "`doctor` of a run whose config.yaml gives a key twice",
+        lambda tmp: ["doctor", _run_dir(tmp, "dup-key")],
+        "duplicate key 'name'",
+    ),
+    Case(
+        "hostile file",
+        "`--load` of a checkpoint without optimizer.safetensors",
+        lambda tmp: ["run", "--load", _save_dir(tmp, "optimizer.safetensors")],
+        "optimizer.safetensors: missing",
+    ),
+    Case(
+        "hostile file",
+        "`--load` of a checkpoint without rng.safetensors",
+        lambda tmp: ["run", "--load", _save_dir(tmp, "rng.safetensors")],
+        "rng.safetensors: missing",
+    ),
+    Case(
+        "hostile file",
+        "`--load` of a checkpoint without scheduler.json",
+        lambda tmp: ["run", "--load", _save_dir(tmp, "scheduler.json")],
+        "scheduler.json: missing",
+    ),
+    Case(
+        "hostile file",
+        "`--load` of a regular file",
+        lambda tmp: ["run", "--load", str(good_rollout(tmp))],
+        "not a directory",
+    ),
+    Case(
+        "hostile file",
+        "`lint-ckpt` of a --save dir holding only an unfinished save",
+        lambda tmp: ["lint-ckpt", _save_dir(tmp, "only-tmp")],
+        "1 unfinished save(s) only: iter_0000002.tmp-4242",
     ),
     Case(
         "hostile file",

@@ -20,8 +20,9 @@ def doctor_command(run_dir: str, strict: bool = False) -> int:
 
 
 def lint_ckpt_command(path: str) -> int:
-    """Lint the checkpoint(s) at `path` (artifacts.lint): print one line per problem naming the shard or
-    tensor and exit 1, or print what was checked and exit 0; exit 2 when `path` holds no checkpoint."""
+    """Lint the checkpoint(s) at `path` (artifacts.lint): print one line per problem naming the shard, tensor or
+    file a `--load` reads and exit 1, or print what was checked and exit 0; exit 2 when `path` holds no
+    checkpoint. The `iter_N.tmp-*` dirs of saves that died are named in the summary, never counted."""
     from artifacts.lint import CheckpointNotFound, lint_checkpoint
 
     try:
@@ -30,6 +31,8 @@ def lint_ckpt_command(path: str) -> int:
         print(f"rollflow: error: {e}", file=sys.stderr)
         return 2
     checked = f"{len(report.dirs)} checkpoint(s), {report.files} file(s), {report.tensors} tensors"
+    if report.unfinished:  # the next run that saves there removes them
+        checked += f"; ignored {len(report.unfinished)} unfinished save(s): {', '.join(report.unfinished)}"
     if not report.problems:
         print(f"{path}: ok ({checked})")
         return 0

@@ -27,14 +27,16 @@ class DoctorInputError(ValueError):
 
 
 def _load_config(path: Path) -> dict[str, Any]:
-    import yaml
+    from config.yaml_file import read
 
     if not path.is_file():
         raise DoctorInputError(f"{path.parent} is not a run directory: no {path.name}")
     try:
-        data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-        raise DoctorInputError(f"{path}: not readable YAML ({type(e).__name__})") from None
+        data = read(path, str(path))
+    except OSError as e:
+        raise DoctorInputError(f"{path}: not readable ({type(e).__name__})") from None
+    except ValueError as e:  # names the line: duplicate keys, too many aliases, not YAML, not UTF-8
+        raise DoctorInputError(str(e)) from None
     if not isinstance(data, dict):
         raise DoctorInputError(f"{path}: expected a mapping at the top level")
     return data

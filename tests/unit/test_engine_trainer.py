@@ -10,7 +10,8 @@ import socket
 import pytest
 import torch
 
-from artifacts.checkpoints import damage
+from artifacts.checkpoints import damage, load_problems
+from artifacts.lint import lint_checkpoint
 from artifacts.store import read_table, write_rollout
 from config import RunConfig
 from engines.base import GenerateRequest, SamplingParams
@@ -345,3 +346,6 @@ def test_a_saved_checkpoint_is_on_disk_before_its_name_and_a_snapshot_is_not_flu
         damage(tmp_path / "save" / "iter_0000000") is None
         and damage(tmp_path / "snap" / "iter_0000000") is None
     )
+    # and what `--load` and `lint-ckpt` check it for: every file a load reads, the weights against config.json
+    assert load_problems(tmp_path / "save" / "iter_0000000") == []
+    assert lint_checkpoint(tmp_path / "save").problems == []

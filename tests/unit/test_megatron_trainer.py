@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from artifacts.checkpoints import damage  # noqa: E402
+from artifacts.lint import lint_checkpoint  # noqa: E402
 from config import DebugConfig, RunConfig  # noqa: E402
 from tests.helpers import fail_second_scheduler_step  # noqa: E402
 from tests.megatron_helpers import (  # noqa: E402
@@ -211,6 +212,7 @@ def test_save_load_round_trip_resumes_bitwise(models, rollouts, tmp_path):
     first.save(str(tmp_path), 0)
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "0"
     assert damage(tmp_path / "iter_0000000") is None  # a resume finds nothing wrong in a whole one
+    assert lint_checkpoint(tmp_path / "iter_0000000").problems == []  # nor `--load` and `lint-ckpt`
 
     resumed = _trainer(MegatronTrainer, cfg, ckpt)
     assert resumed.load(str(tmp_path)) == 0 and resumed.last_applied_rollout == 0 and resumed.global_step == 2
