@@ -6,10 +6,11 @@ import functools
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from config.base import Section
 from config.debug import CIConfig, DebugConfig, check_debug
@@ -18,12 +19,17 @@ from config.placement import PlacementConfig, check_placement
 from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
 from config.train import CheckpointConfig, TrainConfig, check_parallelism
 
+NAME_MAX = 100  # characters of a run name
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NAME_MAX - 1}}}")
+
 
 class RunConfig(Section):
     """One RL run: every concern plus where it lives."""
 
     name: str = Field(
-        "tiny-arith", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (Prefect flow run name)."
+        "tiny-arith",
+        description=f"Run name (Prefect flow run name; the run dir runs/<name> by default): up to {NAME_MAX} "
+        "letters, digits, '_', '-' and '.', starting with a letter or digit.",
     )
     run_dir: str | None = Field(None, description="Run directory; None = runs/<name>.")
     recipe: Literal["tiny-arith", "long-arith"] = Field(
@@ -57,6 +63,18 @@ class RunConfig(Section):
         description="Reference model (an HF dir or a --save dir); also the starting weights when --load holds "
         "no checkpoint (slime's meaning); None = --hf-checkpoint.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        # the name is a path component of the default run dir: `..` or `.` would make it the parent or the
+        # working directory
+        if not _NAME.fullmatch(value):
+            raise ValueError(
+                f"a run name is 1-{NAME_MAX} letters, digits, '_', '-' or '.', starting with a letter or digit "
+                "(it names the run dir runs/<name>)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RunConfig:

@@ -9,11 +9,13 @@ import sys
 import time
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
 from config import SECTIONS, RunConfig, load_yaml
+from config.location import recorded_run_dir, relocate
 from config.stages import REPLAYABLE, check_stages
 
 
@@ -517,9 +519,7 @@ def _stopped(signal: BaseException) -> int:
 
 
 def _resumed_config(args: argparse.Namespace) -> RunConfig:
-    """`run --resume RUN_DIR`: the run's own resolved config; other run flags would change the run."""
-    from pathlib import Path
-
+    """`run --resume RUN_DIR`: the run's own resolved config, in RUN_DIR; other run flags would change the run."""
     given = [
         flag(d.rpartition(".")[2])
         for d in vars(args)
@@ -536,13 +536,40 @@ def _resumed_config(args: argparse.Namespace) -> RunConfig:
     path = Path(args.resume) / "config.yaml"
     if not path.is_file():
         raise ValueError(f"--resume {args.resume}: not a run directory (no config.yaml)")
-    return RunConfig.model_validate(load_yaml(path))
+    data = load_yaml(path)
+    # the run continues where it is now: a moved or copied run dir still records the dir it was made in
+    cfg = RunConfig.model_validate(relocate(data, args.resume))
+    _refuse_shared_outputs(cfg, recorded_run_dir(data), args.resume)
+    return cfg
+
+
+def _refuse_shared_outputs(cfg: RunConfig, original: Path, given: str) -> None:
+    """A copy of a run resumed while the original still holds the same run writes only in the copy: ValueError
+    when the copy would write outside its run dir (--save, recordings, dumps), where the original writes too."""
+    from artifacts import rundir
+    from config.location import OUTPUT_FIELDS, inside
+
+    here = cfg.resolved_run_dir
+    if original == here:
+        return
+    mine, theirs = rundir.read_info(here), rundir.read_info(original)
+    if mine is None or theirs is None or mine.run_id != theirs.run_id:
+        return
+    shared = [
+        f"{flag(name)} {value}"
+        for section, name in OUTPUT_FIELDS
+        if (value := getattr(getattr(cfg, section), name)) and not inside(value, here)
+    ]
+    if shared:
+        raise ValueError(
+            f"--resume {given}: a copy of run {mine.run_id}, which {original} still holds, writes "
+            f"{', '.join(shared)} outside its run dir, into the original's files; move the run dir instead of "
+            f"copying it, or give the copy its own paths in {here / 'config.yaml'}"
+        )
 
 
 def _dry_run(cfg: RunConfig) -> int:
     """`run --dry-run`: resolve everything that can be resolved without building or starting anything."""
-    from pathlib import Path
-
     from flows.resolve import apply_recipe, describe, resolve
     from recipes.registry import get_recipe
 

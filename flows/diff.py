@@ -17,6 +17,7 @@ from artifacts.compare import first_layer_difference, first_metric_difference, f
 from artifacts.hashing import layer_hashes
 from artifacts.store import ArtifactError, RunPaths, read_metrics, read_table
 from config import load_yaml
+from config.location import relocate
 
 _TIMING_KINDS = {"perf"}  # wall-clock figures differ run to run by nature
 
@@ -47,7 +48,8 @@ def _metrics_by_rollout(run: Path) -> dict[int, dict[RecordKey, dict]]:
 
 
 def _checkpoint(run: Path, rollout_id: int) -> Path | None:
-    save = load_yaml(run / "config.yaml").get("checkpoint", {}).get("save")
+    # a moved or copied run's checkpoints under its run dir are read where they are now
+    save = relocate(load_yaml(run / "config.yaml"), run).get("checkpoint", {}).get("save")
     path = Path(save) / f"iter_{rollout_id:07d}" / "model.safetensors" if save else None
     return path if path is not None and path.is_file() else None
 

@@ -22,6 +22,7 @@ from artifacts.hashing import layer_hashes, weights_sha256
 from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_table
 from artifacts.wire import from_wire
 from config import LoggingConfig, RunConfig, load_yaml
+from config.location import relocate
 from config.stages import REPLAYABLE
 from flows.stages import Stages, opaque_config
 from tasks import actors
@@ -33,8 +34,9 @@ assert get_args(ReplayTask) == REPLAYABLE, "the Run form's choices are config.st
 
 
 def load_run_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The resolved config of a past run, with dotted-key overrides (e.g. {"train.lr": 1e-3})."""
-    data = load_yaml(Path(run_dir) / "config.yaml")
+    """The resolved config of the past run in `run_dir` (wherever config.yaml says it ran: a moved or copied run
+    is read where it is now, `config.location.relocate`), with dotted-key overrides (e.g. {"train.lr": 1e-3})."""
+    data = relocate(load_yaml(Path(run_dir) / "config.yaml"), run_dir)
     for key, value in (overrides or {}).items():
         *sections, name = key.split(".")
         target = data
@@ -115,12 +117,16 @@ async def replay_flow(
     original = load_run_config(run_dir, overrides)
     paths = RunPaths(original.resolved_run_dir)
     out_dir = Path(run_dir) / "replays" / f"{task}_{rollout_id:06d}_{uuid.uuid4().hex[:8]}"
-    # no experiment trackers: a replay's records belong to the replay dir, not to the run's W&B / TensorBoard
+    # no experiment trackers and no recordings: a replay's records belong to the replay dir, not to the run's
+    # W&B / TensorBoard or its --save-debug-rollout-data, --dump-details and --ci-save-grad-norm files
+    quiet = {"save_debug_rollout_data": None, "dump_details": None, "save_debug_train_data": None}
     cfg = original.model_copy(
         update={
             "name": f"{original.name}-replay-{uuid.uuid4().hex[:6]}",
             "run_dir": str(out_dir),
             "logging": LoggingConfig(),
+            "debug": original.debug.model_copy(update=quiet),
+            "ci": original.ci.model_copy(update={"ci_save_grad_norm": None}),
         }
     )
     (out_dir / "rollouts").mkdir(parents=True, exist_ok=True)

@@ -230,8 +230,9 @@ def _state_before(cfg: RunConfig, start: int) -> tuple[Path | None, str | None]:
         f"cannot resume at rollout {start}: {'; '.join(damaged)}, as a machine crash leaves files that had not "
         "reached the disk. "
         + (
+            # --run-dir: the config.yaml of a moved or copied run still names the dir it was made in
             "Continue the run from an earlier state of it (the rollouts after it run again): `rollflow run "
-            f"--config {cfg.resolved_run_dir / 'config.yaml'} --load {earlier}`"
+            f"--config {cfg.resolved_run_dir / 'config.yaml'} --run-dir {cfg.resolved_run_dir} --load {earlier}`"
             if earlier is not None
             else "No earlier state of the run is intact: start it over with --overwrite"
         )

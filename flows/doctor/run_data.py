@@ -17,6 +17,7 @@ from typing import Any
 
 from artifacts.schema import Sample
 from artifacts.store import ArtifactError, RunPaths, read_metadata, read_metrics, read_rollout, read_table
+from config.location import relocate
 
 MAX_EXAMINED = 32
 
@@ -74,7 +75,8 @@ class RunData:
         self.paths = RunPaths(self.dir)
         if not self.dir.is_dir():
             raise DoctorInputError(f"{self.dir}: no such directory")
-        self.config = _load_config(self.paths.config)
+        # paths that lay inside the run dir are read where the run is now (a moved or copied run)
+        self.config = relocate(_load_config(self.paths.config), self.dir)
         self.records, self.unusable_lines = _load_records(self.paths.metrics)
         self.unreadable: dict[str, str] = {}  # path -> why (corrupt or unreadable artifacts met on the way)
         self._samples: dict[tuple[str, int], list[Sample] | None] = {}

@@ -136,6 +136,8 @@ def test_killed_driver_leaves_nothing_and_resume_matches_a_straight_run(
     assert command == [
         "--config",
         str(cut / "config.yaml"),
+        "--run-dir",
+        str(cut),
         "--load",
         str(cut / "ft" / "trainer" / "iter_0000002"),
     ]

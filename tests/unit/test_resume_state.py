@@ -102,7 +102,7 @@ def test_a_damaged_state_names_the_latest_intact_one_before_it(tmp_path: Path) -
     )
     assert message.endswith(
         "Continue the run from an earlier state of it (the rollouts after it run again): `rollflow run --config "
-        f"{cfg.resolved_run_dir / 'config.yaml'} --load {older}`"
+        f"{cfg.resolved_run_dir / 'config.yaml'} --run-dir {cfg.resolved_run_dir} --load {older}`"
     )
     # the older snapshot damaged too: the --save checkpoint of rollout 1 is the latest intact state
     _cut(older / "model.safetensors", 0)
