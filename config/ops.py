@@ -64,6 +64,32 @@ class FaultConfig(Section):
         parse_requests(self.ci_fault_hooks, self.ci_fault_hooks_path)
         return self
 
+    def check_targets(self, *, engines: int, trainer_ranks: int) -> None:
+        """Every request's target is a process the run has: engine `i` < `engines`, trainer rank `r` <
+        `trainer_ranks` (a target past them would never fire, and the run would pass without its fault)."""
+        if self.ci_fault_hooks is None and self.ci_fault_hooks_path is None:
+            return
+        flag = "--ci-fault-hooks" if self.ci_fault_hooks is not None else "--ci-fault-hooks-path"
+        has = {
+            "engine": (engines, "--rollout-num-engines", "train-only"),
+            "trainer rank": (
+                trainer_ranks,
+                "--tensor-model-parallel-size x --data-parallel-size",
+                "rollout-only",
+            ),
+        }
+        for r in self.requests():
+            if r.target is None:
+                continue
+            kind = "engine" if r.target.engine is not None else "trainer rank"
+            index = r.target.engine if r.target.engine is not None else r.target.trainer_rank
+            count, source, mode = has[kind]
+            if index is not None and index >= count:
+                raise ValueError(
+                    f"{flag}: request {r.request_id!r} targets {kind} {index}, but the run has {count} {kind}(s) "
+                    + (f"({source})" if count else f"(none in {mode} mode)")
+                )
+
     def requests(self) -> list:
         """The parsed fault hook requests."""
         from faults.models import parse_requests

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from config.backends import ENGINES
-from config.base import Section
+from config.base import SEED_MAX, Section
 
 # the engine choices are the registry's keys (an unregistered backend is refused at parse time)
 RolloutBackend = Literal[tuple(ENGINES)]  # type: ignore[valid-type]
@@ -28,7 +28,10 @@ class RolloutConfig(Section):
     rollout_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     rollout_top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables it.")
     rollout_seed: int = Field(
-        42, description="Seed of the prompt order and of every per-sample sampling seed."
+        42,
+        ge=0,
+        le=SEED_MAX,
+        description="Seed of the prompt order and of every per-sample sampling seed.",
     )
     rollout_stop: list[str] | None = Field(
         None,
@@ -106,7 +109,7 @@ class EvalConfig(Section):
     eval_top_p: float | None = Field(None, gt=0.0, le=1.0, description="Eval nucleus mass; None = rollout's.")
     eval_top_k: int | None = Field(None, ge=-1, description="Eval top-k; None = rollout's.")
     eval_max_response_len: int | None = Field(
-        None, ge=1, description="Eval max new tokens; None = rollout's."
+        None, ge=1, le=10_000_000, description="Eval max new tokens; None = rollout's."
     )
 
 

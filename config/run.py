@@ -106,6 +106,10 @@ class RunConfig(Section):
             rollout_num_gpus=r.rollout_num_gpus,
             rollout_num_gpus_per_engine=r.rollout_num_gpus_per_engine,
         )
+        self.faults.check_targets(
+            engines=0 if self.train_only else r.rollout_num_engines,
+            trainer_ranks=0 if self.rollout_only else self.trainer_world_size,
+        )
         if t.kl_loss_coef and not t.use_kl_loss:
             raise ValueError("--kl-loss-coef is set but --use-kl-loss is not")
         if c.save_interval is not None and c.save is None:

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from config.backends import TRAINERS
-from config.base import Section
+from config.base import SEED_MAX, Section
 
 # the trainer choices are the registry's keys (an unregistered backend is refused at parse time)
 TrainBackend = Literal[tuple(TRAINERS)]  # type: ignore[valid-type]
@@ -73,7 +73,7 @@ class TrainConfig(Section):
         description="Old-policy log-probs = the engine's rollout_log_probs: the trainer skips its own "
         "log-prob forward (the reference forward still runs when needed).",
     )
-    seed: int = Field(1234, description="Trainer seed (torch RNG of every rank).")
+    seed: int = Field(1234, ge=0, le=SEED_MAX, description="Trainer seed (torch RNG of every rank).")
 
 
 class CheckpointConfig(Section):

@@ -4,6 +4,7 @@ Prefect start and before anything is written to the run dir. `rollflow run --dry
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,7 @@ def check_paths(cfg: RunConfig) -> None:
     ckpt = Path(cfg.hf_checkpoint or "")
     if not (ckpt / "config.json").is_file():
         raise ValueError(f"--hf-checkpoint {cfg.hf_checkpoint}: not an HF model directory (no config.json)")
+    _check_model_files(ckpt)
     if cfg.ref_load:
         try:
             model_dir(cfg.ref_load)
@@ -87,6 +89,109 @@ def check_paths(cfg: RunConfig) -> None:
         _check_checkpoint(cfg.checkpoint.load)
     _check_recordings(cfg)
     _check_writable(cfg)
+
+
+# a tokenizer loads from one of these (fast tokenizers, SentencePiece, BPE and WordPiece vocabularies)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+# the model dir's JSON files a run reads (the tokenizer's loaders report a damaged one without its name)
+MODEL_JSON = (
+    "config.json",
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
+
+
+def _check_model_files(ckpt: Path) -> None:
+    """--hf-checkpoint holds tokenizer files, and each JSON file a run reads parses (named with its line)."""
+    if not any((ckpt / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"--hf-checkpoint {ckpt}: no tokenizer files (none of {', '.join(TOKENIZER_FILES)}): copy the "
+            "model's tokenizer into it"
+        )
+    for name in MODEL_JSON:
+        if (ckpt / name).is_file():
+            _read_json(ckpt / name)
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON value of `path`; ValueError naming --hf-checkpoint, the file and the line."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--hf-checkpoint {path.parent}: {path.name}: not UTF-8 text ({e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"--hf-checkpoint {path.parent}: {path.name} line {e.lineno} column {e.colno}: not valid JSON ({e.msg})"
+        ) from None
+
+
+def model_positions(checkpoint: str | None) -> int | None:
+    """The model's `max_position_embeddings` from its config.json (None: no config.json yet, or no such key)."""
+    path = Path(checkpoint or "") / "config.json"
+    if not path.is_file():
+        return None
+    config = _read_json(path)
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def check_lengths(cfg: RunConfig, source: RolloutSource) -> None:
+    """Each data set's longest prompt plus its response length fits the model's positions; ValueError naming the
+    length flag, the file and row of the longest prompt, and the model's bound."""
+    positions = model_positions(cfg.hf_checkpoint)
+    if positions is None or cfg.train_only:
+        return
+    r, e = cfg.rollout, cfg.eval
+    plans = [("--prompt-data", source.train, "--rollout-max-response-len", r.rollout_max_response_len)]
+    eval_flag = "--eval-max-response-len" if e.eval_max_response_len else "--rollout-max-response-len"
+    eval_len = e.eval_max_response_len or r.rollout_max_response_len
+    plans += [(f"--eval-prompt-data {name}", s, eval_flag, eval_len) for name, s in source.evals]
+    for data_flag, prompts, flag, length in plans:
+        if prompts is None:
+            continue
+        longest = max(prompts.prompts, key=lambda p: len(p.tokens))
+        need = len(longest.tokens) + length
+        if need > positions:
+            unit = "line" if prompts.path.endswith(".jsonl") else "row"
+            room = positions - len(longest.tokens)
+            raise ValueError(
+                f"{flag} {length}: the longest prompt of {data_flag} {prompts.path} ({unit} {longest.row}, "
+                f"{len(longest.tokens)} tokens) + {length} new tokens = {need} positions, more than the model's "
+                f"{positions} (max_position_embeddings in {cfg.hf_checkpoint}/config.json)"
+                + (
+                    f": at most {room}"
+                    if room > 0
+                    else ": the prompt alone fills them (--rollout-max-prompt-len)"
+                )
+            )
+
+
+def check_labels(cfg: RunConfig, source: RolloutSource) -> None:
+    """Every label is of the type the built-in `--rm-type` compares against (a `--custom-rm-path` reward takes
+    what it takes); ValueError naming the file, row and key."""
+    from rollout.rewards import BOXED, BUILTIN_REWARDS, label_problem
+
+    rm, d = cfg.reward.rm_type, cfg.data
+    if cfg.reward.custom_rm_path is not None or rm is None or rm.removeprefix(BOXED) not in BUILTIN_REWARDS:
+        return
+    eval_key = d.eval_label_key if d.eval_label_key is not None else d.label_key
+    plans = [("--prompt-data", source.train, d.label_key, "--label-key")]
+    plans += [(f"--eval-prompt-data {n}", s, eval_key, "--eval-label-key") for n, s in source.evals]
+    for data_flag, prompts, key, key_flag in plans:
+        if prompts is None:
+            continue
+        if key is None:
+            raise ValueError(
+                f"{data_flag} {prompts.path}: --rm-type {rm} compares each response with a label, but no "
+                f"{key_flag} names the row key that holds it"
+            )
+        for p in prompts.prompts:
+            why = label_problem(rm, p.label)
+            if why:
+                unit = "line" if prompts.path.endswith(".jsonl") else "row"
+                raise ValueError(f"{data_flag} {prompts.path} {unit} {p.row}: {key_flag} {key!r}: {why}")
 
 
 def _check_checkpoint(load: str) -> None:
@@ -182,6 +287,14 @@ def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tup
         raise ValueError(str(e)) from None
     if cfg.data.apply_chat_template and source.train is not None:
         check_template_of(source)
+    check_labels(cfg, source)
+    check_lengths(cfg, source)
+    if cfg.ray_address is None:  # a cluster's resources are known once it is reached (tasks/placement.place)
+        from tasks.placement import LOCAL, cluster_problem, local_cluster
+
+        why = cluster_problem(cfg, local_cluster(cfg), 1, LOCAL)
+        if why:
+            raise ValueError(why)
     return cfg, source
 
 

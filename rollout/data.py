@@ -168,7 +168,13 @@ def _load(path: str, size: int, mtime: int, tokenizer: Any, keys: Keys, flag: st
         else:
             tools = row.get(keys.tool_key)
             if isinstance(tools, str):
-                tools = json.loads(tools)
+                try:
+                    tools = json.loads(tools)
+                except json.JSONDecodeError as e:
+                    raise DataError(
+                        f"{where}: --tool-key {keys.tool_key!r} is a string that is not JSON ({e.msg} at "
+                        f"column {e.colno})"
+                    ) from None
             try:
                 text = tokenizer.apply_chat_template(
                     messages, tools=tools or None, tokenize=False, add_generation_prompt=True, **kwargs
@@ -180,6 +186,12 @@ def _load(path: str, size: int, mtime: int, tokenizer: Any, keys: Keys, flag: st
     token_lists = tokenizer([t for _, _, _, t, _ in rendered], add_special_tokens=False)["input_ids"]
     prompts, dropped = [], 0
     for (n, row, messages, text, metadata), tokens in zip(rendered, token_lists, strict=True):
+        if not tokens:  # an engine cannot generate from nothing: no position to start from
+            where = f"{flag} {path} {'line' if path.endswith('.jsonl') else 'row'} {n}"
+            raise DataError(
+                f"{where}: --input-key {keys.input_key!r}: the prompt {text[:60]!r} encodes to no tokens "
+                "(empty, or no character the tokenizer knows)"
+            )
         if keys.max_prompt_len is not None and len(tokens) > keys.max_prompt_len:
             dropped += 1
             continue
@@ -225,7 +237,14 @@ def _epoch_order(size: int, seed: int) -> tuple[int, ...]:
 
 @cache
 def tokenizer_at(checkpoint: str) -> Any:
-    """The tokenizer of an HF checkpoint dir (loaded once per process)."""
+    """The tokenizer of an HF checkpoint dir (loaded once per process); DataError naming the dir when it does
+    not load."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(checkpoint)
+    try:
+        return AutoTokenizer.from_pretrained(checkpoint)
+    except (OSError, ValueError) as e:  # a damaged tokenizer file: the JSON error alone names no file
+        raise DataError(
+            f"--hf-checkpoint {checkpoint}: its tokenizer does not load ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:200]})"
+        ) from None

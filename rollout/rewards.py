@@ -139,6 +139,24 @@ BUILTIN_REWARDS: dict[str, Callable[[str, Any], float] | str] = {
 }
 
 
+# built-in rules whose label must be text: they call str methods on it; the others compare with str(label), so a
+# number works too (any other type scores 0 for every sample, or fails it)
+TEXT_LABELS = frozenset({"tiny-arith", "long-arith"})
+
+
+def label_problem(rm_type: str, label: Any) -> str | None:
+    """Why the built-in reward `rm_type` cannot score against `label` (a bool, a list, a dict, null, or a number
+    where it needs text); None when it can, or when `rm_type` is not a built-in."""
+    name = rm_type.removeprefix(BOXED)
+    if name not in BUILTIN_REWARDS:
+        return None
+    wanted: tuple[type, ...] = (str,) if name in TEXT_LABELS else (str, int, float)
+    if isinstance(label, wanted) and not isinstance(label, bool):
+        return None
+    names = "a string" if name in TEXT_LABELS else "a string or a number"
+    return f"--rm-type {rm_type} expects {names} as the label, got {type(label).__name__} {str(label)[:60]!r}"
+
+
 def builtin_reward(rm_type: str) -> Callable[[str, Any], float]:
     """The rule called `rm_type` (a `boxed_` prefix first extracts the last \\boxed{...} of the response)."""
     name = rm_type.removeprefix(BOXED)

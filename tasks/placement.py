@@ -22,6 +22,7 @@ from tasks import notify
 # replacement beside the actor it replaces while Ray still holds that one's share
 TRAINER_SHARE = 0.4
 ENGINE_SHARE = 0.2
+LOCAL = "a local Ray (no --ray-address)"  # what a run without --ray-address places its actors on
 WAIT_REPORT_S = 30.0  # while the group cannot be placed yet, say so this often (slime's interval)
 
 
@@ -79,15 +80,18 @@ def local_resources(cfg: RunConfig) -> dict[str, float]:
     return {slot: layout(cfg).needs().get(slot, 0.0)}
 
 
-def shortfall(needs: dict[str, float], have: dict[str, float]) -> str | None:
-    """Why a cluster holding `have` in all can never place a group that needs `needs`; None when it can."""
+def shortfall(
+    needs: dict[str, float], have: dict[str, float], where: str = "the cluster", hint: str | None = None
+) -> str | None:
+    """Why `where` (a cluster holding `have` in all) can never place a group that needs `needs`, with `hint` (else
+    one for a cluster) on what to do; None when it can."""
     short = {
         name: (amount, have.get(name, 0.0)) for name, amount in needs.items() if have.get(name, 0.0) < amount
     }
     if not short:
         return None
-    parts = [f"{need:g} {name} (the cluster has {got:g})" for name, (need, got) in sorted(short.items())]
-    hint = (
+    parts = [f"{need:g} {name} ({where} has {got:g})" for name, (need, got) in sorted(short.items())]
+    hint = hint or (
         "declare process slots on every node, `ray start --resources '{\""
         + SLOT_RESOURCE
         + "\": N}'` (N = the "
@@ -97,6 +101,53 @@ def shortfall(needs: dict[str, float], have: dict[str, float]) -> str | None:
         "--actor-resources or --rollout-resources"
     )
     return f"the run's placement group needs {', '.join(parts)}: {hint}"
+
+
+def local_cluster(cfg: RunConfig) -> dict[str, float]:
+    """What the local Ray that `tasks.actors.ensure_ray` starts for `cfg` will hold, known before it starts: this
+    machine's CPUs (as ensure_ray declares them), its GPUs, and the run's slots when they are a custom resource."""
+    import os
+
+    have = {"CPU": float(max(2, os.cpu_count() or 2)), **local_resources(cfg)}
+    if "GPU" in layout(cfg).needs():  # counting them imports torch: only when the run asks for GPUs
+        have["GPU"] = float(_local_gpus())
+    return have
+
+
+def _local_gpus() -> int:
+    """GPUs this machine shows (CUDA's count, as Ray detects them; 0 without a CUDA torch)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cluster_problem(cfg: RunConfig, have: dict[str, float], nodes: int, where: str) -> str | None:
+    """Why `where` (a cluster of `nodes` alive nodes holding `have` in all) can never hold the run's actors,
+    naming the flags that ask for more; None when it can."""
+    p = cfg.placement
+    if not cfg.rollout_only and p.actor_num_nodes > nodes:
+        return f"--actor-num-nodes {p.actor_num_nodes}: {where} has {nodes} node(s)"
+    needs = layout(cfg).needs()
+    hint = (
+        "join a cluster that has them with --ray-address, or change --slot-resource, --actor-resources or "
+        "--rollout-resources"
+    )
+    why = shortfall(needs, have, where, hint if where == LOCAL else None)
+    if why is None:
+        return None
+    short = {n for n, amount in needs.items() if have.get(n, 0.0) < amount}
+    flags = [
+        flag
+        for flag, names in (
+            (f"--slot-resource {p.slot_resource}", {p.slot_resource}),
+            ("--actor-resources", set(p.actor_resources)),
+            ("--rollout-resources", set(p.rollout_resources)),
+        )
+        if names & short
+    ]
+    return f"{', '.join(flags)}: {why}"
 
 
 def _ip_key(ip: str) -> tuple[int, int, str]:
@@ -163,7 +214,9 @@ async def place(cfg: RunConfig) -> Placement:
     from ray.util.placement_group import placement_group, placement_group_table
 
     lay = layout(cfg)
-    why = shortfall(lay.needs(), ray.cluster_resources())
+    alive = sum(1 for n in ray.nodes() if n.get("Alive"))
+    where = f"the cluster at --ray-address {cfg.ray_address}" if cfg.ray_address else LOCAL
+    why = cluster_problem(cfg, ray.cluster_resources(), alive, where)
     if why:
         raise RuntimeError(why)
     group = placement_group(list(lay.bundles), strategy="PACK")

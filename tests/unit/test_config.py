@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -75,6 +77,35 @@ def test_slime_flag_names_map_to_sections():
 def test_invalid_values_name_the_flag(argv, needle):
     with pytest.raises(ValueError, match=needle.replace("-", r"\-")):
         parse(*argv)
+
+
+def test_seeds_are_bounded_to_what_the_seeders_take():
+    top = str(2**32 - 1)
+    cfg = parse("--seed", top, "--rollout-seed", top)
+    assert cfg.train.seed == cfg.rollout.rollout_seed == 2**32 - 1
+    for flag, value in (("--seed", str(2**32)), ("--seed", "-1"), ("--rollout-seed", str(2**64))):
+        with pytest.raises(ValueError, match=flag.replace("-", r"\-")):
+            parse(flag, value)
+
+
+def _fault(target: dict) -> str:
+    hook = "engine_generate_start" if "engine" in target else "trainer_step_before_allreduce"
+    return json.dumps(
+        [{"request_id": "f", "hook_name": hook, "target": target, "action": {"kind": "observe"}}]
+    )
+
+
+def test_fault_targets_must_be_processes_of_the_run():
+    assert parse("--rollout-num-engines", "2", "--ci-fault-hooks", _fault({"engine": 1})).faults.requests()
+    assert parse(
+        "--data-parallel-size", "2", "--ci-fault-hooks", _fault({"trainer_rank": 1})
+    ).faults.requests()
+    with pytest.raises(ValueError, match="targets engine 2, but the run has 2 engine"):
+        parse("--rollout-num-engines", "2", "--ci-fault-hooks", _fault({"engine": 2}))
+    with pytest.raises(ValueError, match=r"targets trainer rank 1, but the run has 1 trainer rank\(s\)"):
+        parse("--ci-fault-hooks", _fault({"trainer_rank": 1}))
+    with pytest.raises(ValueError, match="has 0 engine.* \\(none in train-only mode\\)"):
+        parse("--debug-train-only", "--ci-fault-hooks", _fault({"engine": 0}))
 
 
 @pytest.mark.parametrize("value", ["0", "-0.5", "nan", "inf"])

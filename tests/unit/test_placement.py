@@ -11,14 +11,17 @@ import yaml
 
 from config import SLOT_RESOURCE, RunConfig, dump_yaml
 from flows.cli import build_config, make_parser
-from tasks import actors
+from tasks import actors, placement
 from tasks.actors import start_run_actors
 from tasks.placement import (
     ENGINE_SHARE,
+    LOCAL,
     TRAINER_SHARE,
     Placement,
     by_node,
+    cluster_problem,
     layout,
+    local_cluster,
     local_resources,
     shortfall,
 )
@@ -136,6 +139,29 @@ def test_shortfall_names_what_to_declare():
     assert "trainer_node" not in why
     why = shortfall({"GPU": 4.0}, {"GPU": 2.0})
     assert why is not None and "4 GPU (the cluster has 2)" in why and "--slot-resource" in why
+
+
+def test_the_cluster_must_hold_the_run_before_any_actor_starts(monkeypatch):
+    two_ranks = parse("--data-parallel-size", "2", "--actor-num-nodes", "2")
+    where = "the cluster at --ray-address x"
+    assert cluster_problem(two_ranks, {SLOT_RESOURCE: 3.0}, 2, where) is None
+    assert (
+        cluster_problem(two_ranks, {SLOT_RESOURCE: 3.0}, 1, where)
+        == f"--actor-num-nodes 2: {where} has 1 node(s)"
+    )
+    why = cluster_problem(
+        parse("--actor-resources", '{"big": 1}'), {SLOT_RESOURCE: 2.0, "big": 0.5}, 1, where
+    )
+    assert why is not None and why.startswith("--actor-resources: ") and f"1 big ({where} has 0.5)" in why
+    # a local Ray's resources are known before it starts: this machine's CPUs and GPUs, the run's own slots
+    monkeypatch.setattr(placement, "_local_gpus", lambda: 1)
+    gpus = parse("--slot-resource", "GPU")
+    assert local_cluster(gpus)["GPU"] == 1.0 and local_cluster(RunConfig())[SLOT_RESOURCE] == 2.0
+    why = cluster_problem(gpus, local_cluster(gpus), 1, LOCAL)
+    assert why is not None and why.startswith("--slot-resource GPU: ") and f"2 GPU ({LOCAL} has 1)" in why
+    assert (
+        "--ray-address" in why and cluster_problem(RunConfig(), local_cluster(RunConfig()), 1, LOCAL) is None
+    )
 
 
 @pytest.mark.parametrize(

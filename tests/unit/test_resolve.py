@@ -227,3 +227,15 @@ def test_check_template_command_passes_and_names_a_planted_mismatch(byo, tmp_pat
     )
     err = capsys.readouterr().err
     assert "MISMATCH: token" in err and "the engine sees" in err
+
+
+def test_the_longest_prompt_and_the_response_fill_at_most_the_models_positions(byo):
+    from flows.resolve import model_positions
+
+    given = ("--hf-checkpoint", byo["model"], "--prompt-data", byo["data"], "--input-key", "messages")
+    flags = (*given, "--apply-chat-template", "--rm-type", "exact_match", "--label-key", "answer")
+    cfg, src = resolve(parse(*flags))
+    room = model_positions(cfg.hf_checkpoint) - max(len(p.tokens) for p in src.train.prompts)
+    resolve(parse(*flags, "--rollout-max-response-len", str(room)))  # exactly the model's positions
+    with pytest.raises(ValueError, match=rf"--rollout-max-response-len {room + 1}: .*: at most {room}$"):
+        resolve(parse(*flags, "--rollout-max-response-len", str(room + 1)))

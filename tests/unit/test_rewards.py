@@ -10,7 +10,16 @@ import time
 import pytest
 
 from rollout.extensions import ExtensionError, load_function
-from rollout.rewards import RewardRequest, Scorer, builtin_reward, exact_match, f1, last_boxed, math_answer
+from rollout.rewards import (
+    RewardRequest,
+    Scorer,
+    builtin_reward,
+    exact_match,
+    f1,
+    label_problem,
+    last_boxed,
+    math_answer,
+)
 
 
 def _req(response: str, label: object = "4", index: int = 0, metadata: dict | None = None) -> RewardRequest:
@@ -234,3 +243,27 @@ def test_no_rm_timeout_calls_the_reward_on_the_callers_thread(reward_module):
     assert [s.reward for s in asyncio.run(inline.score([_req("4")]))] == [1.0]
     bounded = Scorer(None, f"{reward_module}.on_main_thread", None, timeout=0.5)
     assert [s.reward for s in asyncio.run(bounded.score([_req("4")]))] == [0.0]
+
+
+@pytest.mark.parametrize(
+    "rm_type, label, ok",
+    [
+        ("math", "3", True),
+        ("math", 3, True),
+        ("boxed_exact_match", 2.5, True),
+        ("math", None, False),
+        ("math", True, False),
+        ("f1", ["a"], False),
+        ("tiny-arith", "3", True),
+        ("tiny-arith", 3, False),
+        ("long-arith", {"a": 1}, False),
+        ("not-a-builtin", None, True),  # a custom reward takes what it takes
+    ],
+)
+def test_label_types_each_builtin_scores(rm_type, label, ok):
+    why = label_problem(rm_type, label)
+    assert (why is None) == ok
+    if not ok:
+        assert why is not None and f"--rm-type {rm_type} expects" in why and type(label).__name__ in why
+    if ok and rm_type in ("math", "tiny-arith"):  # an accepted label really scores: the right answer gets 1
+        assert builtin_reward(rm_type)(str(label), label) == 1.0
