@@ -14,16 +14,19 @@ import pyarrow as pa
 
 def _max_abs_diff(a: Any, b: Any) -> float | None:
     """Max |a - b| over numbers or equal-length numeric lists; None when not comparable numerically."""
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return abs(float(a) - float(b))
-    if (
-        isinstance(a, list)
-        and isinstance(b, list)
-        and len(a) == len(b)
-        and a
-        and all(isinstance(x, int | float) for x in a + b)
-    ):
-        return max(abs(float(x) - float(y)) for x, y in zip(a, b, strict=True))
+    try:
+        if isinstance(a, int | float) and isinstance(b, int | float):
+            return abs(float(a) - float(b))
+        if (
+            isinstance(a, list)
+            and isinstance(b, list)
+            and len(a) == len(b)
+            and a
+            and all(isinstance(x, int | float) for x in a + b)
+        ):
+            return max(abs(float(x) - float(y)) for x, y in zip(a, b, strict=True))
+    except OverflowError:  # a JSON int beyond a float's range (a damaged metrics.jsonl)
+        return None
     return None
 
 
@@ -63,7 +66,7 @@ def first_metric_difference(original: list[dict], replayed: list[dict]) -> str |
             if not _same(ma[k], mb[k]):
                 diff = _max_abs_diff(ma[k], mb[k])
                 extra = f" (abs diff {diff:.3e})" if diff is not None else ""
-                return f"record {i}: metric {k!r}: {ma[k]!r} vs {mb[k]!r}{extra}"
+                return f"record {i}: metric {_short(k)}: {_short(ma[k])} vs {_short(mb[k])}{extra}"
     return None
 
 

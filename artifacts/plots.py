@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import io
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,8 +71,14 @@ def curves(records: Sequence[dict[str, Any]]) -> Curves:
             x = record.get("step") if panel.kind == "step" else record.get("rollout_id")
             if not isinstance(x, int):
                 continue
-            for metric, value in record.get("metrics", {}).items():
-                if panel.wanted(metric) and isinstance(value, int | float):
+            metrics = record.get("metrics")
+            if not isinstance(metrics, dict):  # a damaged record: no curve to draw from it
+                continue
+            for metric, value in metrics.items():
+                # an int past a float's range (a damaged record) has no point; NaN and inf do, as gaps
+                if panel.wanted(metric) and (
+                    isinstance(value, float) or (isinstance(value, int) and abs(value) <= sys.float_info.max)
+                ):
                     points[panel.title].setdefault(metric, {})[x] = float(value)
     return {
         title: {m: sorted(xy.items()) for m, xy in sorted(series.items())} for title, series in points.items()

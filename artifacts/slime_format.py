@@ -39,7 +39,14 @@ from typing import Any
 
 from artifacts.atomic import atomic_path
 from artifacts.schema import SAMPLE_STATUSES, Sample
-from artifacts.store import _RESERVED_KEYS, read_metadata, read_rollout, write_rollout
+from artifacts.store import (
+    _RESERVED_KEYS,
+    DEFAULT_LIMITS,
+    ReadLimits,
+    read_metadata,
+    read_rollout,
+    write_rollout,
+)
 
 __all__ = [
     "ROLLFLOW_KEY",
@@ -478,11 +485,13 @@ def _suffix(path: PathArg) -> str:
     return suffix
 
 
-def read_any(path: PathArg, *, trust_pickle: bool = False) -> list[Sample]:
-    """Samples of a rollout file: ``.parquet`` via ``read_rollout``, ``.pt`` via ``load_slime_dump``;
-    any other extension raises ``ValueError`` naming it and the two supported ones."""
+def read_any(
+    path: PathArg, *, trust_pickle: bool = False, limits: ReadLimits = DEFAULT_LIMITS
+) -> list[Sample]:
+    """Samples of a rollout file: ``.parquet`` via ``read_rollout`` (within ``limits``), ``.pt`` via
+    ``load_slime_dump``; any other extension raises ``ValueError`` naming it and the two supported ones."""
     if _suffix(path) == ".parquet":
-        return read_rollout(path)
+        return read_rollout(path, limits=limits)
     return load_slime_dump(path, trust_pickle=trust_pickle)[2]
 
 

@@ -33,13 +33,18 @@ from artifacts.schema import SCHEMA_VERSION, Sample, table_to_samples, validated
 
 __all__ = [
     "ArtifactError",
+    "DEFAULT_LIMITS",
     "ArtifactRef",
+    "ReadLimits",
     "RunPaths",
     "append_metrics",
+    "check_declared_sizes",
+    "check_list_lengths",
     "read_metadata",
     "read_metrics",
     "read_rollout",
     "read_table",
+    "record_problem",
     "table_content_sha256",
     "write_rollout",
     "write_table",
@@ -78,6 +83,78 @@ _UNCOMPRESSED_OPTIONS = {
 
 class ArtifactError(RuntimeError):
     """An artifact is missing, corrupt, of an unreadable schema version, or does not match its ref."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadLimits:
+    """What a Parquet file may hold before rollflow reads it: rows, values in one list cell (the tokens of one
+    sample) and bytes (file size and the declared uncompressed size of its column data). The defaults are far
+    above anything a run writes; a run narrows them to its model's positions and its rollout size."""
+
+    rows: int = 1 << 20
+    list_len: int = 1 << 20
+    bytes: int = 2 << 30
+
+
+DEFAULT_LIMITS = ReadLimits()
+
+
+def check_declared_sizes(path: PathArg, parquet: pq.ParquetFile, limits: ReadLimits) -> None:
+    """Raise ``ArtifactError`` naming ``path`` when its footer declares more than ``limits`` allow: rows,
+    uncompressed bytes, or values of a list column above ``list_len`` per row in a row group (the average;
+    ``check_list_lengths`` checks each row once decoded). Decodes nothing into memory beyond a fixed buffer."""
+    metadata = parquet.metadata
+    if metadata.num_rows > limits.rows:
+        raise ArtifactError(
+            f"{path}: declares {metadata.num_rows} rows, more than the {limits.rows} allowed here"
+        )
+    try:
+        # scans every column chunk through a fixed-size buffer: a footer that does not describe its chunks raises
+        # here, where pyarrow aborts the process when a damaged chunk's metadata is read directly (26.0)
+        parquet.scan_contents()
+    except (pa.ArrowException, OSError) as e:
+        raise ArtifactError(f"{path}: cannot decode the Parquet data (corrupt file?): {e}") from e
+    schema = metadata.schema
+    # values inside a list (prompt_tokens.list.element, ...), by path
+    in_lists = {
+        schema.column(i).path
+        for i in range(metadata.num_columns)
+        if schema.column(i).max_repetition_level > 0
+    }
+    declared = 0
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            declared += max(chunk.total_uncompressed_size, 0)
+            if chunk.path_in_schema not in in_lists:
+                continue
+            if chunk.num_values > max(group.num_rows, 1) * limits.list_len:
+                raise ArtifactError(
+                    f"{path}: declares {chunk.num_values} values of {chunk.path_in_schema} in {group.num_rows} "
+                    f"row(s) (row group {g}), more than {limits.list_len} per row"
+                )
+    if declared > limits.bytes:
+        raise ArtifactError(
+            f"{path}: declares {declared} bytes of uncompressed data, more than the {limits.bytes} allowed here"
+        )
+
+
+def check_list_lengths(path: PathArg, table: pa.Table, limits: ReadLimits) -> None:
+    """Raise ``ArtifactError`` naming ``path``, the row and the column when a list cell of ``table`` holds more
+    than ``limits.list_len`` values (checked in Arrow, before any row becomes Python objects)."""
+    import pyarrow.compute as pc
+
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+            continue
+        lengths = pc.list_value_length(column)
+        longest = pc.max(lengths).as_py()
+        if longest is not None and longest > limits.list_len:
+            row = pc.index(lengths, longest).as_py()
+            raise ArtifactError(
+                f"{path}: row {row}: {name} holds {longest} values, more than the {limits.list_len} allowed here"
+            )
 
 
 class ArtifactRef(BaseModel, frozen=True):
@@ -342,7 +419,9 @@ def write_table(
     )
 
 
-def read_table(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> pa.Table:
+def read_table(
+    path_or_ref: PathArg | ArtifactRef, *, verify: bool = True, limits: ReadLimits = DEFAULT_LIMITS
+) -> pa.Table:
     """Read a Parquet artifact written by ``write_table``.
 
     Always checks the schema version (newer than ``SCHEMA_VERSION`` -> ``ArtifactError``). With
@@ -351,9 +430,13 @@ def read_table(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> pa
     ref was made from: ``write_table``'s, which checked them, or a verified read's). Any mismatch
     raises ``ArtifactError`` naming the file. A missing file raises ``FileNotFoundError``. The
     returned table has the file's schema metadata and Arrow's default list/map child names ("item",
-    "entries", "key", "value").
+    "entries", "key", "value"). A file larger than ``limits``, or whose footer declares more (see
+    ``check_declared_sizes``), raises ``ArtifactError`` naming the file before its data is decoded.
     """
     path, ref = _resolve(path_or_ref)
+    size = path.stat().st_size
+    if size > limits.bytes:
+        raise ArtifactError(f"{path}: {size} bytes, more than the {limits.bytes} allowed here")
     data = path.read_bytes()
     # a ref's sha256 stands for the bytes it was made from, whose CRCs and content checksum were checked then
     check_content = verify and ref is None
@@ -371,10 +454,13 @@ def read_table(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> pa
         raise ArtifactError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from e
     meta = _decode_metadata(raw_metadata)
     _check_version(path, meta)  # before decoding data: a newer file may not even decode
+    if ref is None or not verify:  # a ref's verified bytes are write_table's: within what it wrote
+        check_declared_sizes(path, parquet, limits)  # before decoding: a tiny file can declare gigabytes
     try:
         table = parquet.read()
     except (pa.ArrowException, OSError) as e:
         raise ArtifactError(f"{path}: cannot decode the Parquet data (corrupt file?): {e}") from e
+    check_list_lengths(path, table, limits)
 
     if check_content:
         expected = meta.get("content_sha256")
@@ -426,14 +512,16 @@ def write_rollout(
     return write_table(path, validated_table(list(samples)), kind=kind, metadata=metadata)
 
 
-def read_rollout(path_or_ref: PathArg | ArtifactRef, *, verify: bool = True) -> list[Sample]:
-    """Read samples from a rollout (or eval) artifact; see ``read_table`` for the checks.
+def read_rollout(
+    path_or_ref: PathArg | ArtifactRef, *, verify: bool = True, limits: ReadLimits = DEFAULT_LIMITS
+) -> list[Sample]:
+    """Read samples from a rollout (or eval) artifact; see ``read_table`` for the checks and ``limits``.
 
     Extra columns written by newer code are ignored; a missing required column raises
     ``ArtifactError`` naming the file and the column.
     """
     path, _ = _resolve(path_or_ref)
-    table = read_table(path_or_ref, verify=verify)
+    table = read_table(path_or_ref, verify=verify, limits=limits)
     try:
         return table_to_samples(table)
     except ValueError as e:
@@ -537,12 +625,39 @@ def append_metrics(path: PathArg, record: dict[str, Any], *, sync: bool = True) 
         os.close(fd)
 
 
-def read_metrics(path: PathArg, run_id: str | None = None) -> list[dict[str, Any]]:
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def record_problem(record: dict[str, Any]) -> str | None:
+    """What makes ``record`` not a metrics record of DESIGN §3 (kind, rollout_id, optional step, metrics),
+    in words, or None."""
+    if not isinstance(record.get("kind"), str):
+        return f"'kind' is {_quote(record.get('kind'))}, not a string"
+    if not _is_int(record.get("rollout_id")) or record["rollout_id"] < 0:
+        return f"'rollout_id' is {_quote(record.get('rollout_id'))}, not a non-negative int"
+    if record.get("step") is not None and not _is_int(record["step"]):
+        return f"'step' is {_quote(record['step'])}, not an int"
+    if not isinstance(record.get("metrics"), dict):
+        return f"'metrics' is {_quote(record.get('metrics'))}, not an object"
+    return None
+
+
+def _quote(value: Any) -> str:
+    """`value` for a message: missing, or its repr cut to 60 characters."""
+    if value is None:
+        return "missing"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def read_metrics(path: PathArg, run_id: str | None = None, *, strict: bool = False) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl file, in order (only the run `run_id`'s, when given).
 
     Lines that are not a JSON object (a line torn by a crash, normally the last one) are skipped
-    with a ``RuntimeWarning`` giving their count and line numbers. Missing file ->
-    ``FileNotFoundError``.
+    with a ``RuntimeWarning`` giving their count and line numbers. With ``strict``, a JSON object that is
+    not a metrics record (``record_problem``) raises ``ValueError`` naming the file, the line and the
+    field. Missing file -> ``FileNotFoundError``.
     """
     records: list[dict[str, Any]] = []
     skipped: list[int] = []
@@ -557,6 +672,9 @@ def read_metrics(path: PathArg, run_id: str | None = None) -> list[dict[str, Any
             skipped.append(number)
             continue
         if isinstance(record, dict):
+            problem = record_problem(record) if strict else None
+            if problem:
+                raise ValueError(f"{path} line {number}: {problem}")
             if run_id is None or record.get("run_id") == run_id:
                 records.append(record)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -14,6 +15,28 @@ from engines.registry import get_engine_class
 from faults import FaultHookRequest, FaultInjector
 from faults.drop_weight import dropped_weights
 from procs import freeze_heap
+
+
+class ModelLoadError(RuntimeError):
+    """An engine could not load its model; the message names the model file and the cause, on one line."""
+
+
+def load_failure(checkpoint: str, error: Exception) -> ModelLoadError:
+    """`error`, raised loading the model in `checkpoint`, as one line naming the file at fault: the first
+    .safetensors file whose header does not read, else the checkpoint itself (cause cut to 300 characters)."""
+    from safetensors import safe_open
+
+    where = Path(checkpoint)
+    for path in sorted(where.glob("*.safetensors")) if where.is_dir() else []:
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except Exception:  # SafetensorError, OSError: this is the file the model could not be read from
+            where = path
+            break
+    cause = " ".join(f"{type(error).__name__}: {error}".split())
+    cut = cause if len(cause) <= 300 else f"{cause[:300]}... ({len(cause)} characters)"
+    return ModelLoadError(f"cannot load the model {where}: {cut}")
 
 
 @ray.remote(num_cpus=0)
@@ -38,7 +61,10 @@ class EngineActor:
         self.index = engine_index
         # --ci-fault-drop-weight: a planted sync bug (names or globs)
         self.fault_drop_weight = fault_drop_weight
-        self.engine: Engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
+        try:
+            self.engine: Engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
+        except Exception as e:  # the driver reads only the last line of what an actor's constructor raised
+            raise load_failure(checkpoint, e) from e
         self.faults = FaultInjector(faults or [], "engine", engine_index, run_dir, epoch)
         self.generate_calls = 0
         self._receiving: set[str] | None = None  # names of a streamed sync's buckets so far

@@ -13,8 +13,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+
 from artifacts.compare import first_layer_difference, first_metric_difference, first_table_difference
 from artifacts.hashing import layer_hashes
+from artifacts.schema import table_to_samples
 from artifacts.store import ArtifactError, RunPaths, read_metrics, read_table
 from config import load_yaml
 from config.location import relocate
@@ -35,7 +38,7 @@ def _metrics_by_rollout(run: Path) -> dict[int, dict[RecordKey, dict]]:
     (kind, n-th record of that kind) otherwise, so two runs are compared record by record even when
     one of them logged fewer (one read of metrics.jsonl)."""
     out: dict[int, dict[RecordKey, dict]] = {}
-    for r in read_metrics(RunPaths(run).metrics):
+    for r in read_metrics(RunPaths(run).metrics, strict=True):
         if r["kind"] in _TIMING_KINDS:
             continue
         records = out.setdefault(r["rollout_id"], {})
@@ -45,6 +48,17 @@ def _metrics_by_rollout(run: Path) -> dict[int, dict[RecordKey, dict]]:
             key = (r["kind"], sum(1 for kind, _ in records if kind == r["kind"]))
         records[key] = {"kind": r["kind"], "step": r.get("step"), **r["metrics"]}
     return out
+
+
+def _rollout_table(path: Path) -> pa.Table:
+    """The rollout artifact at `path`, checked as a rollout (columns and types: `ArtifactError` naming the file
+    and the column), so that a damaged file is reported as such rather than as a difference."""
+    table = read_table(path)
+    try:
+        table_to_samples(table)
+    except ValueError as e:
+        raise ArtifactError(f"{path}: {e}") from None
+    return table
 
 
 def _checkpoint(run: Path, rollout_id: int) -> Path | None:
@@ -86,7 +100,9 @@ def _common_difference(a: Path, b: Path, rollouts: list[int], metrics_a: dict, m
     paths_a, paths_b = RunPaths(a), RunPaths(b)
     for rid in sorted(set(rollouts) | (set(metrics_a) & set(metrics_b))):
         if rid in rollouts:
-            diff = first_table_difference(read_table(paths_a.rollout(rid)), read_table(paths_b.rollout(rid)))
+            diff = first_table_difference(
+                _rollout_table(paths_a.rollout(rid)), _rollout_table(paths_b.rollout(rid))
+            )
             if diff:
                 return f"rollout {rid} samples: {diff}"
         recs_a, recs_b = metrics_a.get(rid, {}), metrics_b.get(rid, {})

@@ -19,13 +19,22 @@ from pydantic import ValidationError
 
 from artifacts.compare import first_layer_difference, first_metric_difference, first_table_difference
 from artifacts.hashing import layer_hashes, weights_sha256
-from artifacts.store import ArtifactRef, RunPaths, read_metrics, read_table
+from artifacts.store import (
+    ArtifactError,
+    ArtifactRef,
+    ReadLimits,
+    RunPaths,
+    read_metrics,
+    read_rollout,
+    read_table,
+)
 from artifacts.wire import from_wire
 from config import LoggingConfig, RunConfig, load_yaml
 from config.location import relocate
 from config.stages import REPLAYABLE
 from flows.stages import Stages, opaque_config
 from tasks import actors
+from tasks.recordings import read_limits
 from tasks.refs import WeightsRef
 from tasks.transfer import trainer_weights
 
@@ -61,13 +70,31 @@ def check_replay(run_dir: str, rollout_id: int, task: str, overrides: dict[str, 
             f"{Path(run_dir) / 'config.yaml'}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
         ) from None
     paths = RunPaths(original.resolved_run_dir)
+    limits = replay_limits(original)
     for path in [paths.rollout(rollout_id)] + ([paths.logprobs(rollout_id)] if task == "train-step" else []):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: rollout {rollout_id} was not recorded by this run")
+        try:  # a damaged or tampered artifact is named here, not as a traceback from a Prefect task
+            if path == paths.rollout(rollout_id):
+                read_rollout(path, limits=limits)  # its columns and types too
+            else:
+                read_table(path, limits=limits)
+        except ArtifactError as e:
+            raise ValueError(" ".join(str(e).split())) from None
+    if task in ("train-step", "check"):
+        read_metrics(paths.metrics, strict=True)  # the recorded metrics it compares with: each record whole
     if task in ("log-prob", "train-step", "generate"):
         checkpoint_before(original, rollout_id)
     if task in ("sync", "check"):
         _iter_dir(original, rollout_id)
+
+
+def replay_limits(cfg: RunConfig) -> ReadLimits:
+    """What the run's own artifacts may hold: its model's positions, and its rollout size unless its rollouts
+    were recordings (another run's, of any size)."""
+    d = cfg.debug
+    recorded = d.load_debug_rollout_data or d.load_forge_rollout_data or d.ci_inject_rollout_data_path
+    return read_limits(cfg, rows=None if recorded else cfg.samples_per_rollout)
 
 
 def checkpoint_before(cfg: RunConfig, rollout_id: int) -> Path | None:
@@ -91,13 +118,17 @@ def _iter_dir(cfg: RunConfig, iteration: int) -> Path:
     return path
 
 
-def _ref(path: Path, kind: str) -> ArtifactRef:
+def _ref(path: Path, kind: str, limits: ReadLimits) -> ArtifactRef:
     from artifacts.atomic import sha256_file
 
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: nothing to replay from")
     return ArtifactRef(
-        path=str(path), sha256=sha256_file(path), rows=read_table(path).num_rows, schema_version=1, kind=kind
+        path=str(path),
+        sha256=sha256_file(path),
+        rows=read_table(path, limits=limits).num_rows,
+        schema_version=1,
+        kind=kind,
     )
 
 
@@ -151,7 +182,8 @@ async def _replay(
     before: Path | None,
     base: str,
 ) -> str | None:
-    rollout = _ref(paths.rollout(rollout_id), "rollout")
+    limits = replay_limits(original)
+    rollout = _ref(paths.rollout(rollout_id), "rollout", limits)
     if task in ("log-prob", "train-step"):  # no engines in these replays
         cfg = cfg.model_copy(update={"debug": cfg.debug.model_copy(update={"debug_train_only": True})})
     # the run's stage tasks under the run's retry policy, the replayed one from its inputs, not from the cache
@@ -170,7 +202,7 @@ async def _replay(
         weights = WeightsRef(version=rollout_id, sha256=(await trainer_weights(cfg)).sha256)
         replayed = await s.log_prob(q, rollout_id, rollout, weights)
         return first_table_difference(read_table(paths.logprobs(rollout_id)), read_table(replayed.table))
-    logprobs = _ref(paths.logprobs(rollout_id), "logprobs")
+    logprobs = _ref(paths.logprobs(rollout_id), "logprobs", limits)
     recorded = [
         r["metrics"]
         for r in read_metrics(paths.metrics)

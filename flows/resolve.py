@@ -214,7 +214,7 @@ def _check_checkpoint(load: str) -> None:
 def _check_recordings(cfg: RunConfig) -> None:
     """Recordings a run will read exist, and the first of them reads (format, checksum, pickling policy)."""
     from artifacts.slime_format import read_any
-    from tasks.recordings import recording_path
+    from tasks.recordings import read_limits, recording_path
 
     d, r = cfg.debug, cfg.rollout
     plans = []
@@ -242,7 +242,7 @@ def _check_recordings(cfg: RunConfig) -> None:
                 break  # a literal path: one file for every rollout
         if paths:
             try:
-                read_any(paths[0], trust_pickle=d.trust_pickle)
+                read_any(paths[0], trust_pickle=d.trust_pickle, limits=read_limits(cfg))
             except Exception as e:  # the reader's errors name the file and what is wrong with it
                 raise ValueError(f"{flag}: {' '.join(str(e).split())}") from None
 

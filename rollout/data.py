@@ -19,7 +19,12 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
+from artifacts.store import ArtifactError, ReadLimits, check_declared_sizes, check_list_lengths
+
 SUFFIXES = (".jsonl", ".parquet")
+# what a Parquet prompt file may declare before it is read: prompt sets run to millions of rows, where a
+# rollout's artifacts hold thousands, so more rows than artifacts.store's default
+PROMPT_LIMITS = ReadLimits(rows=1 << 24)
 
 
 class DataError(ValueError):
@@ -73,12 +78,15 @@ def read_rows(path: str | Path, flag: str) -> list[tuple[int, dict[str, Any]]]:
         import pyarrow.parquet as pq
 
         try:
-            rows = (
-                pq.ParquetFile(p).read().to_pylist()
-            )  # (read_table would import pyarrow.dataset and pandas)
+            parquet = pq.ParquetFile(p)  # (read_table would import pyarrow.dataset and pandas)
+            check_declared_sizes(path, parquet, PROMPT_LIMITS)  # before decoding the data into memory
+            table = parquet.read()
+            check_list_lengths(path, table, PROMPT_LIMITS)
+        except ArtifactError as e:
+            raise DataError(f"{flag} {e}") from None
         except Exception as e:  # ArrowInvalid, OSError: a file that is not Parquet
             raise DataError(f"{flag} {path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
-        return list(enumerate(rows, start=1))
+        return list(enumerate(table.to_pylist(), start=1))
     out = []
     try:
         text = p.read_text(encoding="utf-8")

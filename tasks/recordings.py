@@ -10,7 +10,7 @@ from prefect import task
 
 from artifacts.schema import Sample
 from artifacts.slime_format import read_any, write_any
-from artifacts.store import ArtifactRef, RunPaths, read_rollout, write_rollout
+from artifacts.store import DEFAULT_LIMITS, ArtifactRef, ReadLimits, RunPaths, read_rollout, write_rollout
 from config import RunConfig
 from rollout.replay import check_injection, subsample
 from tasks import actors
@@ -26,6 +26,25 @@ def record_rollout(cfg: RunConfig, rollout_id: int | str, samples: list[Sample])
     path = template.format(rollout_id=rollout_id)
     write_any(path, rollout_id, samples, metadata={"config_hash": cfg.config_hash()})
     return path
+
+
+def read_limits(cfg: RunConfig, *, rows: int | None = None) -> ReadLimits:
+    """What a Parquet this run reads may hold: no list longer than the model's positions (its config.json's
+    max_position_embeddings, when it gives one), at most `rows` rows when given."""
+    import json
+
+    positions = None
+    try:
+        positions = json.loads((Path(cfg.hf_checkpoint or "") / "config.json").read_text()).get(
+            "max_position_embeddings"
+        )
+    except (OSError, ValueError, AttributeError):
+        pass  # no readable model config: check_paths names that; the defaults still bound the read
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
+        positions = DEFAULT_LIMITS.list_len
+    return ReadLimits(
+        rows=DEFAULT_LIMITS.rows if rows is None else rows, list_len=positions, bytes=DEFAULT_LIMITS.bytes
+    )
 
 
 def recording_path(template: str, rollout_id: int, *, fallback_to_zero: bool) -> Path:
@@ -54,7 +73,7 @@ async def load_rollout(cfg: RunConfig, rollout_id: int, template: str, forge: bo
     """Read a recorded rollout (`.parquet` or slime `.pt`) and publish it as this rollout's artifact."""
     ctx = stage_context(rollout_id, "load-rollout")
     path = recording_path(template, rollout_id, fallback_to_zero=forge)
-    samples = read_any(path, trust_pickle=cfg.debug.trust_pickle)
+    samples = read_any(path, trust_pickle=cfg.debug.trust_pickle, limits=read_limits(cfg))
     if cfg.debug.load_debug_rollout_data_subsample is not None:
         samples = subsample(samples, cfg.debug.load_debug_rollout_data_subsample)
     print(f"rollout {rollout_id}: loaded {len(samples)} samples from {path}")
@@ -74,7 +93,7 @@ async def inject(cfg: RunConfig, rollout_id: int, fresh: ArtifactRef) -> Artifac
     d, ctx = cfg.debug, stage_context(rollout_id, "inject")
     assert d.ci_inject_rollout_data_path is not None
     path = recording_path(d.ci_inject_rollout_data_path, rollout_id, fallback_to_zero=False)
-    recorded = read_any(path, trust_pickle=d.trust_pickle)
+    recorded = read_any(path, trust_pickle=d.trust_pickle, limits=read_limits(cfg))
     result = check_injection(read_rollout(fresh), recorded, d.ci_inject_rollout_data_min_match_ratio)
     ref = write_rollout(
         RunPaths(cfg.resolved_run_dir).rollout(rollout_id),

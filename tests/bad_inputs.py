@@ -1067,3 +1067,150 @@ CASES += [
         "tokenizer.json line 1 column 2: not valid JSON",
     ),
 ]
+
+
+# -- Parquet sizes declared before reading, damaged run dirs for diff and replay (issue 12, items 2 and 5) -------
+def _declared_tokens(tokens: int, rows: int) -> Callable[[Path, Path], None]:
+    """A rollout of `rows` samples whose response_tokens hold `tokens` zeros in all: a few KB on disk that
+    declare them in the footer (the content checksum is not updated: the footer alone must refuse it)."""
+
+    def make(good: Path, target: Path) -> None:
+        import numpy as np
+
+        table = pq.read_table(good)
+        table = pa.concat_tables([table] * (rows // table.num_rows + 1)).slice(0, rows)
+        cuts = [tokens * i // rows for i in range(rows + 1)]
+        values = pa.array(np.zeros(tokens, np.int32))
+        column = pa.ListArray.from_arrays(pa.array(cuts, pa.int32()), values)
+        i = table.schema.get_field_index("response_tokens")
+        pq.write_table(table.set_column(i, "response_tokens", column), target, compression="zstd")
+
+    return make
+
+
+HOSTILE_FILES["tokens.parquet"] = (
+    "an 8 KB Parquet declaring 20 M tokens",
+    _hostile("h/tokens.parquet", _declared_tokens(20_000_000, 1)),
+)
+HOSTILE_FILES["long.parquet"] = (
+    "samples of 100 tokens for a model of 64 positions",
+    _hostile("h/long.parquet", _declared_tokens(400, 4)),
+)
+
+
+def _prompts_declaring(tokens: int) -> Callable[[Path], str]:
+    """A Parquet prompt file whose one row carries a list of `tokens` zeros (a few KB on disk)."""
+
+    def build(tmp: Path) -> str:
+        import numpy as np
+
+        path = tmp / "prompts-big.parquet"
+        values = pa.array(np.zeros(tokens, np.int32))
+        column = pa.ListArray.from_arrays(pa.array([0, tokens], pa.int32()), values)
+        pq.write_table(pa.table({"input": ["1+1="], "label": ["2"], "ids": column}), path, compression="zstd")
+        return str(path)
+
+    return build
+
+
+def _damaged_run(tmp: Path, what: str) -> str:
+    """A hand-made run dir (see `_run_dir`) with its metrics.jsonl or its rollout damaged as `what` says."""
+    d = Path(_run_dir(tmp, f"damaged-{what}"))
+    rollout = d / "rollouts" / "rollout_000000.parquet"
+    if what in ("tampered.parquet", "dropped.parquet", "long.parquet"):
+        shutil.copy(HOSTILE_FILES[what][1](tmp), rollout)
+    if what == "long.parquet":  # the tiny-arith model: 64 positions
+        from recipes.tiny_arith.bootstrap import ensure_checkpoint
+
+        (d / "config.yaml").write_text(f"name: x\nhf_checkpoint: {ensure_checkpoint()}\n")
+    records = {
+        "no-id": {"kind": "step", "step": 0, "metrics": {"train/loss": 0.1}},
+        "text-step": {"kind": "step", "rollout_id": 0, "step": "zero", "metrics": {}},
+        "list-metrics": {"kind": "rollout", "rollout_id": 0, "metrics": ["x" * 500]},
+    }
+    if what in records:
+        (d / "metrics.jsonl").write_text(json.dumps(records[what]) + "\n")
+    return str(d)
+
+
+def _replay_of(what: str, task: str = "generate") -> Callable[[Path], list[str]]:
+    return lambda tmp: ["replay", _damaged_run(tmp, what), "--rollout-id", "0", "--task", task]
+
+
+CASES += [
+    inspect("tokens.parquet", "declares 20000000 values of response_tokens.list.element in 1 row(s)"),
+    Case(
+        "hostile file",
+        "`convert` of an 8 KB Parquet declaring 20 M tokens",
+        lambda tmp: ["convert", _file("tokens.parquet")(tmp), str(tmp / "out.pt")],
+        "tokens.parquet: declares 20000000 values",
+    ),
+    Case(
+        "hostile file",
+        "`--load-debug-rollout-data` of samples longer than the model's 64 positions",
+        lambda tmp: [
+            "run",
+            "--run-dir",
+            str(tmp / "run"),
+            "--load-debug-rollout-data",
+            _file("long.parquet")(tmp),
+        ],
+        "long.parquet: declares 400 values of response_tokens.list.element in 4 row(s) (row group 0), more than 64",
+    ),
+    Case(
+        "hostile file",
+        "`--prompt-data` Parquet declaring 20 M values in one row",
+        lambda tmp: [
+            "run",
+            "--run-dir",
+            str(tmp / "run"),
+            "--prompt-data",
+            _prompts_declaring(20_000_000)(tmp),
+            "--rm-type",
+            "math",
+        ],
+        "prompts-big.parquet: declares 20000000 values of ids.list.element",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a run whose metrics record has no rollout_id",
+        lambda tmp: ["diff", _damaged_run(tmp, "no-id"), _run_dir(tmp, "ok")],
+        "metrics.jsonl line 1: 'rollout_id' is missing",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a run whose metrics record has a text step",
+        lambda tmp: ["diff", _run_dir(tmp, "ok"), _damaged_run(tmp, "text-step")],
+        "metrics.jsonl line 1: 'step' is 'zero', not an int",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a run whose rollout lacks a column (checksum kept)",
+        lambda tmp: ["diff", _damaged_run(tmp, "dropped.parquet"), _run_dir(tmp, "ok")],
+        "missing required column(s) ['response_tokens']",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a run whose rollout was tampered with",
+        _replay_of("tampered.parquet"),
+        "rollout_000000.parquet: content checksum mismatch",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a run whose rollout lacks a column (checksum kept)",
+        _replay_of("dropped.parquet"),
+        "missing required column(s) ['response_tokens']",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a run whose samples are longer than its model's positions",
+        _replay_of("long.parquet"),
+        "more than 64 per row",
+    ),
+    Case(
+        "hostile file",
+        "`replay --task check` of a run whose metrics record holds a list",
+        _replay_of("list-metrics", "check"),
+        "metrics.jsonl line 1: 'metrics' is ['xxxxxxxx",
+    ),
+]
