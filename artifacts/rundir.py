@@ -61,8 +61,7 @@ def acquire(run_dir: str | Path) -> IO[str]:
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        owner = f.read().strip() or "another process"
+        owner = _owner(f)
         f.close()
         raise RunDirBusy(
             f"run dir {d} is in use by {owner}; wait for it, or give another --name/--run-dir"
@@ -72,6 +71,17 @@ def acquire(run_dir: str | Path) -> IO[str]:
     f.write(f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     f.flush()
     return f
+
+
+def _owner(lock: IO[str]) -> str:
+    """The line the holder of `lock` wrote: it writes it just after it took the lock, so a process that tried at
+    the same moment waits for it (up to a second)."""
+    for _ in range(100):
+        lock.seek(0)
+        if line := lock.read().strip():
+            return line
+        time.sleep(0.01)
+    return "another process"
 
 
 def read_info(run_dir: str | Path) -> RunInfo | None:

@@ -350,13 +350,27 @@ EPHEMERAL_SERVER_DEFAULTS = {
 def configure_prefect_env(*, serving: bool = False) -> None:
     """Settings that make the embedded Prefect (and Ray) usable on a small machine: each of
     `PREFECT_ENV_DEFAULTS` that the environment does not already set, and, unless `serving` (`rollflow server`)
-    or PREFECT_API_URL names a server, each of `EPHEMERAL_SERVER_DEFAULTS`. (Ray's token authentication stays
-    on: tasks/actors.ensure_ray.)"""
+    or PREFECT_API_URL names a server, each of `EPHEMERAL_SERVER_DEFAULTS` and Prefect's API auth for the
+    temporary server this process starts (`temporary_server_auth`). Set before Prefect is imported: it reads
+    them then. (Ray's token authentication stays on: tasks/actors.ensure_ray.)"""
     defaults = dict(PREFECT_ENV_DEFAULTS)
     if not serving and not os.environ.get("PREFECT_API_URL"):
         defaults.update(EPHEMERAL_SERVER_DEFAULTS)
+        defaults.update(temporary_server_auth())
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
+
+
+def temporary_server_auth() -> dict[str, str]:
+    """The temporary Prefect server a run starts listens on 127.0.0.1, where any local user could reach it: it
+    asks for Prefect's API auth string (PREFECT_SERVER_API_AUTH_STRING), which this process's clients send
+    (PREFECT_API_AUTH_STRING) and the processes it starts inherit. A random one per process,
+    unless the environment sets one of them (the other follows it)."""
+    import secrets
+
+    given = os.environ.get("PREFECT_SERVER_API_AUTH_STRING") or os.environ.get("PREFECT_API_AUTH_STRING")
+    value = given or secrets.token_urlsafe(32)
+    return {"PREFECT_SERVER_API_AUTH_STRING": value, "PREFECT_API_AUTH_STRING": value}
 
 
 def configure_ray_env(ray_address: str | None = None) -> None:
@@ -462,6 +476,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.resume:
             cfg = runtime.choose_run_dir(cfg)
         cfg, _ = resolve(cfg)  # before Ray and Prefect: every path, row, key and the reward import
+        if cfg.ray_address:
+            from tasks.ray_address import check_ray_address
+
+            check_ray_address(cfg.ray_address)
         runtime.check_ownership(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"rollflow: error: {e}", file=sys.stderr)

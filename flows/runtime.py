@@ -74,20 +74,27 @@ def deployment_run_dir(cfg: RunConfig, flow_run_id: str, *, resume: bool) -> Run
     return cfg.model_copy(update={"run_dir": f"runs/{cfg.name}-{flow_run_id.replace('-', '')[-8:]}"})
 
 
+# run dir -> its lock, taken by `check_ownership` before Prefect and Ray start and held until this process's run
+# flow takes it over (`own`): the CLI runs that flow in its own process
+_HELD: dict[Path, IO[str]] = {}
+
+
 def check_ownership(cfg: RunConfig, *, resume: bool, overwrite: bool) -> None:
-    """The ownership rules of `own` checked without writing anything (the CLI calls it before starting Prefect
-    and Ray, so that a busy or used run dir is refused at once)."""
+    """The ownership rules of `own`, checked before Prefect and Ray start (by the CLI), with the run dir's lock
+    taken and kept for the run flow this process runs next, which takes it over (`own`): a second run into the
+    same dir is refused at once, in one line naming the dir and the process that holds it (`rundir.RunDirBusy`).
+    Creates the run dir and its lock file, nothing else."""
     run_dir = cfg.resolved_run_dir
-    if not run_dir.exists():
-        if resume:
-            raise ValueError(f"--resume {run_dir}: no such run dir")
-        return
+    if resume and not run_dir.exists():
+        raise ValueError(f"--resume {run_dir}: no such run dir")
     lock = rundir.acquire(run_dir)
     try:
         if not overwrite:
             _start_point(cfg, lock, resume=resume, overwrite=False)
-    finally:
+    except BaseException:
         lock.close()
+        raise
+    _HELD[run_dir] = lock
 
 
 def own(
@@ -104,13 +111,15 @@ def own(
     that parent flow run (the UI's Retry, `prefect flow-run retry`): it resumes the run dir only if that flow run
     recorded it, starts afresh where nothing was recorded yet, and refuses the records of any other flow run.
     `flow_run_id`: the parent flow run, whose run dir is its own when it is a deployment's (`deployment_run_dir`,
-    decided on the resolved config: a deployment's served `cfg` may name one)."""
+    decided on the resolved config: a deployment's served `cfg` may name one). The lock `check_ownership` took
+    for the same dir in this process is taken over, not taken again."""
     cfg, _ = resolve(cfg)
     if flow_run_id is not None:
         cfg = deployment_run_dir(cfg, flow_run_id, resume=resume)
     cfg = cfg.model_copy(update={"run_dir": str(cfg.resolved_run_dir)})
     run_dir = cfg.resolved_run_dir
-    lock = rundir.acquire(run_dir)
+    # the lock the CLI took before Prefect and Ray started (`check_ownership`); a deployment's run takes its own
+    lock = _HELD.pop(run_dir, None) or rundir.acquire(run_dir)
     try:
         if retry_of is not None and _retry_resumes(run_dir, retry_of, overwrite):
             # its first attempt already owned (and, with overwrite, cleared) it

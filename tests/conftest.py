@@ -29,6 +29,10 @@ os.environ.setdefault("RAY_task_events_report_interval_ms", "100")
 from flows.cli import configure_prefect_env, configure_ray_env  # noqa: E402
 
 configure_prefect_env()  # analytics off, batched event writes: as `rollflow run`
+# the session's test server is shared with the runs the tests start (PREFECT_API_URL), as a `rollflow server` is:
+# no API auth string, which `configure_prefect_env` gives only a run's own temporary server
+for _name in ("PREFECT_SERVER_API_AUTH_STRING", "PREFECT_API_AUTH_STRING"):
+    os.environ.pop(_name, None)
 configure_ray_env()  # before anything imports ray: token auth on with this session's own token, gloo on loopback
 
 
