@@ -42,6 +42,41 @@ _PLACEMENTS: dict[str, placement.Placement] = {}
 ROLLOUT = "rollout"  # the name of the run's rollout actor (rollout/actor.py)
 
 
+# the last line of a Python traceback, `module.path.ClassName: message`
+_EXCEPTION_LINE = re.compile(r"^(?:[a-z_]\w*\.)*([A-Z]\w*)(?::\s*(.*))?$")
+
+
+class ActorStartError(RuntimeError):
+    """An actor died in its constructor; the message names the actor and what its constructor raised."""
+
+
+def start_failure(error: ray.exceptions.RayActorError, names: dict[str, str]) -> BaseException:
+    """`error` as `ActorStartError` naming the actor (`names`: actor id hex -> name) and the exception its
+    constructor raised (`Type: message`, the last line of the remote traceback Ray flattened into its text);
+    `error` itself when the actor died after it started."""
+    if not error.actor_init_failed:
+        return error
+    lines = [line.strip() for line in ANSI.sub("", str(error)).splitlines() if line.strip()]
+    cause = lines[-1] if lines else type(error).__name__
+    for line in reversed(lines):
+        found = _EXCEPTION_LINE.match(line)
+        if found:
+            name, message = found.groups()
+            cause = f"{name}: {message}" if message else name
+            break
+    who = names.get(error.actor_id or "", "an actor")
+    return ActorStartError(f"{who} did not start: {cause}")
+
+
+async def _answering(named: dict[str, Any], calls: list[Any]) -> list[Any]:
+    """The results of `calls` on the actors `named` (name -> handle); an actor that died in its constructor is
+    reported by `start_failure` instead of as Ray's ActorDiedError."""
+    try:
+        return list(await asyncio.gather(*calls))
+    except ray.exceptions.RayActorError as e:
+        raise start_failure(e, {a._actor_id.hex(): name for name, a in named.items()}) from None
+
+
 def namespace(cfg: RunConfig) -> str:
     return f"rollflow-{cfg.name}"
 
@@ -250,7 +285,8 @@ async def start_engines(cfg: RunConfig, checkpoint: str | None = None) -> list[A
     actors = [_engine(cfg, i, where, checkpoint) for i in range(cfg.rollout.rollout_num_engines)]
     _keep(cfg, {f"engine-{i}": a for i, a in enumerate(actors)})
     finisher = _HANDLES.get((namespace(cfg), ROLLOUT)) or await _start_rollout_actor(cfg)
-    await asyncio.gather(*[a.health.remote() for a in actors], finisher.prepare.remote(cfg))
+    named = {f"engine-{i}": a for i, a in enumerate(actors)}
+    await _answering(named, [*[a.health.remote() for a in actors], finisher.prepare.remote(cfg)])
     return actors
 
 
@@ -287,7 +323,7 @@ async def restart_engine(cfg: RunConfig, i: int) -> Any:
     where = await _placement(cfg)
     actor = await _with_free_name(lambda: _engine(cfg, i, where))
     _keep(cfg, {f"engine-{i}": actor})
-    await actor.health.remote()
+    await _answering({f"engine-{i}": actor}, [actor.health.remote()])
     return actor
 
 
@@ -317,7 +353,8 @@ async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
 
     actors = [await _with_free_name(lambda r=r: make(r)) for r in range(world)]
     _keep(cfg, {f"trainer-{r}": a for r, a in enumerate(actors)})
-    nodes = await asyncio.gather(*[a.node.remote() for a in actors])
+    named = {f"trainer-{r}": a for r, a in enumerate(actors)}
+    nodes = await _answering(named, [a.node.remote() for a in actors])
     host = rendezvous_host(nodes)
     port = await actors[0].free_port.remote(host)  # free on rank 0's node, where the rendezvous listens
     placement.tell(
