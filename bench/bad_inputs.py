@@ -1,8 +1,10 @@
 """Every bad input and hostile file of tests/bad_inputs.py, run through `rollflow` in this process with the
-points where work would start replaced by a refusal, printed as the README's markdown table: the case, the exit
-code and the one line it was refused with.
+points where work would start replaced by a refusal: prints each case with its exit code, the seconds to its
+refusal and the one line it was refused with, then how many were refused before any work. `--readme` also writes
+the table (without the seconds, which vary by machine) and its counts into README.md, whose table
+tests/unit/test_bad_inputs.py checks row by row against what each case prints.
 
-    python bench/bad_inputs.py > /tmp/table.md
+    python bench/bad_inputs.py [--readme]
 """
 
 from __future__ import annotations
@@ -23,10 +25,20 @@ configure_ray_env()
 
 
 def main() -> None:
+    import argparse
+    import re
+    import time
+
     import deployments.serve
     import flows.cli
     import flows.reaper
-    from tests.bad_inputs import CASES
+    from tests.bad_inputs import CASES, TABLE_HEADER, readme_rows, table_row
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--readme", action="store_true", help="write the table and its counts into README.md")
+    args = parser.parse_args()
 
     def refuse(*_: object, **__: object) -> None:
         raise RuntimeError("not refused: the command would have started work")
@@ -36,8 +48,10 @@ def main() -> None:
     flows.cli._start_replay = refuse  # type: ignore[assignment]
     tmp = Path(tempfile.mkdtemp(prefix="rf-bench-bad-"))
     rows, refused = [], 0
+    print("| class | bad input | exit | s | refused with (one line) |\n|---|---|---|---|---|")
     for case in CASES:
         out = io.StringIO()
+        began = time.perf_counter()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             try:
                 code = flows.cli.main(case.argv(tmp))
@@ -45,19 +59,28 @@ def main() -> None:
                 code = int(e.code or 0)
             except RuntimeError as e:
                 code, out = -1, io.StringIO(str(e))
+        seconds = time.perf_counter() - began
         lines = [line for line in out.getvalue().splitlines() if line.strip()]
         last = lines[-1] if lines else ""
-        ok = code not in (0, -1) and "Traceback" not in out.getvalue() and case.needle in last
-        refused += ok
-        message = last.replace(str(tmp), "$TMP").replace("|", "\\|")
-        rows.append(f"| {case.kind} | {case.what} | {code} | `{message[:150]}` |")
-    print("| class | bad input | exit | refused with (one line) |")
-    print("|---|---|---|---|")
-    print("\n".join(rows))
-    print(
-        f"\n{refused} of {len(CASES)} refused before any work with one line naming the flag or file",
-        file=sys.stderr,
-    )
+        refused += code not in (0, -1) and "Traceback" not in out.getvalue() and case.needle in last
+        rows.append(table_row(case, code, last, tmp))
+        cells = rows[-1].split(" | ")
+        print(" | ".join([*cells[:3], f"{seconds:.2f}", *cells[3:]]), flush=True)
+    print(f"\n{refused} of {len(CASES)} refused before any work with one line naming the flag or file")
+    if args.readme:
+        readme = ROOT / "README.md"
+        text = readme.read_text()
+        old = "\n".join(TABLE_HEADER + readme_rows(text))
+        hostile = sum(c.kind == "hostile file" for c in CASES)
+        text = text.replace(old, "\n".join(TABLE_HEADER + rows))
+        text = re.sub(
+            r"lists the \d+ cases tried \(\d+ bad\nconfigurations, \d+ hostile files",
+            f"lists the {len(CASES)} cases tried ({len(CASES) - hostile} bad\nconfigurations, {hostile} hostile files",
+            text,
+        )
+        text = re.sub(r"<summary>The \d+ bad inputs", f"<summary>The {len(CASES)} bad inputs", text)
+        readme.write_text(text)
+        print(f"README.md: table of {len(CASES)} cases written", file=sys.stderr)
 
 
 if __name__ == "__main__":

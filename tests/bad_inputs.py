@@ -25,6 +25,26 @@ class Case:
     needle: str
 
 
+TABLE_HEADER = ["| class | bad input | exit | refused with (one line) |", "|---|---|---|---|"]
+
+
+def table_row(case: Case, code: int, last_line: str, tmp: Path) -> str:
+    """The README table's row of `case`, refused with exit `code` and `last_line` (its temp dir written `$TMP`)."""
+    message = last_line.replace(str(tmp), "$TMP").replace("|", "\\|")
+    return f"| {case.kind} | {case.what} | {code} | `{message[:150]}` |"
+
+
+def readme_rows(readme: str) -> list[str]:
+    """The rows of the bad-input table in the README's text (between its header and the end of its block)."""
+    start = (
+        readme.index(TABLE_HEADER[0] + "\n" + TABLE_HEADER[1])
+        + len(TABLE_HEADER[0])
+        + len(TABLE_HEADER[1])
+        + 2
+    )
+    return readme[start : readme.index("\n\n</details>", start)].splitlines()
+
+
 def _fixed(*argv: str) -> Callable[[Path], list[str]]:
     return lambda tmp: list(argv)
 

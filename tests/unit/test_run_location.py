@@ -125,21 +125,29 @@ def test_resume_of_a_copy_that_would_write_into_the_originals_files_is_refused(t
     assert cli._resumed_config(args).resolved_run_dir == copy
 
 
+def _rollout(path):
+    """A valid recorded rollout at `path` (replay reads it before anything starts)."""
+    from artifacts.store import write_rollout
+    from tests.helpers import make_sample
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_rollout(path, [make_sample(i) for i in range(4)])
+
+
 def test_replay_reads_the_copy_it_was_given(tmp_path):
     orig = _run_dir(tmp_path / "orig")
-    (orig / "rollouts").mkdir()
-    (orig / "rollouts" / "rollout_000000.parquet").write_bytes(b"original")
+    _rollout(orig / "rollouts" / "rollout_000000.parquet")
     copy = tmp_path / "copy"
     shutil.copytree(orig, copy)
     (orig / "rollouts" / "rollout_000000.parquet").unlink()
     check_replay(str(copy), 0, "generate")  # the copy's recording, not the original's (gone)
     assert load_run_config(copy).resolved_run_dir == copy
     (copy / "rollouts" / "rollout_000000.parquet").unlink()
-    (orig / "rollouts" / "rollout_000000.parquet").write_bytes(b"original")
+    _rollout(orig / "rollouts" / "rollout_000000.parquet")
     with pytest.raises(FileNotFoundError, match=str(copy / "rollouts")):
         check_replay(str(copy), 0, "generate")
     # rollout 1 starts from the checkpoint of rollout 0: the copy's, though only the original has it
-    (copy / "rollouts" / "rollout_000001.parquet").write_bytes(b"copy")
+    _rollout(copy / "rollouts" / "rollout_000001.parquet")
     (orig / "ckpt" / "iter_0000000").mkdir(parents=True)
     (orig / "ckpt" / "iter_0000000" / "meta.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match=f"checkpoint {copy}/ckpt/iter_0000000 is missing"):
