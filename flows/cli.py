@@ -114,11 +114,11 @@ def _describe(err: Any) -> str:
     from config.yaml_file import bounded, quote
 
     loc = [str(x) for x in err["loc"]]
+    # pydantic's prefix for a validator's ValueError
+    message = bounded(err["msg"].removeprefix("Value error, "))
     if not loc:
-        return bounded(err["msg"].removeprefix("Value error, "))
-    return f"{flag(loc[-1])}: {bounded(err['msg'])}" + (
-        f" (got {quote(err['input'])})" if "input" in err else ""
-    )
+        return message
+    return f"{flag(loc[-1])}: {message}" + (f" (got {quote(err['input'])})" if "input" in err else "")
 
 
 def make_parser() -> argparse.ArgumentParser:
