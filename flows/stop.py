@@ -165,7 +165,7 @@ async def mark_interrupted(parent_flow_run_id: str, reason: str, *, wait: float 
     engine ran it (left Pending), and the task runs of the run's flow run and of its rollout flow runs that
     Prefect's engine marked Crashed ("cancelled by the runtime environment"). Task run states reach the server as
     events, recorded in batches about once a second: this reads until none of those task runs is left unfinished,
-    for a batch's time at least and `wait` seconds at most."""
+    for a batch's time at least and `wait` seconds at most, then marks any still unfinished Cancelled too."""
     import anyio
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
@@ -197,6 +197,12 @@ async def mark_interrupted(parent_flow_run_id: str, reason: str, *, wait: float 
                     )
             unfinished = [t for t in tasks if t.state is not None and not t.state.is_final()]
             elapsed = time.monotonic() - began
-            if (not unfinished and elapsed > 1.2) or elapsed > wait:
+            if not unfinished and elapsed > 1.2:
+                return
+            if elapsed > wait:  # their final state never reached the server: the stop is theirs too
+                for run in unfinished:
+                    await client.set_task_run_state(
+                        run.id, Cancelled(message=f"the run was stopped by {reason}"), force=True
+                    )
                 return
             await anyio.sleep(0.2)

@@ -36,6 +36,15 @@ for _name in ("PREFECT_SERVER_API_AUTH_STRING", "PREFECT_API_AUTH_STRING"):
 configure_ray_env()  # before anything imports ray: token auth on with this session's own token, gloo on loopback
 
 
+@pytest.fixture(autouse=True)
+def _no_api_auth_string_left():
+    """A test that runs `rollflow run` in this process (flows.cli.main) gets the API auth string its temporary
+    server would ask for set in os.environ: gone after it, or every server a later test starts would inherit it."""
+    yield
+    for name in ("PREFECT_SERVER_API_AUTH_STRING", "PREFECT_API_AUTH_STRING"):
+        os.environ.pop(name, None)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

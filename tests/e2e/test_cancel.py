@@ -222,7 +222,10 @@ def test_a_cancel_from_prefect_stops_a_served_run(tmp_path, prefect_home, base_c
             parents, children, tasks = asyncio.run(_states(name))
             if parents and parents[0].state.is_final() and not [t for t in tasks if not t.state.is_final()]:
                 break
-            assert time.monotonic() < deadline, [p.state for p in parents]
+            assert time.monotonic() < deadline, (
+                [p.state for p in parents],
+                [(t.name, t.state) for t in tasks if not t.state.is_final()],
+            )
             time.sleep(1)
         assert parents[0].state.type.value == "CANCELLED"
         assert not [(t.name, t.state.message) for t in tasks if t.state.is_crashed()]
