@@ -131,8 +131,10 @@ async def run_flow(
             report.finish("completed" if report.done >= report.total else "stopped")
         except BaseException as e:
             line = stop.stopped_line(report.done, report.total, cfg.resolved_run_dir)
-            report.finish("failed" if line is None else "cancelled", explain(e) if line is None else line)
-            if line is not None:
+            if line is None:
+                report.finish("failed", explain(e))
+            else:  # Ctrl-C, SIGTERM or a cancel from Prefect
+                report.finish("cancelled", line)
                 await _mark_interrupted(this, str(stop.stop_reason()))
             raise
         finally:
