@@ -384,11 +384,7 @@ def test_a_retry_from_the_api_resumes_its_own_run_and_refuses_another(deployed, 
             r["rollout_id"] for r in records if r["kind"] in ("rollout", "step")
         )
         assert per_rollout[0] == per_rollout[1]  # rollout 0's records once: the retry resumed after it
-        # "resuming run <id> in <dir> at rollout 1", as the worker relays its flow run's output (a hang guard)
-        relayed_by = time.monotonic() + 60
-        while f"in {run_dir} at rollout 1" not in deployed.output("prefect"):
-            assert time.monotonic() < relayed_by, deployed.output("prefect")[-4000:]
-            time.sleep(0.5)
+        assert len({r["run_id"] for r in records}) == 1  # the same run continued, not a new one in its dir
         recorded = RunPaths(run_dir).metrics.read_text()
 
         other = _flow_run(
