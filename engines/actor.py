@@ -30,7 +30,7 @@ def load_failure(checkpoint: str, error: Exception) -> ModelLoadError:
     for path in sorted(where.glob("*.safetensors")) if where.is_dir() else []:
         try:
             with safe_open(str(path), "pt"):
-                pass
+                pass  # opening reads and checks the header, which is all this looks for
         except Exception:  # SafetensorError, OSError: this is the file the model could not be read from
             where = path
             break

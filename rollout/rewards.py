@@ -385,7 +385,7 @@ class _Worker:
         try:
             self._loop.call_soon_threadsafe(_resolve, self.done)
         except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
+            pass  # the values are in self.values for a caller that still looks
 
     def abandon_if_past(self, timeout: float) -> int | None:
         """The index of the call running for `timeout` seconds or more, which this worker then abandons; None
