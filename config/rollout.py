@@ -66,6 +66,19 @@ class RolloutConfig(Section):
         "sits in the first, the rest are reserved for its own processes.",
     )
 
+    custom_generate_function_path: str | None = Field(
+        None,
+        description="Dotted path module.fn of slime's generate plug-in, `async def generate(args, sample, "
+        "sampling_params) -> Sample | list[Sample]`, called per sample instead of one engine call (multi-turn, "
+        "tool calls); it generates through rollout.engine_client (see examples/calculator_tool).",
+    )
+    rollout_function_path: str | None = Field(
+        None,
+        description="Dotted path module.fn of slime's rollout function, `generate_rollout(args, rollout_id, "
+        "data_source, evaluation=False)` returning groups of samples, which replaces the whole rollout's "
+        "generation (see examples/rollout_function); slime's own default path means rollflow's generation.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _engines_from_slots(cls, data: Any) -> Any:
@@ -195,6 +208,11 @@ class RewardConfig(Section):
     )
     reward_key: str | None = Field(
         None, description="When the reward returns a dict: the key of the scalar reward."
+    )
+    group_rm: bool = Field(
+        False,
+        description="Score each prompt group with one call: a --custom-rm-path reward is called as "
+        "reward(args, samples) and returns one reward per sample (slime's --group-rm).",
     )
     eval_reward_key: str | None = Field(None, description="--reward-key for eval; None = --reward-key.")
     rm_timeout: float | None = Field(

@@ -89,7 +89,13 @@ async def finish_rollout(
     began = time.perf_counter()
     tokenizer, stops, scorer, eval_scorer = scoring_side(cfg)
     samples = await to_samples(
-        entries, outputs, tokenizer, stops, eval_scorer if eval_mode else scorer, rollout_id
+        entries,
+        outputs,
+        tokenizer,
+        stops,
+        eval_scorer if eval_mode else scorer,
+        rollout_id,
+        group_rm=cfg.reward.group_rm and not eval_mode,  # slime: no group reward for eval
     )
     if eval_mode:
         ref = write_rollout(path, samples, metadata={"weights_sha256": weights_sha256}, kind="eval")

@@ -12,11 +12,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from artifacts.schema import Sample
+from artifacts.schema import Sample as Row
 from engines.base import GenerateOutput, GenerateRequest, SamplingParams
 from rollout.data import Prompt
-from rollout.rewards import RewardRequest, Scorer
-from rollout.template import Stops, cut_at_stop_string
+from rollout.rewards import Scorer
+from rollout.sample import Sample
+from rollout.scoring import finished_sample, package, score_samples
+from rollout.template import Stops
 
 EVAL_ID_OFFSET = 1 << 20  # eval sample seeds live apart from training ones
 
@@ -73,68 +75,72 @@ async def to_samples(
     stops: Stops,
     scorer: Scorer,
     rollout_id: int,
-) -> list[Sample]:
+    *,
+    group_rm: bool = False,
+) -> list[Row]:
     """Cut at stop strings, decode, score and package every completion as a `Sample` row.
 
     Status: `completed` when a stop id or stop string ended the response, `truncated` at the length limit,
-    `failed` when the reward raised (reward 0, loss mask all zeros, the error in metadata)."""
-    cut = []
-    for out in outputs:
-        tokens, log_probs, reason = list(out.response_tokens), list(out.log_probs), out.finish_reason
-        n = cut_at_stop_string(tokens, tokenizer, stops.strings)
-        if n is not None and (n < len(tokens) or reason != "stop"):
-            tokens, log_probs, reason = tokens[:n], log_probs[:n], "stop_string"
-        cut.append((tokens, log_probs, reason, tokenizer.decode(tokens, skip_special_tokens=True)))
-    scored = await scorer.score(
-        [
-            RewardRequest(e.prompt.text, text, e.prompt.label, e.prompt.metadata, e.sample_index)
-            for e, (_, _, _, text) in zip(entries, cut, strict=True)
-        ]
+    `failed` when the reward raised (reward 0, loss mask all zeros, the error in metadata). The reward sees
+    slime's sample (rollout/sample.py) with that status; `group_rm`: slime's --group-rm (rollout/scoring.py)."""
+    done = [
+        finished_sample(pending_sample(e), out, tokenizer, stops)
+        for e, out in zip(entries, outputs, strict=True)
+    ]
+    samples, reasons = [s for s, _ in done], [r for _, r in done]
+    return await scored_rows(entries, samples, scorer, rollout_id, group_rm=group_rm, reasons=reasons)
+
+
+def pending_sample(e: Entry) -> Sample:
+    """slime's sample for entry `e` before generation: its prompt, label, a copy of its metadata, its seed."""
+    return Sample(
+        group_index=e.group_index,
+        index=e.sample_index,
+        prompt=e.prompt.text,
+        tokens=list(e.request.prompt_tokens),
+        label=e.prompt.label,
+        metadata=dict(e.prompt.metadata),
+        seed=e.request.seed,
     )
-    samples = []
-    for e, out, (tokens, log_probs, reason, text), s in zip(entries, outputs, cut, scored, strict=True):
-        meta: dict[str, Any] = {**e.prompt.metadata, "finish_reason": reason, "prompt_row": e.prompt.row}
-        if e.dataset is not None:
-            meta["eval_dataset"] = e.dataset
-        if s.extra:
-            meta["reward_extra"] = s.extra
-        status = "truncated" if reason == "length" else "completed"
-        if s.error is not None:
-            status, meta["reward_error"] = "failed", s.error
-        samples.append(
-            Sample(
-                rollout_id=rollout_id,
-                group_index=e.group_index,
-                sample_index=e.sample_index,
-                prompt=e.prompt.text,
-                prompt_tokens=list(e.request.prompt_tokens),
-                response=text,
-                response_tokens=tokens,
-                response_length=len(tokens),
-                label=_label_text(e.prompt.label),
-                reward=s.reward,
-                status=status,
-                loss_mask=[0 if s.error else 1] * len(tokens),
-                rollout_log_probs=log_probs,
-                weight_version=out.weight_version,
-                seed=e.request.seed,
-                metadata=meta,
-            )
-        )
-    failed = [x for x in samples if x.status == "failed"]
-    if samples and len(failed) == len(samples):
+
+
+async def scored_rows(
+    entries: list[Entry],
+    samples: list[Sample],
+    scorer: Scorer,
+    rollout_id: int,
+    *,
+    group_rm: bool = False,
+    reasons: list[str] | None = None,
+) -> list[Row]:
+    """Score `samples` (one per entry, in order) and package them as rows, each with how it ended
+    (`metadata["finish_reason"]`: `reasons[i]`, else the sample's own or its status's) and where its prompt came
+    from; a rollout fails only if the reward failed on every sample."""
+    scored = await score_samples(scorer, samples, group_rm)
+    extra = [
+        {
+            "finish_reason": reasons[i] if reasons else _reason(s),
+            "prompt_row": e.prompt.row,
+            **({"eval_dataset": e.dataset} if e.dataset is not None else {}),
+        }
+        for i, (e, s) in enumerate(zip(entries, samples, strict=True))
+    ]
+    rows = package(samples, scored, rollout_id, extra)
+    failed = [x for x in rows if x.status == "failed"]
+    if rows and len(failed) == len(rows):
         raise RuntimeError(
             f"rollout {rollout_id}: the reward {scorer.name} failed on every sample, e.g. sample "
             f"{failed[0].sample_index}: {failed[0].metadata['reward_error']}"
         )
-    return samples
+    return rows
 
 
-def _label_text(label: Any) -> str:
-    """The label column is text: strings as they are, anything else as JSON (None -> "")."""
-    if label is None:
-        return ""
-    return label if isinstance(label, str) else json.dumps(label, sort_keys=True, ensure_ascii=False)
+def _reason(s: Sample) -> str:
+    """How a plug-in's sample ended: what its metadata says, else its status's reason."""
+    given = s.metadata.get("finish_reason")
+    if isinstance(given, str):
+        return given
+    return "length" if s.status is Sample.Status.TRUNCATED else "stop"
 
 
 def split_for_engines(entries: list[Entry], num_engines: int) -> list[list[Entry]]:

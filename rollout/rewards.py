@@ -6,7 +6,9 @@ number, or a dict whose `--reward-key` entry is the number. Two calling conventi
 custom function, so that a slime reward module works unchanged:
 
 - keywords: `def rm(prompt, response, label, metadata)` (any subset, or `**kwargs`);
-- slime's: `async def rm(args, sample)` with `sample.prompt / .response / .label / .metadata`.
+- slime's: `async def rm(args, sample)` with slime's `Sample` (rollout/sample.py) and the run's whole `args`
+  (rollout/slime_args.py); a `(*args, **kwargs)` wrapper is called this way too. With `--group-rm`,
+  `rm(args, samples)` once per group (rollout/scoring.py).
 
 Sync and async functions both work. Rewards run in the orchestrating process, never inside an engine.
 A reward that raises marks its sample `failed` (reward 0, excluded from the loss, the exception text in
@@ -25,12 +27,13 @@ import math
 import re
 import threading
 import time
+from argparse import Namespace
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from rollout.extensions import load_function
+from rollout.sample import reward_sample
 
 BOXED = "boxed_"
 
@@ -194,6 +197,8 @@ class RewardRequest:
     label: Any
     metadata: dict[str, Any]
     sample_index: int
+    # the slime-shaped sample (rollout.sample.Sample) handed to an (args, sample) reward; None = made from the above
+    sample: Any = None
 
 
 class Scorer:
@@ -218,9 +223,15 @@ class Scorer:
             )
         self.builtin = not custom_rm_path
         self.reward_key = reward_key
-        self.args = SimpleNamespace(
-            rm_type=rm_type, custom_rm_path=custom_rm_path, reward_key=reward_key, **(settings or {})
-        )  # slime's `args`, for slime-style functions
+        # slime's `args`, for slime-style functions: `settings` is the run's whole config (rollout.slime_args)
+        self.args = Namespace(
+            **{
+                **(settings or {}),
+                "rm_type": rm_type,
+                "custom_rm_path": custom_rm_path,
+                "reward_key": reward_key,
+            }
+        )
         self._style = "builtin" if self.builtin else _calling_style(self.fn, custom_rm_path or "")
         # the built-in rules are ours and never wait on anything: they run inline, at no cost
         self.timeout = None if self.builtin else timeout
@@ -309,15 +320,7 @@ class Scorer:
         if self._style == "builtin":
             return self.fn(r.response, r.label)
         if self._style == "slime":
-            sample = SimpleNamespace(
-                prompt=r.prompt,
-                response=r.response,
-                label=r.label,
-                metadata=r.metadata,
-                index=r.sample_index,
-                status="completed",
-            )
-            return self.fn(self.args, sample)
+            return self.fn(self.args, reward_sample(r))
         given = {"prompt": r.prompt, "response": r.response, "label": r.label, "metadata": r.metadata}
         return self.fn(**{k: v for k, v in given.items() if self._style == "kwargs" or k in self._style})
 
@@ -421,7 +424,8 @@ def _calling_style(fn: Callable[..., Any], path: str) -> Any:
             return "kwargs"
         return frozenset(names & known)
     positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) >= 2:
+    # (*args, **kwargs): a wrapper without functools.wraps, called as slime calls every reward
+    if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params.values()):
         return "slime"
     raise ValueError(
         f"--custom-rm-path {path}: cannot call {getattr(fn, '__name__', fn)}{inspect.signature(fn)}: "

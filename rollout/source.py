@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from engines.base import SamplingParams
 from rollout.data import Keys, PromptSet, load_prompts, tokenizer_at
 from rollout.rewards import Scorer
+from rollout.slime_args import slime_args
 from rollout.template import Stops, resolve_stops
 
 if TYPE_CHECKING:
@@ -114,10 +115,7 @@ def _stops(cfg: RunConfig, tok: Any) -> Stops:
 def _scorers(cfg: RunConfig) -> tuple[Scorer, Scorer]:
     """The train and eval reward scorers."""
     r = cfg.reward
-    settings = {
-        "n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
-        "rollout_seed": cfg.rollout.rollout_seed,
-    }
+    settings = vars(slime_args(cfg))  # slime's `args`: the whole config
     scorer = Scorer(r.rm_type, r.custom_rm_path, r.reward_key, settings, r.rm_timeout)
     eval_scorer = Scorer(
         r.rm_type, r.custom_rm_path, r.eval_reward_key or r.reward_key, settings, r.rm_timeout
