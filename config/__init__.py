@@ -12,6 +12,7 @@ from config.base import Section
 from config.debug import RECORDING_FORMATS, CIConfig, DebugConfig
 from config.ops import FaultConfig, LoggingConfig, WandbMode
 from config.placement import SLOT_RESOURCE, PlacementConfig
+from config.plugins import LossConfig
 from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
 from config.run import SECTIONS, RunConfig, dump_yaml, load_yaml
 from config.train import CheckpointConfig, TrainConfig
@@ -27,6 +28,7 @@ __all__ = [
     "EvalConfig",
     "FaultConfig",
     "LoggingConfig",
+    "LossConfig",
     "PlacementConfig",
     "RewardConfig",
     "RolloutConfig",

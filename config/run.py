@@ -16,6 +16,7 @@ from config.base import Section
 from config.debug import CIConfig, DebugConfig, check_debug
 from config.ops import FaultConfig, LoggingConfig
 from config.placement import PlacementConfig, check_placement
+from config.plugins import LossConfig
 from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
 from config.train import CheckpointConfig, TrainConfig, check_parallelism
 
@@ -52,6 +53,7 @@ class RunConfig(Section):
     reward: RewardConfig = RewardConfig()
     eval: EvalConfig = EvalConfig()
     train: TrainConfig = TrainConfig()
+    loss: LossConfig = LossConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     debug: DebugConfig = DebugConfig()
     ci: CIConfig = CIConfig()
@@ -213,6 +215,7 @@ SECTIONS: dict[str, type[Section]] = {
     "reward": RewardConfig,
     "eval": EvalConfig,
     "train": TrainConfig,
+    "loss": LossConfig,
     "checkpoint": CheckpointConfig,
     "debug": DebugConfig,
     "ci": CIConfig,

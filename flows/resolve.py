@@ -283,6 +283,11 @@ def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tup
         check_paths(cfg)
     try:
         source = rollout_source(cfg, tokenizer=tokenizer)
+        # the trainers import it again; a bad path is named here, before anything starts
+        if cfg.loss.loss_type == "custom_loss":
+            from trainers.custom_loss import resolve_loss
+
+            resolve_loss(cfg.loss.loss_type, cfg.loss.custom_loss_function_path)
     except (DataError, ExtensionError) as e:
         raise ValueError(str(e)) from None
     if cfg.data.apply_chat_template and source.train is not None:

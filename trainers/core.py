@@ -48,6 +48,7 @@ from trainers.advantages import get_advantage_estimator
 from trainers.base import AlreadyApplied
 from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
 from trainers.collectives import all_reduce_sum
+from trainers.custom_loss import build_batch, plugin_loss, resolve_loss
 from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
 from trainers.lr_schedule import lr_lambda
 from trainers.rollout_stats import logprob_stats
@@ -131,6 +132,8 @@ class TrainerCore(abc.ABC):
         self._perf: dict[str, float] = {}  # seconds of the last rollout's stages on this rank (see perf())
         self.faults = FaultInjector([], "trainer", rank)  # the actor arms it with the run's fault hooks
         self.run_id = ""  # the run this trainer works for (set by the actor; recorded in checkpoints)
+        # --loss-type sft_loss / custom_loss (None: the policy loss); a plug-in that does not import fails here
+        self._plugin_loss = resolve_loss(settings.loss_type, settings.custom_loss_function_path)
 
     # -- hooks: what a backend provides --------------------------------------------------------------
     @abc.abstractmethod
@@ -475,6 +478,18 @@ class TrainerCore(abc.ABC):
         metrics, sums over the micro-batch already divided by the global batch size. `adv`: [B].
         `outputs`: this micro-batch's `_token_outputs`, when the caller already ran the forward."""
         width, dev = mb.response_tokens.shape[1], self.device
+        if self._plugin_loss is not None:
+            plugin_batch = build_batch(batch, adv, old, use_rollout_lp=use_rollout_lp, device=dev)
+            loss, metrics = plugin_loss(
+                self._plugin_loss,
+                self.s.custom_loss_function_path or self.s.loss_type,
+                self.s.plugin_args,
+                plugin_batch,
+                self._response_logits(self.model, mb),
+                normaliser=float(self.s.global_batch_size),
+            )
+            loss.backward()
+            return metrics
         log_probs, entropy = outputs if outputs is not None else self._token_outputs(self.model, mb)
         ref = (
             pad_rows([old[s.sample_index]["ref_log_probs"] for s in batch], width).to(dev)

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from config import RunConfig
+from rollout.slime_args import slime_args
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,9 @@ class TrainerSettings:
     kl_loss_type: str
     use_rollout_logprobs: bool
     fuse_first_step: bool  # the log-prob pass also runs the first step's forward/backward (see TrainerCore)
+    loss_type: str  # slime's --loss-type (trainers/custom_loss.py for the non-policy ones)
+    custom_loss_function_path: str | None
+    plugin_args: dict[str, Any]  # slime's `args` (rollout/slime_args.py) as a loss plug-in receives them
     # debugging, checks and checkpoints
     deterministic_collective: bool
     disable_optimizer: bool
@@ -85,8 +90,13 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         use_rollout_logprobs=t.use_rollout_logprobs,
         # the --ci-test KL checker compares the first step's log-probs with those of a separate forward
         fuse_first_step=not (
-            cfg.debug.debug_separate_logprob_pass or (ci.ci_test and not ci.ci_disable_kl_checker)
+            cfg.debug.debug_separate_logprob_pass
+            or (ci.ci_test and not ci.ci_disable_kl_checker)
+            or cfg.loss.loss_type != "policy_loss"  # a plug-in loss needs the logits, not the fused outputs
         ),
+        loss_type=cfg.loss.loss_type,
+        custom_loss_function_path=cfg.loss.custom_loss_function_path,
+        plugin_args=vars(slime_args(cfg)),
         deterministic_collective=cfg.debug.debug_deterministic_collective,
         disable_optimizer=cfg.debug.debug_disable_optimizer,
         # the --ci-test log-prob checker compares with the reference model's log-probs
