@@ -198,8 +198,9 @@ class RewardConfig(Section):
 
     rm_type: str | None = Field(
         None,
-        description="Built-in reward (exact_match, math, deepscaler, f1, tiny-arith, long-arith; a boxed_ prefix scores the last "
-        "\\boxed{...}); None = the recipe's when it supplies the data.",
+        description="Built-in reward: slime's math, deepscaler, dapo, f1, gpqa, remote_rm (with --rm-url), random "
+        "(scored as slime scores them), or exact_match, tiny-arith, long-arith; a boxed_ prefix scores the last "
+        "\\boxed{...}; None = the recipe's when it supplies the data.",
     )
     custom_rm_path: str | None = Field(
         None,
@@ -215,11 +216,17 @@ class RewardConfig(Section):
         "reward(args, samples) and returns one reward per sample (slime's --group-rm).",
     )
     eval_reward_key: str | None = Field(None, description="--reward-key for eval; None = --reward-key.")
+    rm_url: str | None = Field(
+        None,
+        description="URL of the reward server of --rm-type remote_rm: each sample is POSTed to it as JSON "
+        "{prompt, response, label} and its JSON answer is the reward (slime's).",
+    )
     rm_timeout: float | None = Field(
         5.0,
         gt=0,
         le=86_400,
-        description="Seconds one call of the --custom-rm-path reward may take for one sample before it is "
+        description="Seconds one call of the --custom-rm-path reward (or one remote_rm request, retries "
+        "included) may take for one sample before it is "
         "abandoned and the sample marked failed, with a warning; None = no limit (the reward then runs on "
         "the rollout actor's main thread, as a reward that sets signal.alarm itself needs).",
     )

@@ -587,7 +587,8 @@ def _refuse_shared_outputs(cfg: RunConfig, original: Path, given: str) -> None:
 
 
 def _dry_run(cfg: RunConfig) -> int:
-    """`run --dry-run`: resolve everything that can be resolved without building or starting anything."""
+    """`run --dry-run`: resolve everything that can be resolved without building or starting anything, and call
+    the reward on a few rows."""
     from flows.resolve import apply_recipe, describe, resolve
     from recipes.registry import get_recipe
 
@@ -598,6 +599,9 @@ def _dry_run(cfg: RunConfig) -> int:
         ).tokenizer()  # the recipe's model is not built yet; its tokenizer is
     resolved, source = resolve(cfg, build=False, tokenizer=tokenizer)
     print(describe(resolved, source))
+    from rollout.reward_check import check_run_reward
+
+    print(check_run_reward(resolved, source))  # a broken reward is named here, before anything starts
     return 0
 
 

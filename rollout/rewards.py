@@ -10,6 +10,10 @@ custom function, so that a slime reward module works unchanged:
   (rollout/slime_args.py); a `(*args, **kwargs)` wrapper is called this way too. With `--group-rm`,
   `rm(args, samples)` once per group (rollout/scoring.py).
 
+The built-in rules mean what slime's `--rm-type` rules mean, score for score (rollout/rm_hub/): math,
+deepscaler, dapo, f1, gpqa, remote_rm (with --rm-url), random, each also with a `boxed_` prefix that scores
+the last `\\boxed{...}` of the response; plus rollflow's own exact_match, tiny-arith and long-arith.
+
 Sync and async functions both work. Rewards run in the orchestrating process, never inside an engine.
 A reward that raises marks its sample `failed` (reward 0, excluded from the loss, the exception text in
 its metadata); a rollout fails only if every sample failed. A custom reward that does not return within
@@ -20,11 +24,11 @@ a finite number is a bug in the reward, and the error names the sample.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import inspect
 import logging
 import math
-import re
 import threading
 import time
 from argparse import Namespace
@@ -36,6 +40,7 @@ from rollout.extensions import load_function
 from rollout.sample import reward_sample
 
 BOXED = "boxed_"
+REMOTE = "remote_rm"
 
 
 # -- built-in rules --------------------------------------------------------------------------------------
@@ -44,125 +49,69 @@ def exact_match(response: str, label: Any) -> float:
     return 1.0 if response.strip() == str(label).strip() else 0.0
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces balanced; None if there is none."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth = 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j]
-    return None  # unbalanced: no answer
+def random_reward(response: str, label: Any, prompt: str, sample_index: int) -> float:
+    """slime's `random`: 0 or 1 with equal odds, drawn here from a hash of the sample so that a replay of the
+    same rollout scores it the same."""
+    digest = hashlib.sha256(f"{prompt}\0{response}\0{label}\0{sample_index}".encode()).digest()
+    return float(digest[0] & 1)
 
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?%?|-?\.\d+%?")
-
-
-def _to_number(text: str) -> float | None:
-    """A number written as 12, -3.5, 1,234, 3/4 or 50% (and wrapped in $...$ or \\text{}); None otherwise."""
-    t = text.strip().strip("$").replace("\\!", "").replace("\\,", "").replace(" ", "")
-    t = re.sub(r"\\text\{([^}]*)\}", r"\1", t).rstrip(".")
-    percent = t.endswith("%") or t.endswith("\\%")
-    t = t.removesuffix("\\%").removesuffix("%")
-    frac = re.fullmatch(r"\\d?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", t)
-    try:
-        if frac:
-            value = float(frac.group(1)) / float(frac.group(2))
-        elif re.fullmatch(r"-?\d+/\d+", t):
-            num, den = t.split("/")
-            value = float(num) / float(den)
-        elif re.fullmatch(r"-?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?|-?\.\d+", t):
-            value = float(t.replace(",", ""))
-        else:
-            return None
-    except (ValueError, ZeroDivisionError):
-        return None
-    return value / 100 if percent else value
-
-
-def math_answer(response: str, label: Any) -> float:
-    """1.0 iff the response's answer equals the label: the answer is the last `\\boxed{...}`, else the last
-    number in the text; compared numerically (rel 1e-6) when both are numbers, else as whitespace-free text."""
-    answer = last_boxed(response)
-    if answer is None:
-        numbers = _NUMBER.findall(response)
-        answer = numbers[-1] if numbers else None
-    if answer is None:
-        return 0.0
-    return 1.0 if _same_answer(answer, label) else 0.0
-
-
-def _same_answer(answer: str, label: Any) -> bool:
-    """Numerically equal (rel 1e-6) when both parse as numbers, else equal as whitespace-free text; a boxed
-    label is unboxed first."""
-    truth = str(label)
-    truth = last_boxed(truth) or truth
-    a, b = _to_number(answer), _to_number(truth)
-    if a is not None and b is not None:
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
-    return answer.replace(" ", "") == truth.replace(" ", "")
-
-
-def deepscaler(response: str, label: Any) -> float:
-    """slime's `deepscaler` rule: only the text after the reasoning (after the last `</think>`, or after
-    `###Response`) counts, and its last `\\boxed{...}` must equal the label; anything else scores 0."""
-    if "</think>" in response:
-        solution = response.split("</think>")[-1]
-    elif "###Response" in response:
-        solution = response.split("###Response")[1]
-    else:
-        return 0.0
-    answer = last_boxed(solution)
-    if answer is None or str(label) == "":
-        return 0.0
-    return 1.0 if _same_answer(answer, label) else 0.0
-
-
-def f1(response: str, label: Any) -> float:
-    """Token-level F1 between the whitespace-split response and label (SQuAD-style, lowercased)."""
-    pred, gold = response.lower().split(), str(label).lower().split()
-    common = sum(min(pred.count(w), gold.count(w)) for w in set(pred))
-    if not pred or not gold or not common:
-        return 0.0
-    p, r = common / len(pred), common / len(gold)
-    return 2 * p * r / (p + r)
-
-
-# name -> the rule, or "module:attr" for a rule that lives with its recipe (imported when named)
-BUILTIN_REWARDS: dict[str, Callable[[str, Any], float] | str] = {
+# name -> the rule, or "module:attr" for a rule imported when named (sympy is slow to import)
+BUILTIN_REWARDS: dict[str, Callable[..., Any] | str] = {
     "exact_match": exact_match,
-    "math": math_answer,
-    "deepscaler": deepscaler,
-    "f1": f1,
+    "math": "rollout.rm_hub.mathd:math_reward",
+    "deepscaler": "rollout.rm_hub.mathd:deepscaler_reward",
+    "dapo": "rollout.rm_hub.dapo:dapo_reward",
+    "f1": "rollout.rm_hub.qa:f1_reward",
+    "gpqa": "rollout.rm_hub.qa:gpqa_reward",
+    "random": random_reward,
+    REMOTE: "rollout.rm_hub.remote:remote_reward",
     "tiny-arith": "recipes.tiny_arith.reward:reward",
     "long-arith": "recipes.long_arith.reward:reward",
+}
+# what a rule takes of the sample besides (response, label)
+_RULE_EXTRAS: dict[str, tuple[str, ...]] = {"gpqa": ("metadata",), "random": ("prompt", "sample_index")}
+# slime rules rollflow does not run, and what to do instead
+_NOT_BUILTIN = {
+    "ifbench": "slime's ifbench clones github.com/allenai/IFBench and pip-installs its requirements when first "
+    "imported, which rollflow does not do at run time: install IFBench yourself and give --custom-rm-path a "
+    "function (args, sample) that scores with its evaluation_lib",
 }
 
 
 # built-in rules whose label must be text: they call str methods on it; the others compare with str(label), so a
 # number works too (any other type scores 0 for every sample, or fails it)
-TEXT_LABELS = frozenset({"tiny-arith", "long-arith"})
+TEXT_LABELS = frozenset({"tiny-arith", "long-arith", "f1"})
+# rules that take the label as the row gives it (metadata, or the server, reads it)
+ANY_LABEL = frozenset({"gpqa", "random", REMOTE})
 
 
 def label_problem(rm_type: str, label: Any) -> str | None:
     """Why the built-in reward `rm_type` cannot score against `label` (a bool, a list, a dict, null, or a number
-    where it needs text); None when it can, or when `rm_type` is not a built-in."""
+    where it needs text; for dapo, no integer); None when it can, or when `rm_type` is not a built-in."""
     name = rm_type.removeprefix(BOXED)
-    if name not in BUILTIN_REWARDS:
+    if name not in BUILTIN_REWARDS or name in ANY_LABEL:
         return None
     wanted: tuple[type, ...] = (str,) if name in TEXT_LABELS else (str, int, float)
-    if isinstance(label, wanted) and not isinstance(label, bool):
-        return None
-    names = "a string" if name in TEXT_LABELS else "a string or a number"
-    return f"--rm-type {rm_type} expects {names} as the label, got {type(label).__name__} {str(label)[:60]!r}"
+    if not isinstance(label, wanted) or isinstance(label, bool):
+        names = "a string" if name in TEXT_LABELS else "a string or a number"
+        return f"--rm-type {rm_type} expects {names} as the label, got {type(label).__name__} {str(label)[:60]!r}"
+    if name == "dapo":
+        from rollout.rm_hub.dapo import integer_label
+
+        try:
+            integer_label(label)
+        except ValueError as e:
+            return f"--rm-type {rm_type}: {e}"
+    return None
 
 
-def builtin_reward(rm_type: str) -> Callable[[str, Any], float]:
-    """The rule called `rm_type` (a `boxed_` prefix first extracts the last \\boxed{...} of the response)."""
+def builtin_reward(rm_type: str) -> Callable[..., Any]:
+    """The rule called `rm_type` (a `boxed_` prefix first extracts the last \\boxed{...} of the response, as
+    slime does). It takes (response, label) and, for gpqa and random, the sample fields in `_RULE_EXTRAS`."""
     name = rm_type.removeprefix(BOXED)
+    if name in _NOT_BUILTIN:
+        raise ValueError(f"--rm-type {rm_type}: {_NOT_BUILTIN[name]}")
     if name not in BUILTIN_REWARDS:
         raise ValueError(
             f"--rm-type {rm_type!r}: unknown; built-ins are {sorted(BUILTIN_REWARDS)} "
@@ -172,10 +121,28 @@ def builtin_reward(rm_type: str) -> Callable[[str, Any], float]:
     if isinstance(rule, str):
         module, _, attr = rule.partition(":")
         rule = getattr(importlib.import_module(module), attr)
-    if rm_type.startswith(BOXED):
+    if rm_type.startswith(BOXED) and name != REMOTE:  # slime posts the whole response to a remote_rm
+        from rollout.rm_hub.mathd import boxed_answer
+
         inner = rule
-        return lambda response, label: inner(last_boxed(response) or "", label)
+        return lambda response, label, *extras: inner(boxed_answer(response) or "", label, *extras)
     return rule
+
+
+def probe_response(rm_type: str | None, label: Any) -> str:
+    """A response that answers `label` the way the rule `rm_type` reads an answer: what `rollflow run --dry-run`
+    scores on a few rows, so that a rule that raises or returns no number is found before anything starts."""
+    name = (rm_type or "").removeprefix(BOXED)
+    text = "" if label is None else str(label)
+    if rm_type and rm_type.startswith(BOXED) or name == "math":
+        return f"The answer is \\boxed{{{text}}}."
+    if name == "deepscaler":
+        return f"<think>Work it out.</think> The answer is \\boxed{{{text}}}."
+    if name == "dapo":
+        return f"Work it out.\nAnswer: {text}"
+    if name == "gpqa":
+        return f"The answer is {text}"
+    return text
 
 
 # -- scoring -----------------------------------------------------------------------------------------------
@@ -233,7 +200,9 @@ class Scorer:
             }
         )
         self._style = "builtin" if self.builtin else _calling_style(self.fn, custom_rm_path or "")
-        # the built-in rules are ours and never wait on anything: they run inline, at no cost
+        self._builtin_setup(rm_type or "", timeout)
+        # the built-in rules are ours and never wait on anything: they run inline, at no cost (remote_rm
+        # bounds its own requests)
         self.timeout = None if self.builtin else timeout
         self._in_thread = self.timeout is not None and not inspect.iscoroutinefunction(self.fn)
 
@@ -243,10 +212,40 @@ class Scorer:
         rollout's scoring and write). With a timeout, a call that has not returned after `timeout` seconds
         fails its sample (`RewardTimeout`) and is abandoned, with a warning naming the reward and the sample;
         the other samples score as they would without it."""
+        if self._style == REMOTE:
+            from rollout.rm_hub import remote
+
+            async with remote.client() as http:  # one connection pool per batch
+                posts = [self.fn(http, self._url, _payload(r), self._remote_timeout) for r in requests]
+                return await self._scored(requests, posts)
         if self._in_thread:
             values = await self._in_order(requests)
         else:
             values = [self._guarded(r) for r in requests]
+        return await self._scored(requests, values)
+
+    def _builtin_setup(self, rm_type: str, timeout: float | None) -> None:
+        """What a built-in rule needs besides (response, label), checked before anything runs: remote_rm its
+        --rm-url, dapo (whose value is a dict) its --reward-key."""
+        name = rm_type.removeprefix(BOXED)
+        self._extras = _RULE_EXTRAS.get(name, ()) if self.builtin else ()
+        self._url: str | None = getattr(self.args, "rm_url", None)
+        self._remote_timeout = timeout
+        if not self.builtin:
+            return
+        if name == REMOTE:
+            if not self._url:
+                raise ValueError(
+                    f"--rm-type {rm_type} posts each sample to a reward server: give --rm-url URL"
+                )
+            self._style = REMOTE
+        if name == "dapo" and self.reward_key is None:
+            raise ValueError(
+                f"--rm-type {rm_type} returns a dict {{score, acc, pred}}, as slime's: give --reward-key score"
+            )
+
+    async def _scored(self, requests: list[RewardRequest], values: list[Any]) -> list[Scored]:
+        """The scores of a reward's `values` for `requests` (values, awaitables or failures, in order)."""
         waiting = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
         if waiting:
             done = await asyncio.gather(*[self._awaited(values[i], requests[i]) for i in waiting])
@@ -318,7 +317,7 @@ class Scorer:
 
     def _call(self, r: RewardRequest) -> Any:
         if self._style == "builtin":
-            return self.fn(r.response, r.label)
+            return self.fn(r.response, r.label, *(getattr(r, k) for k in self._extras))
         if self._style == "slime":
             return self.fn(self.args, reward_sample(r))
         given = {"prompt": r.prompt, "response": r.response, "label": r.label, "metadata": r.metadata}
@@ -342,11 +341,20 @@ class Scorer:
         if isinstance(value, bool):
             value = float(value)
         if not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(
+            raise RewardValueError(
                 f"reward {self.name} returned {value!r} ({type(value).__name__}) for sample "
-                f"{r.sample_index} (prompt {r.prompt[:60]!r}): expected a finite number"
+                f"{r.sample_index} (prompt {r.prompt[:60]!r}): expected a finite number",
+                returned=f"{value!r}"[:80] + f" ({type(value).__name__})",
             )
         return Scored(float(value), extra=_jsonable(extra))
+
+
+class RewardValueError(ValueError):
+    """A reward that returned something other than a finite number; `returned` says what, briefly."""
+
+    def __init__(self, message: str, returned: str) -> None:
+        super().__init__(message)
+        self.returned = returned
 
 
 class RewardTimeout(TimeoutError):
@@ -404,6 +412,11 @@ class _Worker:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _payload(r: RewardRequest) -> dict[str, Any]:
+    """What slime's remote_rm posts for a sample."""
+    return {"prompt": r.prompt, "response": r.response, "label": r.label}
 
 
 def _failed(e: Exception) -> Scored:
