@@ -113,6 +113,12 @@ class LoggingConfig(Section):
     wandb_group: str | None = Field(
         None, description="W&B group that gathers related runs; the W&B run itself is named --name."
     )
+    wandb_host: str | None = Field(
+        None,
+        description="W&B server URL (slime's wandb.login host, e.g. a self-hosted W&B); None = W&B's default. "
+        "Used only with --use-wandb. (--wandb-key, the API key, sets WANDB_API_KEY for the run and is never "
+        "written to config.yaml.)",
+    )
     wandb_mode: WandbMode | None = Field(
         None,
         description="online, offline (written locally, `wandb sync` uploads it later) or disabled; "

@@ -11,6 +11,8 @@ which nodes a role's bundles may go to.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, field_validator
 
 from config.base import Section
@@ -26,14 +28,17 @@ class PlacementConfig(Section):
         None,
         ge=1,
         le=4096,
-        description="Trainer ranks per node: GPUs on a GPU cluster, processes on CPU; None = the trainer world size "
-        "(--tensor-model-parallel-size x --data-parallel-size) / --actor-num-nodes. --actor-num-nodes x "
-        "this must equal that world size.",
+        description="Trainer ranks per node: GPUs on a GPU cluster, processes on CPU. As in slime, --actor-num-nodes "
+        "x this is the trainer world size and gives --data-parallel-size (world / --tensor-model-parallel-size) "
+        "when that is not given; None (slime's default is 8) = the world size "
+        "--tensor-model-parallel-size x --data-parallel-size over --actor-num-nodes.",
     )
     colocate: bool = Field(
         False,
         description="Engines share the trainers' slots (fractional requests, slime's --colocate) instead of "
-        "slots of their own; the engines release their memory while the trainers work, as always.",
+        "slots of their own; as in slime, --rollout-num-gpus is then the trainers' slot count unless given (so "
+        "--rollout-num-gpus-per-engine gives the engine count). The engines release their memory while the "
+        "trainers work, as always.",
     )
     slot_resource: str = Field(
         SLOT_RESOURCE,
@@ -114,3 +119,50 @@ def check_placement(
             "--colocate puts the engines in the trainers' slots, so --actor-resources and "
             "--rollout-resources would have to hold on the same nodes: give --actor-resources only"
         )
+
+
+def _given(section: Any, name: str) -> tuple[bool, Any]:
+    """(given, value) of a field of a RunConfig input section: a mapping's key, or a model's set field."""
+    if isinstance(section, dict):
+        return name in section, section.get(name)
+    if section is not None and hasattr(section, "model_fields_set"):
+        return name in section.model_fields_set, getattr(section, name)
+    return False, None
+
+
+def _with(section: Any, **values: Any) -> dict[str, Any]:
+    held = section if isinstance(section, dict) else {}
+    if section is not None and hasattr(section, "model_fields_set"):
+        held = section.model_dump(include=section.model_fields_set)
+    return {**held, **values}
+
+
+def derive_slots(data: dict[str, Any]) -> dict[str, Any]:
+    """slime's GPU-count flags in a RunConfig input mapping, derived as slime derives them: --actor-num-nodes x
+    --actor-num-gpus-per-node trainer slots give --data-parallel-size (over --tensor-model-parallel-size) when
+    that is not given, and --colocate makes --rollout-num-gpus those slots when neither it nor
+    --rollout-num-engines is given. A contradiction is left to `check_placement`, which names both flags."""
+    placement, train, rollout = data.get("placement"), data.get("train"), data.get("rollout")
+    out = dict(data)
+    has_gpn, gpn = _given(placement, "actor_num_gpus_per_node")
+    nodes = _given(placement, "actor_num_nodes")[1] or 1
+    has_dp, dp = _given(train, "data_parallel_size")
+    tp = _given(train, "tensor_model_parallel_size")[1] or 1
+    world = None
+    if has_gpn and isinstance(gpn, int) and isinstance(nodes, int) and isinstance(tp, int) and tp > 0:
+        world = nodes * gpn
+        if not has_dp:
+            if world % tp:
+                raise ValueError(
+                    f"--actor-num-nodes {nodes} x --actor-num-gpus-per-node {gpn} = {world} trainer slots is not a "
+                    f"multiple of --tensor-model-parallel-size {tp}"
+                )
+            out["train"] = _with(train, data_parallel_size=world // tp)
+    elif isinstance(dp, int) and isinstance(tp, int):
+        world = dp * tp
+    elif not has_dp and isinstance(tp, int):
+        world = tp  # data_parallel_size's default 1
+    if _given(placement, "colocate")[1] and world is not None:
+        if not _given(rollout, "rollout_num_gpus")[0] and not _given(rollout, "rollout_num_engines")[0]:
+            out["rollout"] = _with(rollout, rollout_num_gpus=world)
+    return out

@@ -21,7 +21,10 @@ class RolloutConfig(Section):
     )
     rollout_batch_size: int = Field(128, ge=1, le=1_000_000, description="Prompts per rollout.")
     n_samples_per_prompt: int = Field(
-        4, ge=1, le=65_536, description="Responses sampled per prompt (the GRPO group size)."
+        1,
+        ge=1,
+        le=65_536,
+        description="Responses sampled per prompt (the GRPO group size; slime's default 1).",
     )
     rollout_max_response_len: int = Field(6, ge=1, le=10_000_000, description="Max new tokens per response.")
     rollout_temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
@@ -106,15 +109,16 @@ class EvalConfig(Section):
     """Held-out evaluation."""
 
     eval_interval: int | None = Field(
-        10,
+        None,
         ge=1,
-        description="Evaluate every N rollouts (and at rollout 0 and after the last); None disables eval.",
+        description="Evaluate every N rollouts (and at rollout 0 and after the last); None disables eval "
+        "(slime's default; the recipes evaluate every 10).",
     )
     n_samples_per_eval_prompt: int = Field(
-        4,
+        1,
         ge=1,
-        description="Samples per eval prompt (slime's default is 1; 4 keeps tiny-arith's eval noise near "
-        "one point).",
+        description="Samples per eval prompt (slime's default 1; the recipes take 4, which keeps tiny-arith's "
+        "eval noise near one point).",
     )
     eval_temperature: float | None = Field(
         None, gt=0.0, description="Eval sampling temperature; None = rollout's."

@@ -10,14 +10,17 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ModelWrapValidatorHandler, field_validator, model_validator
 
+from config.arch import ArchConfig
 from config.base import Section
 from config.debug import CIConfig, DebugConfig, check_debug
 from config.ops import FaultConfig, LoggingConfig
-from config.placement import PlacementConfig, check_placement
+from config.placement import PlacementConfig, check_placement, derive_slots
 from config.plugins import LossConfig
+from config.presets import RECIPE_PRESETS, apply_preset
 from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
+from config.sglang import SGLangConfig
 from config.train import CheckpointConfig, TrainConfig, check_parallelism
 
 NAME_MAX = 100  # characters of a run name
@@ -30,7 +33,8 @@ class RunConfig(Section):
     name: str = Field(
         "tiny-arith",
         description=f"Run name (Prefect flow run name; the run dir runs/<name> by default): up to {NAME_MAX} "
-        "letters, digits, '_', '-' and '.', starting with a letter or digit.",
+        "letters, digits, '_', '-' and '.', starting with a letter or digit. Unset on --prompt-data: "
+        "--wandb-group, else the data file's name (with its dir's for train/test/data...).",
     )
     run_dir: str | None = Field(None, description="Run directory; None = runs/<name>.")
     recipe: Literal["tiny-arith", "long-arith"] = Field(
@@ -60,11 +64,28 @@ class RunConfig(Section):
     faults: FaultConfig = FaultConfig()
     logging: LoggingConfig = LoggingConfig()
     placement: PlacementConfig = PlacementConfig()
+    arch: ArchConfig = ArchConfig()
+    sglang: SGLangConfig = SGLangConfig()
     ref_load: str | None = Field(
         None,
         description="Reference model (an HF dir or a --save dir); also the starting weights when --load holds "
         "no checkpoint (slime's meaning); None = --hf-checkpoint.",
     )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _slime_derivations(cls, data: Any, handler: ModelWrapValidatorHandler[RunConfig]) -> RunConfig:
+        """What a launch line leaves unset: the trainer and engine counts from slime's GPU-count flags, the name of a
+        run on user data, and the recipe's preset (config/presets.py), which does not count as given (a
+        deployment's served defaults still apply over it)."""
+        if not isinstance(data, dict):
+            return handler(data)
+        derived = _name_from_data(derive_slots(data))
+        full = apply_preset(derived)
+        cfg = handler(full)
+        if full is not derived:
+            _forget_preset(cfg, derived)
+        return cfg
 
     @field_validator("name")
     @classmethod
@@ -222,7 +243,59 @@ SECTIONS: dict[str, type[Section]] = {
     "faults": FaultConfig,
     "logging": LoggingConfig,
     "placement": PlacementConfig,
+    "arch": ArchConfig,
+    "sglang": SGLangConfig,
 }
+
+
+def _forget_preset(cfg: RunConfig, given: dict[str, Any]) -> None:
+    """Mark the fields the recipe preset filled in as not given (model_fields_set), as their defaults would be."""
+    sections = set()
+    for section, values in RECIPE_PRESETS[cfg.recipe].items():
+        held = given.get(section)
+        if held is None:
+            sections.add(section)
+            keys: set[str] = set()
+        elif isinstance(held, dict):
+            keys = set(held)
+        else:
+            keys = set(held.model_fields_set)
+        model = getattr(cfg, section)
+        object.__setattr__(model, "__pydantic_fields_set__", model.model_fields_set - (set(values) - keys))
+    object.__setattr__(cfg, "__pydantic_fields_set__", cfg.model_fields_set - sections)
+
+
+# data file names that say nothing of the data: their dir's name goes first
+_GENERIC_STEMS = frozenset(
+    {"train", "test", "dev", "val", "valid", "validation", "eval", "data", "prompts", "input"}
+)
+
+
+def _name_from_data(data: dict[str, Any]) -> dict[str, Any]:
+    """A run on --prompt-data with no --name is named after --wandb-group, else its data file (runs/<name> would
+    otherwise be the same dir for every data set)."""
+    prompts = data.get("data")
+    path = prompts.get("prompt_data") if isinstance(prompts, dict) else getattr(prompts, "prompt_data", None)
+    if "name" in data or not isinstance(path, str) or not path:
+        return data
+    logging = data.get("logging")
+    group = logging.get("wandb_group") if isinstance(logging, dict) else getattr(logging, "wandb_group", None)
+    return {**data, "name": plain_name(group if isinstance(group, str) and group else _data_name(path))}
+
+
+def _data_name(path: str) -> str:
+    p = Path(path)
+    stem = p.name.split(".")[0] or p.name
+    if stem.lower() in _GENERIC_STEMS and p.parent.name:
+        return f"{p.parent.name}-{stem}"
+    return stem
+
+
+def plain_name(text: str) -> str:
+    """`text` made a run name: characters outside letters, digits, '_', '-', '.' become '-', leading ones that
+    cannot start a name are dropped, at most NAME_MAX characters; "run" when nothing is left."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", text).lstrip("_.-")[:NAME_MAX]
+    return name or "run"
 
 
 def load_yaml(path: str | Path, what: str | None = None) -> dict[str, Any]:

@@ -34,23 +34,28 @@ class TrainConfig(Section):
         1, ge=1, description="Context-parallel ranks; only 1 is supported so far (refused otherwise)."
     )
     sequence_parallel: bool = Field(
-        False, description="Megatron sequence parallelism; not supported yet (refused)."
+        False,
+        description="Megatron sequence parallelism: splits activations along the sequence over the TP ranks. "
+        "At --tensor-model-parallel-size 1 it is a no-op in Megatron and accepted; above 1 it is refused "
+        "(the megatron trainer keeps whole sequences on every TP rank: same results without it).",
     )
     global_batch_size: int | None = Field(
         128, ge=1, description="Samples per optimizer step; None = the whole rollout (one step per rollout)."
     )
     micro_batch_size: int | None = Field(
-        None,
+        1,
         ge=1,
-        description="Samples per forward/backward on one rank; None = the rank's share of the step.",
+        description="Samples per forward/backward on one rank (slime's default 1); None = the rank's share of "
+        "the step.",
     )
-    lr: float = Field(2e-4, gt=0.0, description="Peak learning rate (AdamW).")
+    lr: float = Field(1e-6, gt=0.0, description="Peak learning rate (slime's default 1e-6).")
     lr_decay_style: Literal["constant", "linear", "cosine"] = Field(
-        "cosine", description="LR schedule (decays to --min-lr over the run's optimizer steps)."
+        "linear",
+        description="LR schedule (decays to --min-lr over the run's optimizer steps; Megatron's default linear).",
     )
     lr_warmup_iters: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
     min_lr: float = Field(0.0, ge=0.0, description="Floor of the decayed LR.")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay (Megatron's default 0.01).")
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
     clip_grad: float = Field(1.0, ge=0.0, description="Max global grad norm; 0 disables clipping.")
@@ -67,7 +72,9 @@ class TrainConfig(Section):
         False, description="Add a KL(actor || reference) loss; loads a reference model."
     )
     kl_loss_coef: float = Field(0.0, ge=0.0, description="Weight of the KL loss.")
-    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = Field("low_var_kl", description="KL estimator.")
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = Field(
+        "k1", description="KL estimator (slime's default k1)."
+    )
     use_rollout_logprobs: bool = Field(
         False,
         description="Old-policy log-probs = the engine's rollout_log_probs: the trainer skips its own "
@@ -104,14 +111,15 @@ def check_parallelism(t: TrainConfig) -> None:
                 f"{flag} {value}: not supported yet (the {t.train_backend} backend runs {can} only); "
                 "leave it at 1"
             )
-    if t.sequence_parallel:
-        raise ValueError(
-            f"--sequence-parallel: not supported yet (the {t.train_backend} backend runs {can} only)"
-        )
     if t.train_backend != "megatron" and t.tensor_model_parallel_size > 1:
         raise ValueError(
             f"--tensor-model-parallel-size {t.tensor_model_parallel_size} needs --train-backend "
             f"megatron (the {t.train_backend} backend is data parallel only)"
+        )
+    if t.sequence_parallel and t.tensor_model_parallel_size > 1:
+        raise ValueError(
+            f"--sequence-parallel with --tensor-model-parallel-size {t.tensor_model_parallel_size}: rollflow's "
+            "megatron trainer keeps whole sequences on each TP rank; drop --sequence-parallel (same results)"
         )
     if t.train_backend == "megatron":
         from importlib import metadata

@@ -83,21 +83,27 @@ def _add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pr
         )
 
 
+# run flags that are not config fields: what to do with the config, and --wandb-key (a secret: it goes to the
+# environment, never into config.yaml)
+CLI_ONLY = (
+    "command",
+    "config",
+    "refresh",
+    "cron",
+    "interval",
+    "dry_run",
+    "resume",
+    "overwrite",
+    "verbose",
+    "wandb_key",
+)
+
+
 def build_config(args: argparse.Namespace) -> RunConfig:
     """YAML file (if any) overlaid with the flags given; raises ValueError naming the flag."""
     data: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
     for dest, value in vars(args).items():
-        if dest in (
-            "command",
-            "config",
-            "refresh",
-            "cron",
-            "interval",
-            "dry_run",
-            "resume",
-            "overwrite",
-            "verbose",
-        ):
+        if dest in CLI_ONLY:
             continue
         section, _, name = dest.rpartition(".")
         target = data.setdefault(section, {}) if section else data
@@ -127,10 +133,14 @@ def make_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run the RL loop (one Prefect flow run per rollout id)",
-        epilog="Defaults are the tiny-arith default run's (chosen with bench/learning.py), not slime's: "
-        "--num-rollout, --rollout-batch-size, --n-samples-per-prompt, --rollout-max-response-len, "
-        "--global-batch-size, --lr, --lr-decay-style, --eval-interval and --n-samples-per-eval-prompt. "
-        "Set them for your own model and data as you would for slime.",
+        allow_abbrev=False,  # a slime flag rollflow lacks must not be taken for a longer flag it has
+        epilog="Defaults are slime's (slime/utils/arguments.py, and Megatron's where slime keeps them). A run on a "
+        "recipe's own data (no --prompt-data) takes the recipe's tuned values for what the flags leave unset: "
+        "--n-samples-per-prompt 4, --lr 2e-4, --lr-decay-style cosine, --kl-loss-type low_var_kl, "
+        "--weight-decay 0, --micro-batch-size none, --eval-interval 10, --n-samples-per-eval-prompt 4. slime has "
+        "no default for --num-rollout, --rollout-batch-size and --rollout-max-response-len (100, 128, 6 here: set "
+        "them for your data), and leaves --global-batch-size to Megatron (128 here). slime's --sglang-* flags are "
+        "kept for an SGLang engine; architecture flags (--num-layers, ...) are checked against config.json.",
     )
     run.add_argument("--config", help="YAML file with the config (nested by section); flags override it")
     run.add_argument("--refresh", default="", help="comma-separated stages to re-run even when cached")
@@ -156,6 +166,11 @@ def make_parser() -> argparse.ArgumentParser:
         help="the full console: Prefect's log lines (task states, the `rollout N: {...}` records) and "
         "the actors' output, as logs/run.log and logs/actors.log in the run dir hold them; "
         "default: a progress bar (on a terminal), one line per rollout and a summary table",
+    )
+    run.add_argument(
+        "--wandb-key",
+        metavar="KEY",
+        help="W&B API key: sets WANDB_API_KEY for this run (slime's wandb.login key); never written to config.yaml",
     )
     _add_model_flags(run, RunConfig, "")
     for name, model in SECTIONS.items():
@@ -394,9 +409,73 @@ def server_command(port: int) -> list[str]:
     return [sys.executable, "-m", "prefect", "server", "start", "--port", str(port), "--analytics-off"]
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line parsed; for `run`, slime's other --sglang-NAME [VALUE] flags go to
+    sglang.sglang_server_args, and a flag it lacks ends the program with a one-line error that says what to do
+    (a slime flag rollflow cannot honour, or the closest flag's name)."""
+    parser = make_parser()
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    if args.command != "run":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        server_args = sglang_server_args(extra, getattr(args, "sglang.sglang_server_args", {}))
+    except ValueError as e:
+        _exit_run_error(str(e))
+    if server_args is not None:
+        setattr(args, "sglang.sglang_server_args", server_args)
+    return args
+
+
+def sglang_server_args(extra: list[str], held: dict[str, Any]) -> dict[str, Any] | None:
+    """`extra` (what `run`'s parser did not know) as SGLang server arguments over `held`: --sglang-NAME VALUE...,
+    --sglang-NAME=VALUE or a bare --sglang-NAME switch (True). None when `extra` holds none; ValueError with the
+    one-line error for the first token that is no --sglang-* flag."""
+    from config.slime_compat import unknown_flag
+
+    out, i = dict(held), 0
+    while i < len(extra):
+        token = extra[i]
+        name, eq, value = token.partition("=")
+        if not name.startswith("--sglang-") or name == "--sglang-":
+            if token.startswith("-"):
+                raise ValueError(unknown_flag(name, _run_flags()))
+            raise ValueError(f"unexpected value {token!r}: every `rollflow run` setting is a --flag")
+        key = name.removeprefix("--sglang-").replace("-", "_")
+        values, i = ([value] if eq else []), i + 1
+        while not eq and i < len(extra) and not extra[i].startswith("--"):
+            values.append(
+                extra[i]
+            )  # a list-valued server argument (--sglang-cuda-graph-bs 1 2 4) as its text
+            i += 1
+        out[key] = " ".join(values) if values else True
+    return out
+
+
+def _run_flags() -> list[str]:
+    """Every flag `rollflow run` takes."""
+    names = [flag(n) for n in RunConfig.model_fields if n not in SECTIONS]
+    names += [flag(n) for model in SECTIONS.values() for n in model.model_fields]
+    return names + [
+        "--config",
+        "--refresh",
+        "--dry-run",
+        "--resume",
+        "--overwrite",
+        "--verbose",
+        "--wandb-key",
+    ]
+
+
+def _exit_run_error(message: str) -> typing.NoReturn:
+    print(f"rollflow: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()  # the run's summary counts its wall time from here
-    args = make_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.command == "server":
         configure_prefect_env(serving=True)
         if args.database_url:
@@ -460,8 +539,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         serve_run(cfg, cron=args.cron, interval=args.interval)
         return 0
+    if args.wandb_key:
+        os.environ["WANDB_API_KEY"] = args.wandb_key
     try:
         cfg = _resumed_config(args) if args.resume else build_config(args)
+        _print_notices(cfg)
         refresh = [s for s in args.refresh.split(",") if s]
         check_stages(refresh, "--refresh")
         if args.dry_run:
@@ -525,6 +607,14 @@ def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: fl
     return 0
 
 
+def _print_notices(cfg: RunConfig) -> None:
+    """The flags this run keeps but does not act on, one console line per concern (config/slime_compat.py)."""
+    from config.slime_compat import notices
+
+    for line in notices(cfg):
+        print(f"rollflow: notice: {line}", file=sys.stderr)
+
+
 def _stopped(signal: BaseException) -> int:
     """The line of a run stopped by Ctrl-C, SIGTERM or a cancel from Prefect, and its exit code (130, 143, 1);
     `signal` stopped Ray's or Prefect's start-up when no run flow was stopped."""
@@ -541,7 +631,7 @@ def _resumed_config(args: argparse.Namespace) -> RunConfig:
     given = [
         flag(d.rpartition(".")[2])
         for d in vars(args)
-        if d not in ("command", "config", "refresh", "dry_run", "resume", "overwrite", "verbose")
+        if d not in ("command", "config", "refresh", "dry_run", "resume", "overwrite", "verbose", "wandb_key")
     ]
     if args.config:
         given.append("--config")

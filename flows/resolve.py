@@ -127,6 +127,19 @@ def _read_json(path: Path) -> Any:
         ) from None
 
 
+def check_model_args(cfg: RunConfig) -> None:
+    """slime's architecture flags (config/arch.py) against the config.json of --hf-checkpoint, when it is there
+    (the recipe's model is checked once built); ValueError naming the flag, both values and the file."""
+    from config.arch import check_arch
+
+    path = Path(cfg.hf_checkpoint or "") / "config.json"
+    if not cfg.arch.model_fields_set or not path.is_file():
+        return
+    config = _read_json(path)
+    if isinstance(config, dict):
+        check_arch(cfg.arch, config, str(path))
+
+
 def model_positions(checkpoint: str | None) -> int | None:
     """The model's `max_position_embeddings` from its config.json (None: no config.json yet, or no such key)."""
     path = Path(checkpoint or "") / "config.json"
@@ -171,7 +184,7 @@ def check_lengths(cfg: RunConfig, source: RolloutSource) -> None:
 def check_labels(cfg: RunConfig, source: RolloutSource) -> None:
     """Every label is of the type the built-in `--rm-type` compares against (a `--custom-rm-path` reward takes
     what it takes); ValueError naming the file, row and key."""
-    from rollout.rewards import BOXED, BUILTIN_REWARDS, label_problem
+    from rollout.rewards import ANY_LABEL, BOXED, BUILTIN_REWARDS, builtin_reward, label_problem, sample_rule
 
     rm, d = cfg.reward.rm_type, cfg.data
     if cfg.reward.custom_rm_path is not None or rm is None or rm.removeprefix(BOXED) not in BUILTIN_REWARDS:
@@ -183,14 +196,23 @@ def check_labels(cfg: RunConfig, source: RolloutSource) -> None:
         if prompts is None:
             continue
         if key is None:
+            if rm.removeprefix(BOXED) in ANY_LABEL:  # a coin, a server or the row's metadata needs none
+                continue
             raise ValueError(
                 f"{data_flag} {prompts.path}: --rm-type {rm} compares each response with a label, but no "
                 f"{key_flag} names the row key that holds it"
             )
+        unit, known = ("line" if prompts.path.endswith(".jsonl") else "row"), set()
         for p in prompts.prompts:
-            why = label_problem(rm, p.label)
+            rule = sample_rule(p.metadata, rm)
+            if rule != rm and rule not in known:  # a row's own rule (slime's metadata rm_type) must exist
+                try:
+                    builtin_reward(rule)
+                except ValueError as e:
+                    raise ValueError(f"{data_flag} {prompts.path} {unit} {p.row}: metadata {e}") from None
+                known.add(rule)
+            why = label_problem(rule, p.label)
             if why:
-                unit = "line" if prompts.path.endswith(".jsonl") else "row"
                 raise ValueError(f"{data_flag} {prompts.path} {unit} {p.row}: {key_flag} {key!r}: {why}")
 
 
@@ -281,6 +303,7 @@ def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tup
     cfg = apply_recipe(cfg, build=build)
     if build or given:
         check_paths(cfg)
+    check_model_args(cfg)
     try:
         source = rollout_source(cfg, tokenizer=tokenizer)
         # the trainers import it again; a bad path is named here, before anything starts

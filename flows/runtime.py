@@ -186,7 +186,8 @@ def _start_point(cfg: RunConfig, lock: IO[str], *, resume: bool, overwrite: bool
         owner = f"run {previous.run_id}" if previous else "another run"
         raise ValueError(
             f"run dir {run_dir} holds the records of {owner}: continue it with "
-            f"`rollflow run --resume {run_dir}`, or replace them with --overwrite"
+            f"`rollflow run --resume {run_dir}`, start a new run beside it with --name NEW_NAME, or replace "
+            "them with --overwrite"
         )
     if (
         own_checkpoint and previous is not None and load is not None

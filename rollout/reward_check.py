@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from rollout.data import PromptSet
-from rollout.rewards import RewardValueError, Scorer, probe_response
+from rollout.rewards import RewardValueError, Scorer, probe_response, sample_rule
 from rollout.sample import Sample
 from rollout.scoring import score_samples
 
@@ -25,7 +25,7 @@ def check_reward(
     unit = "line" if prompts.path.endswith(".jsonl") else "row"
     rewards = []
     for i, p in enumerate(prompts.prompts[:ROWS]):
-        response = probe_response(rm_type, p.label)
+        response = probe_response(rm_type and sample_rule(p.metadata, rm_type), p.label)
         where = (
             f"{flag} {prompts.path} {unit} {p.row} (label {str(p.label)[:60]!r}, response {response[:80]!r})"
         )

@@ -106,6 +106,13 @@ def label_problem(rm_type: str, label: Any) -> str | None:
     return None
 
 
+def sample_rule(metadata: Any, rm_type: str) -> str:
+    """The built-in rule that scores a sample: its metadata's `rm_type` when it names one (slime's per-sample
+    choice, e.g. a dataset of a multi-task eval), else `rm_type` (--rm-type)."""
+    own = metadata.get("rm_type") if isinstance(metadata, dict) else None
+    return own.strip() if isinstance(own, str) and own.strip() else rm_type
+
+
 def builtin_reward(rm_type: str) -> Callable[..., Any]:
     """The rule called `rm_type` (a `boxed_` prefix first extracts the last \\boxed{...} of the response, as
     slime does). It takes (response, label) and, for gpqa and random, the sample fields in `_RULE_EXTRAS`."""
@@ -212,12 +219,8 @@ class Scorer:
         rollout's scoring and write). With a timeout, a call that has not returned after `timeout` seconds
         fails its sample (`RewardTimeout`) and is abandoned, with a warning naming the reward and the sample;
         the other samples score as they would without it."""
-        if self._style == REMOTE:
-            from rollout.rm_hub import remote
-
-            async with remote.client() as http:  # one connection pool per batch
-                posts = [self.fn(http, self._url, _payload(r), self._remote_timeout) for r in requests]
-                return await self._scored(requests, posts)
+        if self.builtin:
+            return await self._builtin_scores(requests)
         if self._in_thread:
             values = await self._in_order(requests)
         else:
@@ -228,21 +231,50 @@ class Scorer:
         """What a built-in rule needs besides (response, label), checked before anything runs: remote_rm its
         --rm-url, dapo (whose value is a dict) its --reward-key."""
         name = rm_type.removeprefix(BOXED)
-        self._extras = _RULE_EXTRAS.get(name, ()) if self.builtin else ()
+        self._rules: dict[str, Callable[..., Any]] = {rm_type: self.fn} if self.builtin else {}
         self._url: str | None = getattr(self.args, "rm_url", None)
         self._remote_timeout = timeout
         if not self.builtin:
             return
-        if name == REMOTE:
-            if not self._url:
-                raise ValueError(
-                    f"--rm-type {rm_type} posts each sample to a reward server: give --rm-url URL"
-                )
-            self._style = REMOTE
+        if name == REMOTE and not self._url:
+            raise ValueError(f"--rm-type {rm_type} posts each sample to a reward server: give --rm-url URL")
         if name == "dapo" and self.reward_key is None:
             raise ValueError(
                 f"--rm-type {rm_type} returns a dict {{score, acc, pred}}, as slime's: give --reward-key score"
             )
+
+    async def _builtin_scores(self, requests: list[RewardRequest]) -> list[Scored]:
+        """Each sample scored by its rule: the one its metadata's `rm_type` names, as slime lets a sample (a
+        multi-task eval's dataset) choose, else --rm-type; remote_rm samples share one connection pool."""
+        names = [self._rule_name(r) for r in requests]
+        if all(n.removeprefix(BOXED) != REMOTE for n in names):
+            return await self._scored(requests, [self._guarded(r) for r in requests])
+        from rollout.rm_hub import remote
+
+        async with remote.client() as http:  # the posts are awaited inside: the pool closes after them
+            values = [
+                self._post(http, r) if n.removeprefix(BOXED) == REMOTE else self._guarded(r)
+                for r, n in zip(requests, names, strict=True)
+            ]
+            return await self._scored(requests, values)
+
+    def _rule_name(self, r: RewardRequest) -> str:
+        return sample_rule(r.metadata, self.name)
+
+    def _rule(self, name: str) -> Callable[..., Any]:
+        if name not in self._rules:
+            self._rules[name] = builtin_reward(name)
+        return self._rules[name]
+
+    def _post(self, http: Any, r: RewardRequest) -> Any:
+        """slime's remote_rm call for `r` (awaitable), or its failure without --rm-url."""
+        if not self._url:
+            return _failed(
+                ValueError(f"sample {r.sample_index} asks for rm_type remote_rm: give --rm-url URL")
+            )
+        from rollout.rm_hub.remote import remote_reward
+
+        return remote_reward(http, self._url, _payload(r), self._remote_timeout)
 
     async def _scored(self, requests: list[RewardRequest], values: list[Any]) -> list[Scored]:
         """The scores of a reward's `values` for `requests` (values, awaitables or failures, in order)."""
@@ -317,7 +349,9 @@ class Scorer:
 
     def _call(self, r: RewardRequest) -> Any:
         if self._style == "builtin":
-            return self.fn(r.response, r.label, *(getattr(r, k) for k in self._extras))
+            name = self._rule_name(r)
+            extras = (getattr(r, k) for k in _RULE_EXTRAS.get(name.removeprefix(BOXED), ()))
+            return self._rule(name)(r.response, r.label, *extras)
         if self._style == "slime":
             return self.fn(self.args, reward_sample(r))
         given = {"prompt": r.prompt, "response": r.response, "label": r.label, "metadata": r.metadata}

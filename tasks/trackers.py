@@ -137,7 +137,8 @@ class WandbTracker:
             dir=lg.wandb_dir,
             mode=lg.wandb_mode,
             config=json.loads(cfg.model_dump_json()),
-            settings=wandb.Settings(console="off"),
+            # --wandb-host: the server slime's wandb.login(host=...) picks
+            settings=wandb.Settings(console="off", **({"base_url": lg.wandb_host} if lg.wandb_host else {})),
             reinit="create_new",
         )
         for key in sorted(set(WANDB_STEP_METRICS.values())):

@@ -49,6 +49,15 @@ def _fixed(*argv: str) -> Callable[[Path], list[str]]:
     return lambda tmp: list(argv)
 
 
+def _model_dir(tmp: Path) -> Path:
+    """An HF model dir as far as the checks before a run read it: a 3-layer Qwen2 config.json and a tokenizer file."""
+    model = tmp / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 3}))
+    (model / "tokenizer.json").write_text("{}")
+    return model
+
+
 def run(*flags: str, needle: str, kind: str, what: str) -> Case:
     """A `rollflow run` case, in a run dir of the test's own (an explicit --run-dir in `flags` wins)."""
     return Case(kind, what, lambda tmp: ["run", "--run-dir", str(tmp / "run"), *flags], needle)
@@ -441,7 +450,53 @@ CASES: list[Case] = [
         kind="name",
         what="an unknown reward with a missing file (the file first)",
     ),
-    run("--no-such-flag", "1", needle="unrecognized arguments", kind="name", what="an unknown flag"),
+    run(
+        "--no-such-flag", "1", needle="unrecognized flag --no-such-flag", kind="name", what="an unknown flag"
+    ),
+    run(
+        "--rollout-batchsize",
+        "8",
+        needle="did you mean --rollout-batch-size?",
+        kind="name",
+        what="a misspelt flag (the closest one named)",
+    ),
+    run(
+        "--num-experts",
+        "8",
+        needle="--num-experts: not supported",
+        kind="name",
+        what="a slime flag rollflow cannot honour (MoE)",
+    ),
+    Case(
+        "name",
+        "an architecture flag that disagrees with config.json",
+        lambda tmp: [
+            "run",
+            "--run-dir",
+            str(tmp / "run"),
+            "--hf-checkpoint",
+            str(_model_dir(tmp)),
+            "--num-layers",
+            "24",
+        ],
+        "--num-layers 24 disagrees with the model: num_hidden_layers is 3",
+    ),
+    run(
+        "--attention-dropout",
+        "0.1",
+        needle="--attention-dropout: 0.1: rollflow's trainers run without dropout",
+        kind="number",
+        what="dropout (the trainers never drop out)",
+    ),
+    run(
+        "--actor-num-gpus-per-node",
+        "4",
+        "--data-parallel-size",
+        "2",
+        needle="--actor-num-gpus-per-node 4 = 4 slots",
+        kind="placement",
+        what="GPU-count flags that contradict --data-parallel-size",
+    ),
     # -- templates ---------------------------------------------------------------------------------------------
     run(
         "--save-debug-rollout-data",

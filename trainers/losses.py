@@ -91,7 +91,7 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
 
 @register_kl("low_var_kl")
 def kl_low_var(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
-    """low_var_kl = k3 clamped to [-10, 10] (slime's default ``--kl-loss-type``). [B, T] -> [B, T]."""
+    """low_var_kl = k3 clamped to [-10, 10] (the recipes' estimator; slime's default is k1). [B, T] -> [B, T]."""
     return kl_k3(log_probs, ref_log_probs).clamp(min=-LOW_VAR_KL_CLAMP, max=LOW_VAR_KL_CLAMP)
 
 

@@ -71,7 +71,10 @@ def test_slime_flag_names_map_to_sections():
         ),
         (["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size 2: not supported yet"),
         (["--context-parallel-size", "2"], "--context-parallel-size 2: not supported yet"),
-        (["--sequence-parallel"], "--sequence-parallel: not supported yet"),
+        (
+            ["--sequence-parallel", "--train-backend", "megatron", "--tensor-model-parallel-size", "2"],
+            "--sequence-parallel with --tensor-model-parallel-size 2",
+        ),
     ],
 )
 def test_invalid_values_name_the_flag(argv, needle):

@@ -91,7 +91,7 @@ def test_colocate_shares_the_trainers_bundles_and_modes_drop_a_role():
     "argv, needle",
     [
         (
-            ["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "2"],
+            ["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "2", "--data-parallel-size", "1"],
             "--actor-num-nodes 2 x --actor-num-gpus-per-node 2 = 4 slots, but --tensor-model-parallel-size 1 x "
             "--data-parallel-size 1 = 1 trainer rank(s)",
         ),

@@ -3,6 +3,7 @@ line with the reward, the row and what it returned, before anything starts."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -135,3 +136,17 @@ def test_a_reward_server_that_is_not_there_is_named(byo, tmp_path, monkeypatch, 
         f"line 1 (label '0', response '0'): reward remote_rm raised RemoteRewardError: remote_rm POST {url}: "
         in err
     )
+
+
+def test_a_rows_unknown_rm_type_is_named_before_the_run(byo, tmp_path, monkeypatch, capsys):
+    """A row's metadata rm_type (slime's per-sample rule) must name a built-in."""
+    rows = [
+        {"messages": [{"role": "user", "content": "1+1?"}], "answer": "2", "info": {"rm_type": r}}
+        for r in ("f1", "mathh")
+    ]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setitem(byo, "data", str(data))
+    assert dry_run(byo, tmp_path, monkeypatch, "--rm-type", "math") == 2
+    err = capsys.readouterr().err
+    assert f"--prompt-data {data} line 2: metadata --rm-type 'mathh': unknown; built-ins are" in err

@@ -324,3 +324,21 @@ def test_remote_rm_needs_rm_url():
         ValueError, match="--rm-type remote_rm posts each sample to a reward server: give --rm-url"
     ):
         Scorer("remote_rm", None, None)
+
+
+def test_a_samples_metadata_rm_type_chooses_its_rule_as_in_slime(reward_server):
+    """slime's async_rm scores a sample by `metadata["rm_type"]` when set (an eval dataset's own rule)."""
+    server = reward_server(lambda p: (200, "0.5"))
+    scorer = Scorer("math", None, None, {"rm_url": server.url})
+    out = _score(
+        scorer,
+        _req("\\boxed{2}", "2"),
+        _req("The answer is Paris.", "Paris", {"rm_type": "f1"}, 1),
+        _req("x", "y", {"rm_type": " remote_rm "}, 2),
+        _req("\\boxed{2}", "2", {"rm_type": "nope"}, 3),
+    )
+    assert [s.reward for s in out] == [1.0, 0.5, 0.5, 0.0]
+    assert server.seen == [{"prompt": "Q?", "response": "x", "label": "y"}]
+    assert out[3].error is not None and out[3].error.startswith("ValueError: --rm-type 'nope': unknown")
+    [no_url] = _score(Scorer("math", None, None), _req("x", "y", {"rm_type": "remote_rm"}, 7))
+    assert no_url.error == "ValueError: sample 7 asks for rm_type remote_rm: give --rm-url URL"

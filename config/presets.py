@@ -1,0 +1,53 @@
+"""The recipes' values for fields whose defaults are slime's (`slime/utils/arguments.py`, and Megatron's where slime
+keeps Megatron's): a run on a recipe's own data gets the values it was tuned with (bench/learning.py), a run on
+`--prompt-data` gets slime's defaults. Kept here, not in recipes/, so a config is validated with them: a
+plain `rollflow run --rollout-batch-size 32` is checked against the recipe's group size, not slime's 1.
+recipes/registry.py hands the same table to each Recipe."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ARITH: dict[str, dict[str, Any]] = {
+    "rollout": {"n_samples_per_prompt": 4},
+    "eval": {"eval_interval": 10, "n_samples_per_eval_prompt": 4},
+    "train": {
+        "lr": 2e-4,
+        "lr_decay_style": "cosine",
+        "kl_loss_type": "low_var_kl",
+        "weight_decay": 0.0,
+        "micro_batch_size": None,
+    },
+}
+
+# recipe name -> section -> field -> value
+RECIPE_PRESETS: dict[str, dict[str, dict[str, Any]]] = {"tiny-arith": _ARITH, "long-arith": _ARITH}
+
+
+def apply_preset(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (a RunConfig's input mapping) with its recipe's preset filled in where no field was given, when the
+    recipe supplies the prompts (no `data.prompt_data`). A section given as a model counts the fields it was
+    built with as given."""
+    recipe = data.get("recipe", "tiny-arith")
+    preset = RECIPE_PRESETS.get(recipe) if isinstance(recipe, str) else None
+    if preset is None or _given_prompt_data(data.get("data")):
+        return data
+    out = dict(data)
+    for section, values in preset.items():
+        held = out.get(section)
+        if held is None:
+            given: dict[str, Any] = {}
+        elif isinstance(held, dict):
+            given = held
+        elif hasattr(held, "model_fields_set"):
+            given = held.model_dump(include=held.model_fields_set)
+        else:
+            continue  # not a mapping: the section's own validation says so
+        out[section] = {**{k: v for k, v in values.items() if k not in given}, **given}
+    return out
+
+
+def _given_prompt_data(section: Any) -> bool:
+    if isinstance(section, dict):
+        return section.get("prompt_data") is not None
+    return getattr(section, "prompt_data", None) is not None

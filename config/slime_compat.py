@@ -1,0 +1,112 @@
+"""How each flag of a slime launch line is taken (`bench/slime_compat.py` prints it for a script): what it means
+here, the notice a run prints for the flags it keeps but does not act on, and the slime/Megatron flags rollflow
+cannot honour, each refused with what to do instead of argparse's "unrecognized arguments"."""
+
+from __future__ import annotations
+
+import difflib
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from config.run import RunConfig
+
+# same: slime's meaning; checked: an architecture flag checked against config.json (config/arch.py);
+# notice: kept in config.yaml, not acted on by this run, listed in the start-up notice
+Status = Literal["same", "checked", "notice"]
+
+_SAME: Status = "same"
+_ARCH = (
+    "num-layers hidden-size ffn-hidden-size num-attention-heads group-query-attention num-query-groups kv-channels "
+    "vocab-size swiglu use-rotary-position-embeddings position-embedding-type rotary-base rotary-percent "
+    "disable-bias-linear add-qkv-bias normalization norm-epsilon qk-layernorm untie-embeddings-and-output-weights"
+).split()
+
+# flag -> (status, what it means in rollflow where that needs saying); flags of slime's scripts
+FLAGS: dict[str, tuple[Status, str]] = {
+    **{f"--{name}": ("checked", "checked against config.json of --hf-checkpoint") for name in _ARCH},
+    "--make-vocab-size-divisible-by": (_SAME, "padding only: padded rows never reach a log-prob"),
+    "--attention-dropout": (_SAME, "0.0 only: the trainers never drop out"),
+    "--hidden-dropout": (_SAME, "0.0 only: the trainers never drop out"),
+    "--accumulate-allreduce-grads-in-fp32": (_SAME, "the trainers' gradients are float32 always"),
+    "--attention-softmax-in-fp32": (_SAME, "the trainers' attention is float32 always"),
+    "--attention-backend": ("notice", "a kernel choice: the trainers' attention is fixed"),
+    "--expert-model-parallel-size": (_SAME, "1 only: dense models"),
+    "--expert-tensor-parallel-size": (_SAME, "1 only: dense models"),
+    "--tensor-model-parallel-size": (_SAME, "above 1 on the megatron backend"),
+    "--sequence-parallel": (_SAME, "a no-op at TP 1 (as in Megatron); refused above"),
+    "--pipeline-model-parallel-size": (_SAME, "1 only"),
+    "--context-parallel-size": (_SAME, "1 only"),
+    "--actor-num-nodes": (_SAME, "x --actor-num-gpus-per-node = trainer ranks"),
+    "--actor-num-gpus-per-node": (_SAME, "GPUs, or process slots on CPU; gives --data-parallel-size"),
+    "--colocate": (_SAME, "--rollout-num-gpus = the trainer slots unless given"),
+    "--rollout-num-gpus-per-engine": (_SAME, "engine count = --rollout-num-gpus / this"),
+    "--rollout-num-gpus": (_SAME, "slots of all engines"),
+    "--use-wandb": (_SAME, "needs the wandb extra (pip install 'rollflow[wandb]')"),
+    "--wandb-host": (_SAME, "the W&B server, with --use-wandb"),
+    "--wandb-key": (_SAME, "sets WANDB_API_KEY; never written to config.yaml"),
+    "--wandb-team": (_SAME, ""),
+    "--wandb-project": (_SAME, ""),
+    "--wandb-group": (_SAME, "also names a run on --prompt-data"),
+    "--sglang-*": ("notice", "kept for an SGLang engine; the torch engine ignores them"),
+}
+
+# slime / Megatron flags with no rollflow meaning: the flag (or a prefix ending in '-') -> what to do instead
+_DENSE = "rollflow's trainers and engine run dense Qwen2/Qwen3/Llama-family models: "
+REFUSED: dict[str, str] = {
+    "--moe-": _DENSE + "leave out the MoE flags (--num-experts, --moe-*) and use a dense checkpoint",
+    "--num-experts": _DENSE + "leave out the MoE flags (--num-experts, --moe-*) and use a dense checkpoint",
+    "--multi-latent-attention": _DENSE + "leave out the MLA flags and use a model with standard attention",
+    "--q-lora-rank": _DENSE + "leave out the MLA flags and use a model with standard attention",
+    "--kv-lora-rank": _DENSE + "leave out the MLA flags and use a model with standard attention",
+    "--qk-head-dim": _DENSE + "leave out the MLA flags and use a model with standard attention",
+    "--v-head-dim": _DENSE + "leave out the MLA flags and use a model with standard attention",
+    "--qk-pos-emb-head-dim": _DENSE + "leave out the MLA flags and use a model with standard attention",
+    "--mtp-num-layers": "multi-token prediction layers are not trained by rollflow; leave it out",
+    "--spec": "rollflow builds its own Megatron layer spec from config.json; leave --spec out",
+    "--use-gated-attention": _DENSE + "gated attention is not among them; leave it out",
+    "--attention-output-gate": _DENSE + "gated attention is not among them; leave it out",
+    "--offload": "rollflow's engines release their memory while the trainers work, always; leave it out",
+    "--offload-train": "rollflow's trainers keep their state in place; leave it out",
+    "--offload-rollout": "rollflow's engines release their memory while the trainers work, always; leave it out",
+}
+
+
+def refusal(flag: str) -> str | None:
+    """What to do instead of `flag`, when it is a slime/Megatron flag rollflow cannot honour."""
+    if flag in REFUSED:
+        return REFUSED[flag]
+    for prefix, why in REFUSED.items():
+        if prefix.endswith("-") and flag.startswith(prefix):
+            return why
+    return None
+
+
+def unknown_flag(flag: str, known: list[str]) -> str:
+    """The one-line error for a flag `rollflow run` does not have: what to do instead for a known slime flag,
+    else the closest flag's name."""
+    why = refusal(flag)
+    if why:
+        return f"{flag}: not supported: {why}"
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+    hint = f": did you mean {close[0]}?" if close else ""
+    return f"unrecognized flag {flag}{hint} (rollflow run --help lists every flag)"
+
+
+def notices(cfg: RunConfig) -> list[str]:
+    """The start-up notice: one line per concern, for the flags this run keeps but does not act on."""
+    lines = []
+    given = cfg.sglang.given()
+    if given and cfg.rollout.rollout_backend != "sglang":
+        lines.append(
+            f"the {cfg.rollout.rollout_backend} engine ignores {', '.join(given)} (kept in config.yaml for an "
+            "SGLang engine)"
+        )
+    if cfg.arch.attention_backend is not None:
+        trainer = (
+            "the HF model's attention" if cfg.train.train_backend == "torch" else "megatron's local spec"
+        )
+        lines.append(
+            f"--attention-backend {cfg.arch.attention_backend} is a kernel choice the {cfg.train.train_backend} "
+            f"trainer does not have: it runs {trainer} (same results)"
+        )
+    return lines
