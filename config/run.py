@@ -21,7 +21,13 @@ from config.plugins import LossConfig
 from config.presets import RECIPE_PRESETS, apply_preset
 from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
 from config.sglang import SGLangConfig
-from config.train import CheckpointConfig, TrainConfig, check_parallelism
+from config.train import (
+    CheckpointConfig,
+    TrainConfig,
+    check_optimizer,
+    check_parallelism,
+    check_steps_per_rollout,
+)
 
 NAME_MAX = 100  # characters of a run name
 _NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NAME_MAX - 1}}}")
@@ -104,7 +110,9 @@ class RunConfig(Section):
         check_debug(self.debug)
         r, t, c = self.rollout, self.train, self.checkpoint
         total = r.rollout_batch_size * r.n_samples_per_prompt
-        gbs = t.global_batch_size or total
+        check_steps_per_rollout(t, total)
+        check_optimizer(t, saves=c.save is not None or c.load is not None)
+        gbs = self.global_batch_size
         if total % gbs:
             raise ValueError(
                 f"--global-batch-size {gbs} must divide --rollout-batch-size x --n-samples-per-prompt = {total}"
@@ -200,6 +208,8 @@ class RunConfig(Section):
 
     @property
     def global_batch_size(self) -> int:
+        if self.train.num_steps_per_rollout is not None:  # slime: it sets the global batch
+            return self.samples_per_rollout // self.train.num_steps_per_rollout
         return self.train.global_batch_size or self.samples_per_rollout
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from config.backends import TRAINERS
 from config.base import SEED_MAX, Section
@@ -81,6 +81,85 @@ class TrainConfig(Section):
         "log-prob forward (the reference forward still runs when needed).",
     )
     seed: int = Field(1234, ge=0, le=SEED_MAX, description="Trainer seed (torch RNG of every rank).")
+    use_dynamic_batch_size: bool = Field(
+        False,
+        description="Micro-batches by a token budget instead of --micro-batch-size: each step's samples are "
+        "packed first-fit, in order, into micro-batches of at most --max-tokens-per-gpu prompt+response tokens "
+        "(a longer sample alone), split further until every DP rank gets the same number (slime's packing).",
+    )
+    max_tokens_per_gpu: int | None = Field(
+        None, ge=1, description="Token budget of one micro-batch on one rank (--use-dynamic-batch-size)."
+    )
+    recompute_granularity: Literal["full", "selective"] | None = Field(
+        None,
+        description="Activation checkpointing: full = recompute whole decoder layers in the backward; "
+        "selective = recompute the core attention only (Megatron). Gradients are unchanged.",
+    )
+    recompute_method: Literal["uniform", "block"] | None = Field(
+        None,
+        description="Which layers --recompute-granularity full recomputes: uniform = every layer, in chunks "
+        "of --recompute-num-layers; block = the first --recompute-num-layers layers only.",
+    )
+    recompute_num_layers: int | None = Field(
+        None, ge=1, description="Layers per recompute chunk (uniform) or recomputed layers (block)."
+    )
+    calculate_per_token_loss: bool = Field(
+        False,
+        description="Average the loss over the tokens of the whole optimizer step instead of per sample "
+        "first (slime's default is the per-sample mean).",
+    )
+    num_steps_per_rollout: int | None = Field(
+        None,
+        ge=1,
+        description="Optimizer steps per rollout: sets --global-batch-size to --rollout-batch-size x "
+        "--n-samples-per-prompt / N (an explicit --global-batch-size must agree).",
+    )
+    kl_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="KL reward shaping (slime's meaning): reinforce_plus_plus_baseline advantages become "
+        "A - kl_coef * KL(old || reference) per token (--kl-loss-type estimator); grpo and rloo ignore it, "
+        "as slime's grpo returns do. Loads the reference model.",
+    )
+    balance_data: bool = Field(
+        False,
+        description="Hand each step's micro-batches to the DP ranks by Karmarkar-Karp on their estimated "
+        "forward FLOPs (equal micro-batch count per rank) instead of in turn; no change on one DP rank.",
+    )
+    normalize_advantages: bool = Field(
+        False,
+        description="Whiten the advantages over the rollout's loss tokens (mean 0, unbiased std 1), as "
+        "slime does over all DP ranks.",
+    )
+    optimizer: Literal["adam", "sgd"] = Field(
+        "adam",
+        description="adam = AdamW (decoupled --weight-decay); sgd = SGD with --sgd-momentum (Megatron's).",
+    )
+    sgd_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum (--optimizer sgd).")
+    deterministic_mode: bool = Field(
+        False,
+        description="torch.use_deterministic_algorithms(True) on every trainer rank and Megatron's "
+        "deterministic_mode; errors out on an op with no deterministic kernel. On the CPU our kernels are "
+        "already run-to-run deterministic, so this is a check, not a change of results.",
+    )
+
+    @model_validator(mode="after")
+    def _check_slime_flags(self) -> TrainConfig:
+        if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
+            raise ValueError("--use-dynamic-batch-size needs --max-tokens-per-gpu N")
+        if self.recompute_granularity == "full":
+            if self.recompute_method is None or self.recompute_num_layers is None:
+                raise ValueError(
+                    "--recompute-granularity full needs --recompute-method uniform|block and "
+                    "--recompute-num-layers N (Megatron's rule)"
+                )
+        elif self.recompute_granularity == "selective" and self.recompute_num_layers is not None:
+            raise ValueError(
+                "--recompute-granularity selective takes no --recompute-num-layers (Megatron's rule)"
+            )
+        if self.kl_coef and self.kl_loss_coef:
+            raise ValueError("--kl-coef and --kl-loss-coef: set only one of them (slime's rule)")
+        return self
 
 
 class CheckpointConfig(Section):
@@ -97,6 +176,40 @@ class CheckpointConfig(Section):
     ci_check_model_hash: bool = Field(
         False, description="After --load, check the loaded weights against the checkpoint's per-layer hashes."
     )
+
+
+def check_steps_per_rollout(t: TrainConfig, samples_per_rollout: int) -> None:
+    """--num-steps-per-rollout N sets the global batch to samples_per_rollout // N; a --global-batch-size
+    that says otherwise is refused (slime's rule). Its default counts as not given: a parsed config cannot
+    tell the two apart."""
+    n = t.num_steps_per_rollout
+    if n is None:
+        return
+    if n > samples_per_rollout:
+        raise ValueError(
+            f"--num-steps-per-rollout {n} exceeds the {samples_per_rollout} samples of a rollout "
+            "(--rollout-batch-size x --n-samples-per-prompt)"
+        )
+    derived = samples_per_rollout // n
+    given = t.global_batch_size
+    if (
+        given is not None
+        and given != derived
+        and given != TrainConfig.model_fields["global_batch_size"].default
+    ):
+        raise ValueError(
+            f"--global-batch-size {given} disagrees with --num-steps-per-rollout {n}: "
+            f"{samples_per_rollout} samples a rollout / {n} = {derived}; give one of the two"
+        )
+
+
+def check_optimizer(t: TrainConfig, *, saves: bool) -> None:
+    """The Megatron backend's checkpoints hold AdamW's moments only: SGD's momentum would not survive a resume."""
+    if t.optimizer == "sgd" and t.train_backend == "megatron" and saves:
+        raise ValueError(
+            "--optimizer sgd with --save/--load: the megatron backend checkpoints AdamW state only; "
+            "use --train-backend torch for SGD with checkpoints"
+        )
 
 
 def check_parallelism(t: TrainConfig) -> None:

@@ -86,12 +86,15 @@ def close_run(cfg: RunConfig) -> Path | None:
 
 
 def reward_stats(samples: list[Sample], n_per_prompt: int) -> dict[str, float]:
-    """Rollout-side stats of one rollout, with slime's names: reward, lengths, truncation, failed rewards,
-    and `rollout/zero_std/count_{reward}` (groups whose samples all got that reward, rounded to 0.1)."""
+    """Rollout-side stats of one rollout, with slime's names: reward, lengths, truncation, failed rewards
+    (`rollout/failed_count` samples whose reward raised), and `rollout/zero_std/count_{reward}` (groups whose
+    valid samples all got that reward, rounded to 0.1: a failed sample is out of its group's statistics, as
+    in the trainer's advantages)."""
     lengths = [float(s.response_length) for s in samples]
     groups: dict[int, list[float]] = {}
     for s in samples:
-        groups.setdefault(s.group_index, []).append(s.reward)
+        if s.status != "failed":
+            groups.setdefault(s.group_index, []).append(s.reward)
     zero_std: dict[str, float] = {}
     for rewards in groups.values():
         if len(set(rewards)) == 1:
@@ -102,6 +105,7 @@ def reward_stats(samples: list[Sample], n_per_prompt: int) -> dict[str, float]:
         "rollout/response_lengths": _mean(lengths),
         "rollout/truncated_ratio": _mean([1.0 if s.status == "truncated" else 0.0 for s in samples]),
         "rollout/failed_ratio": _mean([1.0 if s.status == "failed" else 0.0 for s in samples]),
+        "rollout/failed_count": float(sum(s.status == "failed" for s in samples)),
         "rollout/response_len/max": float(max(lengths)),
         "rollout/response_len/min": float(min(lengths)),
         "rollout/response_len/median": float(statistics.median(lengths)),

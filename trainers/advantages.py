@@ -180,3 +180,57 @@ def group_reward_stats(rewards: Tensor, group_index: Tensor) -> dict[str, float 
         "zero_std_by_value": zero_std_by_value,
         "mean_group_std": sum(stds) / len(stds) if stds else 0.0,
     }
+
+
+def advantages_of_valid(
+    name: str, rewards: Tensor, group_index: Tensor, valid: Tensor, *, normalize_std: bool = True
+) -> Tensor:
+    """The estimator `name` over the valid samples only; an invalid sample (its reward raised) gets 0.
+
+    An invalid sample's reward is not a score, so it stays out of its group's mean and std: a group whose
+    valid members all scored the same gets zero advantages whatever its failed members hold (slime masks
+    such samples out of the loss but still counts their reward in the group statistics; we also leave them
+    out of the statistics). All valid: exactly the estimator's result.
+
+    Shapes: rewards [B] float, group_index [B] int, valid [B] bool -> [B] (rewards' dtype).
+    """
+    _check_inputs(rewards, group_index)
+    if valid.shape != rewards.shape or valid.dtype != torch.bool:
+        raise ValueError(f"valid must be a bool tensor of shape {tuple(rewards.shape)}")
+    estimator = get_advantage_estimator(name)
+    if bool(valid.all()):
+        return estimator(rewards, group_index, normalize_std=normalize_std)
+    out = torch.zeros_like(rewards)
+    if bool(valid.any()):
+        out[valid] = estimator(rewards[valid], group_index[valid], normalize_std=normalize_std)
+    return out
+
+
+# Added to the variance before the inverse square root, as slime's masked whitening does.
+WHITEN_EPS = 1e-8
+
+
+def whiten_weighted(values: Tensor, weights: Tensor) -> Tensor:
+    """slime's ``--normalize-advantages``: ``(v - mean) / sqrt(var + 1e-8)`` with the mean and the unbiased
+    variance taken over tokens, a value counting ``weights`` times (the number of loss tokens it covers).
+
+    Per token (``weights`` = the 0/1 loss mask) this is slime's masked whitening; per sample (each sample's
+    advantage with weight = its loss-mask sum) it gives what whitening the broadcast per-token advantages
+    would. Statistics in float64; the result in ``values``' dtype. Every value is whitened, weight 0 too
+    (slime whitens masked positions as well; the loss never reads them).
+
+    Shapes: values [N] float, weights [N] (0/1 or counts) -> [N].
+    """
+    if values.shape != weights.shape or values.dim() != 1:
+        raise ValueError(
+            f"values and weights must be 1-D of equal length, got {tuple(values.shape)} and {tuple(weights.shape)}"
+        )
+    v, w = values.double(), weights.double()
+    count = w.sum()
+    if not count > 0:
+        raise ValueError("--normalize-advantages: no loss token in the batch to take statistics over")
+    mean = (v * w).sum() / count
+    var = (v * v * w).sum() / count - mean * mean
+    if count >= 2:
+        var = var * count / (count - 1)  # Bessel's correction
+    return ((v - mean) * torch.rsqrt(var + WHITEN_EPS)).to(values.dtype)

@@ -211,3 +211,148 @@ def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:
     return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32).reshape(
         len(rows), width
     )
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a forward's cost depends on (an HF config.json's sizes), for --balance-data."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    layers: int
+    vocab: int
+
+    @staticmethod
+    def from_hf_config(config: dict) -> ModelShape:
+        heads = int(config["num_attention_heads"])
+        return ModelShape(
+            hidden=int(config["hidden_size"]),
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
+            ffn=int(config["intermediate_size"]),
+            layers=int(config["num_hidden_layers"]),
+            vocab=int(config["vocab_size"]),
+        )
+
+
+def forward_flops(length: int, m: ModelShape) -> int:
+    """Estimated FLOPs of one sequence's forward through a dense gated-MLP decoder, as slime estimates them:
+    per layer the q/kv projections, causal attention (quadratic in `length`), the output projection and the
+    three MLP matmuls; then the output layer."""
+    qkv = 2 * length * m.hidden * m.heads * m.head_dim + 4 * length * m.hidden * m.kv_heads * m.head_dim
+    attention = 2 * m.heads * m.head_dim * length * length
+    out = 2 * length * m.hidden * m.hidden
+    mlp = 6 * length * m.hidden * m.ffn
+    return (qkv + attention + out + mlp) * m.layers + 2 * length * m.hidden * m.vocab
+
+
+def first_fit(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of `lengths`, in order, each into the first bin whose token sum stays within `budget` (a new
+    bin when none has room; a length over the budget gets a bin of its own)."""
+    bins: list[list[int]] = []
+    sums: list[int] = []
+    for i, n in enumerate(lengths):
+        for b, total in enumerate(sums):
+            if total + n <= budget:
+                bins[b].append(i)
+                sums[b] += n
+                break
+        else:
+            bins.append([i])
+            sums.append(n)
+    return bins
+
+
+def split_to_count(bins: list[list[int]], count: int, lengths: list[int]) -> list[list[int]]:
+    """Split the bin with the most tokens (of those with two samples or more) into two halves of about equal
+    tokens, longest samples first each to the lighter half, until there are `count` bins (ValueError when
+    every bin already holds one sample). Halves keep their samples in index order."""
+    bins = [list(b) for b in bins]
+    while len(bins) < count:
+        splittable = [(sum(lengths[i] for i in b), k) for k, b in enumerate(bins) if len(b) > 1]
+        if not splittable:
+            raise ValueError(f"cannot make {count} micro-batches of {sum(len(b) for b in bins)} samples")
+        _, k = max(splittable)
+        halves: list[list[int]] = [[], []]
+        weight = [0, 0]
+        for i in sorted(bins[k], key=lambda i: (-lengths[i], i)):
+            h = 0 if weight[0] <= weight[1] else 1
+            halves[h].append(i)
+            weight[h] += lengths[i]
+        bins[k] = sorted(halves[0])
+        bins.append(sorted(halves[1]))
+    return bins
+
+
+def balanced_partition(weights: list[int], parts: int) -> list[list[int]]:
+    """Karmarkar-Karp (largest differencing) partition of the indices of `weights` into `parts` sets of equal
+    size (len(weights) must be a multiple of `parts`) with sums as equal as it finds; each set in index order,
+    the sets ordered by their smallest index.
+
+    The items, sorted by (weight, index), are dealt in consecutive runs of `parts`, one partial solution each;
+    the two partial solutions with the widest spread are merged repeatedly, the heaviest set of one joined to the
+    lightest of the other, until one remains."""
+    if len(weights) % parts:
+        raise ValueError(f"{len(weights)} items do not split into {parts} equal parts")
+    order = sorted(range(len(weights)), key=lambda i: (weights[i], i))
+    # a partial solution: `parts` sets as (sum, items), heaviest first
+    states = []
+    for start in range(0, len(order), parts):
+        sets = sorted(((weights[i], [i]) for i in order[start : start + parts]), key=lambda s: (-s[0], s[1]))
+        states.append(sets)
+
+    def spread(sets: list[tuple[int, list[int]]]) -> int:
+        return sets[0][0] - sets[-1][0]
+
+    while len(states) > 1:
+        states.sort(key=lambda st: (spread(st), st[0][0], [i for _, items in st for i in items]))
+        a, b = states.pop(), states.pop()  # the two widest spreads
+        merged = [(sa + sb, ia + ib) for (sa, ia), (sb, ib) in zip(a, reversed(b), strict=True)]
+        states.append(sorted(merged, key=lambda s: (-s[0], sorted(s[1]))))
+    return sorted((sorted(items) for _, items in states[0]), key=lambda items: items[0])
+
+
+def token_schedule(
+    lengths: list[int],
+    global_batch_size: int,
+    dp_size: int,
+    rank: int,
+    *,
+    micro_batch_size: int,
+    max_tokens: int | None = None,
+    workloads: list[int] | None = None,
+) -> list[list[list[int]]]:
+    """slime's schedule of `lengths` (prompt+response tokens of the rollout's samples, ordered by
+    sample_index): steps of `global_batch_size` consecutive samples; each step packed into micro-batches,
+    first-fit by tokens within `max_tokens` (--use-dynamic-batch-size) or in consecutive runs of
+    `micro_batch_size`; with max_tokens, more are split off until their number is a multiple of `dp_size`;
+    then handed to the ranks in turn, or, given `workloads` (per sample, --balance-data), by
+    `balanced_partition` of the micro-batches' summed workloads. Returns this rank's steps -> micro-batches ->
+    sample positions. Every rank gets the same number of micro-batches a step."""
+    steps = []
+    for start in range(0, len(lengths), global_batch_size):
+        positions = list(range(start, min(start + global_batch_size, len(lengths))))
+        step_lengths = [lengths[p] for p in positions]
+        if max_tokens is not None:
+            bins = first_fit(step_lengths, max_tokens)
+            wanted = max(-(-len(bins) // dp_size) * dp_size, dp_size)
+            bins = split_to_count(bins, wanted, step_lengths)
+        else:
+            bins = [
+                list(range(i, min(i + micro_batch_size, len(positions))))
+                for i in range(0, len(positions), micro_batch_size)
+            ]
+            if len(bins) % dp_size:
+                raise ValueError(
+                    f"{len(bins)} micro-batches of {micro_batch_size} do not split over {dp_size} ranks"
+                )
+        if workloads is not None:
+            mine = balanced_partition([sum(workloads[positions[i]] for i in b) for b in bins], dp_size)[rank]
+        else:
+            mine = list(range(rank, len(bins), dp_size))
+        steps.append([[positions[i] for i in bins[k]] for k in mine])
+    return steps

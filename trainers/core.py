@@ -44,12 +44,20 @@ from artifacts.checkpoints import LATEST_FILE
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
 from faults import FaultInjector
-from trainers.advantages import get_advantage_estimator
+from trainers.advantages import advantages_of_valid, whiten_weighted
 from trainers.base import AlreadyApplied
-from trainers.batching import MicroBatch, make_micro_batch, pad_rows, schedule
+from trainers.batching import (
+    MicroBatch,
+    ModelShape,
+    forward_flops,
+    make_micro_batch,
+    pad_rows,
+    schedule,
+    token_schedule,
+)
 from trainers.collectives import all_reduce_sum
 from trainers.custom_loss import build_batch, plugin_loss, resolve_loss
-from trainers.losses import entropy_from_logits, log_probs_from_logits, policy_objective
+from trainers.losses import entropy_from_logits, get_kl_estimator, log_probs_from_logits, policy_objective
 from trainers.lr_schedule import lr_lambda
 from trainers.rollout_stats import logprob_stats
 from trainers.settings import TrainerSettings
@@ -72,6 +80,24 @@ def buckets(
         yield bucket
 
 
+def decay_groups(
+    params: list[torch.nn.Parameter], names: list[str], weight_decay: float
+) -> list[dict[str, Any]]:
+    """Optimizer param groups under Megatron's rule: biases and 1-D tensors (norm weights) get no weight decay.
+    Consecutive parameters of the same decay share a group, so the parameters keep their order (the optimizer
+    state is saved and loaded by position); one group when nothing decays."""
+    if weight_decay == 0:
+        return [{"params": list(params), "weight_decay": 0.0}]
+    groups: list[dict[str, Any]] = []
+    for p, name in zip(params, names, strict=True):
+        wd = 0.0 if name.endswith(".bias") or p.dim() == 1 else weight_decay
+        if groups and groups[-1]["weight_decay"] == wd:
+            groups[-1]["params"].append(p)
+        else:
+            groups.append({"params": [p], "weight_decay": wd})
+    return groups
+
+
 @dataclass
 class Snapshot:
     """Trainer state before a rollout's steps (see TrainerCore.train_step)."""
@@ -91,6 +117,7 @@ class _CachedRollout:
     samples: list[Sample]  # ordered by sample_index
     micro_batches: dict[tuple[int, ...], MicroBatch] = field(default_factory=dict)  # by positions
     advantages: torch.Tensor | None = None  # [N], once asked for
+    step_tokens: dict[int, float] = field(default_factory=dict)  # sample_index -> its step's loss tokens
 
 
 @dataclass
@@ -118,6 +145,12 @@ class TrainerCore(abc.ABC):
         self, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int, device: torch.device
     ) -> None:
         torch.set_num_threads(settings.num_threads)
+        if (
+            settings.deterministic_mode
+        ):  # slime's --deterministic-mode: an op without a deterministic kernel fails
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+            torch.use_deterministic_algorithms(True, warn_only=False)
         self.s, self.checkpoint, self.rank, self.world_size = settings, checkpoint, rank, world_size
         self.device = device  # where the model lives; rollout tensors are built on the CPU and moved here
         self.applied: dict[int, list[dict[str, float]]] = {}
@@ -190,22 +223,35 @@ class TrainerCore(abc.ABC):
         """Per-layer SHA-256 of this rank's own parameters (its shard; see artifacts/hashing.py)."""
 
     # -- set-up ----------------------------------------------------------------------------------------
+    def _wants_ref_model(self) -> bool:
+        """Whether setup loads the reference model: the KL loss, the --ci-test log-prob checker, or
+        --kl-coef reward shaping compare with it."""
+        return self.s.need_ref_model or self.s.kl_coef != 0
+
+    def _param_names(self) -> list[str]:
+        """Names of self.params, same order (Megatron's weight-decay rule reads them)."""
+        by_id = {id(p): n for n, p in self.model.named_parameters()}
+        return [by_id[id(p)] for p in self.params]
+
     def _build_optimizer(self) -> None:
-        """AdamW over self.params with the shared LR schedule; neither with --disable-optimizer (the knife:
-        no optimizer state, no scheduler, no step)."""
+        """--optimizer (AdamW or SGD) over self.params with the shared LR schedule; neither with
+        --disable-optimizer (the knife: no optimizer state, no scheduler, no step)."""
         self.optimizer = None
         self.scheduler = None
         if self.s.disable_optimizer:
             return
-        self.optimizer = torch.optim.AdamW(
-            self.params,
-            lr=self.s.lr,
-            betas=(self.s.adam_beta1, self.s.adam_beta2),
-            weight_decay=self.s.weight_decay,
-            # one kernel per tensor instead of ~10 ops: 0.6 ms vs 2.7 ms a step for tiny-arith's model, 3 vs 16
-            # ms for long-arith's (bench measurements on 1 CPU thread); elementwise, so bitwise run to run
-            fused=True,
-        )
+        groups = decay_groups(self.params, self._param_names(), self.s.weight_decay)
+        if self.s.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(groups, lr=self.s.lr, momentum=self.s.sgd_momentum)
+        else:
+            self.optimizer = torch.optim.AdamW(
+                groups,
+                lr=self.s.lr,
+                betas=(self.s.adam_beta1, self.s.adam_beta2),
+                # one kernel per tensor instead of ~10 ops: 0.6 ms vs 2.7 ms a step for tiny-arith's model, 3 vs
+                # 16 ms for long-arith's (bench measurements on 1 CPU thread); elementwise, so bitwise run to run
+                fused=True,
+            )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_lambda(
@@ -242,14 +288,35 @@ class TrainerCore(abc.ABC):
         return read_table(ref).to_pylist()
 
     def _my_micro_batches(self, samples: list[Sample]) -> list[list[list[int]]]:
-        """This data-parallel rank's steps -> micro-batches -> positions (a replica's ranks share them)."""
-        return schedule(
-            len(samples), self.s.global_batch_size, self.dp_size, self.dp_rank, self.s.micro_batch_size
+        """This data-parallel rank's steps -> micro-batches -> positions (a replica's ranks share them):
+        slime's token-budget packing and FLOPs balancing with --use-dynamic-batch-size / --balance-data."""
+        if not (self.s.use_dynamic_batch_size or self.s.balance_data):
+            return schedule(
+                len(samples), self.s.global_batch_size, self.dp_size, self.dp_rank, self.s.micro_batch_size
+            )
+        lengths = [len(s.prompt_tokens) + s.response_length for s in samples]
+        workloads = None
+        if self.s.balance_data:
+            shape = ModelShape.from_hf_config(json.loads((Path(self.checkpoint) / "config.json").read_text()))
+            workloads = [forward_flops(n, shape) for n in lengths]
+        return token_schedule(
+            lengths,
+            self.s.global_batch_size,
+            self.dp_size,
+            self.dp_rank,
+            micro_batch_size=self.s.micro_batch_size,
+            max_tokens=self.s.max_tokens_per_gpu if self.s.use_dynamic_batch_size else None,
+            workloads=workloads,
         )
 
     def _fuses_first_step(self) -> bool:
-        """Whether the log-prob pass runs the first step's forward and backward (module docstring)."""
-        return self.s.fuse_first_step and not self.s.use_rollout_logprobs
+        """Whether the log-prob pass runs the first step's forward and backward (module docstring); not with
+        --kl-coef, whose advantages need every sample's log-probs first."""
+        return self.s.fuse_first_step and not self.s.use_rollout_logprobs and not self._kl_shaped()
+
+    def _kl_shaped(self) -> bool:
+        """--kl-coef shapes the advantages per token (slime: reinforce_plus_plus_baseline only)."""
+        return self.s.kl_coef != 0 and self.s.advantage_estimator == "reinforce_plus_plus_baseline"
 
     @torch.no_grad()
     def compute_log_probs(self, rollout_ref: ArtifactRef, out_path: str) -> ArtifactRef | None:
@@ -404,15 +471,56 @@ class TrainerCore(abc.ABC):
 
     def _advantages(self, samples: list[Sample]) -> torch.Tensor:
         """Per-sample advantages of the cached rollout `samples`, [N] in sample order (computed once: the fused
-        log-prob pass and train_step both ask)."""
+        log-prob pass and train_step both ask). A failed sample (its reward raised) is left out of its group's
+        statistics and gets 0. --normalize-advantages whitens them over the rollout's loss tokens: every rank
+        holds the whole rollout, so its statistics are the all-reduced ones of slime without a collective
+        (with --kl-coef shaping, `_shaped_advantages` whitens per token instead)."""
         cached = self._cached_rollout(samples)
         if cached.advantages is None:
             rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
             groups = torch.tensor([s.group_index for s in samples], dtype=torch.long)
-            cached.advantages = get_advantage_estimator(self.s.advantage_estimator)(
-                rewards, groups, normalize_std=self.s.normalize_std
+            valid = torch.tensor([s.status != "failed" for s in samples], dtype=torch.bool)
+            adv = advantages_of_valid(
+                self.s.advantage_estimator, rewards, groups, valid, normalize_std=self.s.normalize_std
             )
+            if self.s.normalize_advantages and not self._kl_shaped():
+                adv = whiten_weighted(adv, torch.tensor([float(sum(s.loss_mask)) for s in samples]))
+            cached.advantages = adv
         return cached.advantages
+
+    def _shaped_advantages(self, samples: list[Sample], old: dict[int, dict]) -> torch.Tensor:
+        """--kl-coef (slime's reward shaping for reinforce_plus_plus_baseline): per token,
+        A - kl_coef * KL(old policy || reference) by the --kl-loss-type estimator, whitened over the rollout's
+        loss tokens with --normalize-advantages. [N, T_max] float32, zero padded."""
+        adv = self._advantages(samples)
+        kl = get_kl_estimator(self.s.kl_loss_type)
+        width = max((s.response_length for s in samples), default=0)
+        rows = []
+        for i, s in enumerate(samples):
+            lp = torch.tensor(old[s.sample_index]["log_probs"], dtype=torch.float32)
+            ref = torch.tensor(old[s.sample_index]["ref_log_probs"], dtype=torch.float32)
+            rows.append(adv[i] - self.s.kl_coef * kl(lp, ref))
+        if self.s.normalize_advantages:
+            mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.float32)
+            flat = whiten_weighted(torch.cat(rows), mask)
+            rows = list(flat.split([s.response_length for s in samples]))
+        return pad_rows([r.tolist() for r in rows], width)
+
+    def _normaliser(self, batch: list[Sample]) -> float:
+        """What a micro-batch's loss sums are divided by: the global batch size, or with
+        --calculate-per-token-loss the loss tokens of its optimizer step over every rank (each sample counting
+        at least 1, as in slime). Steps are consecutive runs of the global batch in sample order."""
+        if not self.s.per_token_loss:
+            return float(self.s.global_batch_size)
+        assert self._cached is not None, "no rollout read"
+        cached, samples = self._cached, self._cached.samples
+        if not cached.step_tokens:
+            gbs = self.s.global_batch_size
+            for start in range(0, len(samples), gbs):
+                step = samples[start : start + gbs]
+                tokens = float(sum(max(sum(s.loss_mask), 1) for s in step))
+                cached.step_tokens.update((s.sample_index, tokens) for s in step)
+        return cached.step_tokens[batch[0].sample_index]
 
     def _train_rollout(
         self,
@@ -424,7 +532,7 @@ class TrainerCore(abc.ABC):
         """The optimizer steps of one rollout (no guard, no snapshot: see train_step); one record a step.
         `fused`: the first step's forward and backward already ran (its gradients are in .grad)."""
         old = self._old_log_probs(samples, lp_rows)
-        advantages = self._advantages(samples)
+        advantages = self._shaped_advantages(samples, old) if self._kl_shaped() else self._advantages(samples)
         use_rollout_lp = all(len(s.rollout_log_probs) == s.response_length for s in samples)
         out = []
         for k, step in enumerate(self._my_micro_batches(samples)):
@@ -462,7 +570,7 @@ class TrainerCore(abc.ABC):
             out.append(record)
         if dump_template and self.replica_lead:
             mine = [p for step in self._my_micro_batches(samples) for mb in step for p in mb]
-            self._dump_batch(dump_template, samples, mine, advantages, old)
+            self._dump_batch(dump_template, samples, mine, self._advantages(samples), old)
         return out
 
     def _micro_step(
@@ -475,7 +583,8 @@ class TrainerCore(abc.ABC):
         outputs: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Forward and backward of one micro-batch (gradients accumulate in .grad); returns the loss
-        metrics, sums over the micro-batch already divided by the global batch size. `adv`: [B].
+        metrics, sums over the micro-batch already divided by `_normaliser`. `adv`: [B], or [B, >= T] per
+        token (--kl-coef shaping).
         `outputs`: this micro-batch's `_token_outputs`, when the caller already ran the forward."""
         width, dev = mb.response_tokens.shape[1], self.device
         if self._plugin_loss is not None:
@@ -500,7 +609,7 @@ class TrainerCore(abc.ABC):
         loss, metrics = policy_objective(
             log_probs,
             pad_rows([old[s.sample_index]["log_probs"] for s in batch], width).to(dev),
-            adv.to(dev)[:, None].expand_as(log_probs),
+            adv[:, :width].to(dev) if adv.dim() == 2 else adv.to(dev)[:, None].expand_as(log_probs),
             mb.loss_mask.to(dev),
             entropy,
             ref,
@@ -513,7 +622,8 @@ class TrainerCore(abc.ABC):
             kl_loss_coef=self.s.kl_loss_coef,
             kl_loss_type=self.s.kl_loss_type,
             rollout_log_probs=rollout_lp,
-            normaliser=float(self.s.global_batch_size),
+            normaliser=self._normaliser(batch),
+            per_token=self.s.per_token_loss,
         )
         loss.backward()
         return metrics

@@ -350,6 +350,7 @@ def policy_objective(
     kl_loss_type: str = "low_var_kl",
     rollout_log_probs: Tensor | None = None,
     normaliser: float,
+    per_token: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Total actor loss of one micro-batch and its metrics, assembled as slime does.
 
@@ -359,6 +360,9 @@ def policy_objective(
     The trainer passes the GLOBAL batch size (samples per optimizer step, over all accumulation steps and DP
     ranks) as ``normaliser``, so summing this loss (and each metric) over micro-batches and all-reducing
     (SUM) across DP ranks yields the global per-sample mean; gradients accumulate the same way.
+    With ``per_token`` (slime ``--calculate-per-token-loss``) ``q`` becomes its sum over the loss tokens ``/ normaliser``
+    and the trainer passes the step's token count (over every sample of the optimizer step, each counting at
+    least 1 as in slime), so the sum is the global per-token mean.
 
     Args:
         log_probs: [B, T] current-policy log-probs (carries grad).
@@ -370,7 +374,8 @@ def policy_objective(
         policy_loss: name in :data:`POLICY_LOSSES`; eps_clip / eps_clip_high / eps_clip_c are passed to it.
         entropy_coef, use_kl_loss, kl_loss_coef, kl_loss_type: as slime's flags of the same names.
         rollout_log_probs: [B, T] inference-engine log-probs; adds ``train_rollout_logprob_abs_diff``.
-        normaliser: > 0, the global batch size (see Reduction).
+        normaliser: > 0, the global batch size, or with ``per_token`` the step's token count (see Reduction).
+        per_token: reduce per token over the step instead of per sample (see Reduction).
 
     Returns:
         ``(loss, metrics)``: ``loss`` a 0-dim tensor with grad; ``metrics`` detached 0-dim tensors with keys
@@ -396,6 +401,8 @@ def policy_objective(
         raise ValueError("use_kl_loss=True requires ref_log_probs")
 
     def reduce(tok: Tensor) -> Tensor:
+        if per_token:
+            return torch.where(loss_mask != 0, tok, torch.zeros_like(tok)).sum() / normaliser
         return masked_sample_mean(tok, loss_mask).sum() / normaliser
 
     pg_fn = get_policy_loss(policy_loss)

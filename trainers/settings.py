@@ -56,6 +56,19 @@ class TrainerSettings:
     check_model_hash: bool
     config_hash: str
     run_dir: str  # the rendezvous file store (one machine) lives under it
+    # slime's batching, loss, advantage, optimizer and memory flags (config/train.py)
+    use_dynamic_batch_size: bool = False
+    max_tokens_per_gpu: int | None = None
+    balance_data: bool = False
+    per_token_loss: bool = False
+    kl_coef: float = 0.0
+    normalize_advantages: bool = False
+    optimizer: str = "adam"
+    sgd_momentum: float = 0.9
+    deterministic_mode: bool = False
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
 
 
 def trainer_settings(cfg: RunConfig) -> TrainerSettings:
@@ -106,4 +119,16 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         check_model_hash=cfg.checkpoint.ci_check_model_hash,
         config_hash=cfg.config_hash(),
         run_dir=str(cfg.resolved_run_dir),
+        use_dynamic_batch_size=t.use_dynamic_batch_size,
+        max_tokens_per_gpu=t.max_tokens_per_gpu,
+        balance_data=t.balance_data,
+        per_token_loss=t.calculate_per_token_loss,
+        kl_coef=t.kl_coef,
+        normalize_advantages=t.normalize_advantages,
+        optimizer=t.optimizer,
+        sgd_momentum=t.sgd_momentum,
+        deterministic_mode=t.deterministic_mode,
+        recompute_granularity=t.recompute_granularity,
+        recompute_method=t.recompute_method,
+        recompute_num_layers=t.recompute_num_layers,
     )

@@ -53,7 +53,24 @@ def _rotary_get_emb(self: Any, max_seq_len: int, offset: int = 0) -> torch.Tenso
     return emb[:, None, None, :]
 
 
-def _replace(owner: type, attr: str, fn: Callable[..., Any]) -> None:
+def _get_rng_states() -> tuple[torch.Tensor, None, dict[str, Any]]:
+    """Replaces `megatron.core.tensor_parallel.random._get_all_rng_states` (what activation recomputation saves
+    before a checkpointed forward): the CPU generator's state and the tracker's, no CUDA generator's."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    return torch.get_rng_state(), None, get_cuda_rng_tracker().get_states()
+
+
+def _set_rng_states(cpu_state: torch.Tensor, cuda_state: None, tracker_states: dict[str, Any]) -> None:
+    """Replaces `megatron.core.tensor_parallel.random._set_all_rng_states`: restores what `_get_rng_states` saved."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    del cuda_state
+    torch.set_rng_state(cpu_state)
+    get_cuda_rng_tracker().set_states(tracker_states)
+
+
+def _replace(owner: Any, attr: str, fn: Callable[..., Any]) -> None:
     if getattr(getattr(owner, attr), _MARK, False):
         return
     setattr(fn, _MARK, True)
@@ -63,10 +80,14 @@ def _replace(owner: type, attr: str, fn: Callable[..., Any]) -> None:
 def apply() -> None:
     """Install the CPU patches (a no-op when they are in place already)."""
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.tensor_parallel import random
     from megatron.core.utils import GlobalMemoryBuffer
 
     _replace(GlobalMemoryBuffer, "get_tensor", _global_buffer_get_tensor)
     _replace(RotaryEmbedding, "get_emb", _rotary_get_emb)
+    # --recompute-granularity: megatron's checkpoint saves and restores the RNG states around the recomputation
+    _replace(random, "_get_all_rng_states", _get_rng_states)
+    _replace(random, "_set_all_rng_states", _set_rng_states)
 
 
 def applied() -> bool:

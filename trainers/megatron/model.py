@@ -7,6 +7,7 @@ self-attention with optional q/k/v bias, RoPE, SwiGLU MLP, tied or untied output
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -48,10 +49,26 @@ def init_parallel(tp_size: int, seed: int, device: torch.device) -> None:
         tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
 
 
-def transformer_config(arch: ModelArch, tp_size: int, device: torch.device) -> TransformerConfig:
+@dataclass(frozen=True)
+class Memory:
+    """slime's recompute and determinism flags, passed to megatron's TransformerConfig as they are."""
+
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    deterministic_mode: bool = False
+
+
+def transformer_config(
+    arch: ModelArch, tp_size: int, device: torch.device, memory: Memory = Memory()
+) -> TransformerConfig:
     """The TransformerConfig equal to the HF model: no dropout, no fused kernels (none exist on the CPU,
     and the unfused ones are what reproduces the HF forward within float32 rounding)."""
     return TransformerConfig(
+        recompute_granularity=memory.recompute_granularity,  # type: ignore[arg-type]
+        recompute_method=memory.recompute_method,  # type: ignore[arg-type]
+        recompute_num_layers=memory.recompute_num_layers,
+        deterministic_mode=memory.deterministic_mode,
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_heads,
@@ -81,9 +98,9 @@ def transformer_config(arch: ModelArch, tp_size: int, device: torch.device) -> T
     )
 
 
-def build_model(arch: ModelArch, tp_size: int, device: torch.device) -> GPTModel:
+def build_model(arch: ModelArch, tp_size: int, device: torch.device, memory: Memory = Memory()) -> GPTModel:
     """This TP rank's GPTModel (parameters uninitialised: load converted weights into it)."""
-    config = transformer_config(arch, tp_size, device)
+    config = transformer_config(arch, tp_size, device, memory)
     model = GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),

@@ -32,7 +32,7 @@ from trainers.collectives import init_method
 from trainers.core import TrainerCore, buckets
 from trainers.megatron import checkpoint, convert, persistence
 from trainers.megatron.arch import ModelArch
-from trainers.megatron.model import build_model, causal_mask, init_parallel
+from trainers.megatron.model import Memory, build_model, causal_mask, init_parallel
 from trainers.megatron.parallel import Layout, clip_grad_norm, gather_vocab, sum_grads_over_dp
 from trainers.settings import TrainerSettings
 
@@ -80,7 +80,7 @@ class MegatronTrainer(TrainerCore):
         self.pad_id = self.arch.pad_token_id or 0  # what the torch backend pads with
         self.model = self._build(Path(self.checkpoint))
         self.ref_model = None
-        if self.s.need_ref_model:
+        if self._wants_ref_model():
             self.ref_model = self._build(
                 model_dir(self.s.ref_load) if self.s.ref_load else Path(self.checkpoint)
             )
@@ -102,7 +102,11 @@ class MegatronTrainer(TrainerCore):
         arch = ModelArch.from_pretrained(hf_dir)
         if arch != self.arch:
             raise ValueError(f"{hf_dir}: architecture {arch} differs from the policy's {self.arch}")
-        model = build_model(self.arch, self.layout.tp_size, self.device)
+        s = self.s
+        memory = Memory(
+            s.recompute_granularity, s.recompute_method, s.recompute_num_layers, s.deterministic_mode
+        )
+        model = build_model(self.arch, self.layout.tp_size, self.device, memory)
         self.load_hf_weights(model, checkpoint.hf_reader(hf_dir))
         model.train()  # dropout is refused (ModelArch); train mode matches what the loss sees
         return model

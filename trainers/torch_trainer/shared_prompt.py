@@ -9,12 +9,14 @@ HF parameter tensors); trainers.batching.SharedPrompts.build decides from the to
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from trainers.batching import SharedPrompts
+from trainers.recompute import recompute
 
 
 def supports(model: Any) -> bool:
@@ -24,8 +26,12 @@ def supports(model: Any) -> bool:
     return FastDecoder.supports(model)
 
 
-def shared_hidden(model: Any, sp: SharedPrompts) -> torch.Tensor:
+def shared_hidden(
+    model: Any, sp: SharedPrompts, recomputed: frozenset[int] = frozenset(), selective: bool = False
+) -> torch.Tensor:
     """Final-norm hidden states predicting each response token, [N, H] in `sp.source` order; differentiable.
+    `recomputed`: layers whose activations are recomputed in the backward (whole layers, or with `selective`
+    their attention only: trainers/recompute.py).
 
     Every token-wise operation (norms, projections, rotary, MLP) runs on the packed rows, real tokens only: the
     matmuls set the time, and padding every response to the longest would multiply them (on tiny-arith by up to
@@ -58,8 +64,8 @@ def shared_hidden(model: Any, sp: SharedPrompts) -> torch.Tensor:
     def heads(t: torch.Tensor, n: int, length: int) -> torch.Tensor:  # [n*length, k, d] -> [n, k, length, d]
         return t.reshape(n, length, -1, d).transpose(1, 2)
 
-    for layer in inner.layers:
-        attn, mlp = layer.self_attn, layer.mlp
+    def attention(layer: Any, x: torch.Tensor) -> torch.Tensor:
+        attn = layer.self_attn
         w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
         bias = (
             None
@@ -87,8 +93,20 @@ def shared_hidden(model: Any, sp: SharedPrompts) -> torch.Tensor:
         att = torch.cat(
             [att_p.transpose(1, 2).reshape(slots, h * d), att_r.transpose(1, 2).reshape(b * r, h * d)]
         ).index_select(0, sp.pack)
-        x = x + attn.o_proj(att)
+        return attn.o_proj(att)
+
+    def block(layer: Any, x: torch.Tensor, attention: Any = attention) -> torch.Tensor:
+        x = x + attention(layer, x)
+        mlp = layer.mlp
         y = F.rms_norm(x, (x.shape[-1],), layer.post_attention_layernorm.weight, eps)
-        x = x + mlp.down_proj(F.silu(mlp.gate_proj(y)) * mlp.up_proj(y))
+        return x + mlp.down_proj(F.silu(mlp.gate_proj(y)) * mlp.up_proj(y))
+
+    for i, layer in enumerate(inner.layers):
+        if i not in recomputed:
+            x = block(layer, x)
+        elif selective:  # the attention's activations only (Megatron's selective granularity)
+            x = block(layer, x, functools.partial(recompute, attention))
+        else:
+            x = recompute(block, layer, x)
     hidden = x.index_select(0, sp.source)
     return F.rms_norm(hidden, (hidden.shape[-1],), inner.norm.weight, eps)

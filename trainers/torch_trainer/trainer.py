@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from artifacts.atomic import atomic_write_json
 from artifacts.checkpoints import model_dir, resolve_checkpoint
 from artifacts.hashing import layer_hashes, tensor_hashes, weights_sha256
+from trainers import recompute
 from trainers.base import Trainer
 from trainers.batching import MicroBatch
 from trainers.collectives import all_reduce_sum, init_method
@@ -55,12 +56,13 @@ class TorchTrainer(TrainerCore):
         self.model.train()  # dropout is 0 in our models; train mode matches what the loss sees
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.ref_model = None
-        if self.s.need_ref_model:  # the KL loss, or the --ci-test log-prob checker, compares with it
+        if self._wants_ref_model():
             ref = model_dir(self.s.ref_load) if self.s.ref_load else self.checkpoint
             self.ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
             self.ref_model.train()
             self.ref_model.requires_grad_(False)
         self.params = [p for _, p in self.model.named_parameters()]
+        self._recomputed = frozenset(self._set_recompute())
         self._plain_head = has_plain_output_layer(self.model)
         self._shared_prompts = self._plain_head and shared_prompt.supports(self.model)
         self._build_optimizer()
@@ -91,7 +93,11 @@ class TorchTrainer(TrainerCore):
         head, decoder = hf.get_output_embeddings().weight, hf.base_model
         lps, ents, targets = [], [], []
         if mb.shared is not None and self._shared_prompts:
-            parts = [(shared_hidden(hf, mb.shared), mb.shared.tokens, mb.shared.target)]
+            selective = self.s.recompute_granularity == "selective"
+            hidden = shared_hidden(
+                hf, mb.shared, self._recomputed if model is self.model else frozenset(), selective
+            )
+            parts = [(hidden, mb.shared.tokens, mb.shared.target)]
         else:
             parts = [
                 (
@@ -115,6 +121,20 @@ class TorchTrainer(TrainerCore):
         if not self.s.entropy_coef:  # a metric only: no graph through it
             entropy = entropy.detach()
         return log_probs, torch.zeros(b * t).index_copy(0, target, entropy).view(b, t)
+
+    def _set_recompute(self) -> set[int]:
+        """--recompute-*: the policy model's decoder layers recompute their activations in the backward."""
+        s = self.s
+        if s.recompute_granularity is None:
+            return set()
+        if not recompute.is_hf_decoder(self.model):
+            raise ValueError(
+                f"--recompute-granularity: {type(self.model).__name__} has no model.layers to checkpoint; "
+                "leave recomputation off for this model"
+            )
+        return recompute.apply_to_hf(
+            self.model, s.recompute_granularity, s.recompute_method, s.recompute_num_layers
+        )
 
     # DP is the whole world: every rank is its own replica, the default group is the DP group
     @property
