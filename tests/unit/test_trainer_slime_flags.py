@@ -235,3 +235,37 @@ def test_deterministic_mode_turns_on_torchs_deterministic_algorithms(ckpt, rollo
         _train(t, rollout, tmp_path)  # every op the trainer runs has a deterministic kernel
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_megatron_data_parallel_2_with_token_budget_balance_per_token_loss_and_whitening(
+    ckpt, rollout, tmp_path
+):
+    """Two DP ranks agree on the packed and balanced schedule, the step's token count and the whitening
+    statistics: the same training as one rank within float32 rounding (the micro-batches differ)."""
+    pytest.importorskip("megatron.core")
+    from config import DebugConfig
+    from tests.megatron_helpers import run_world
+
+    flags = dict(
+        use_dynamic_batch_size=True,
+        max_tokens_per_gpu=14,
+        balance_data=True,
+        calculate_per_token_loss=True,
+        normalize_advantages=True,
+    )
+    det = DebugConfig(debug_deterministic_collective=True)
+    cfg2 = _cfg(ckpt, "megatron", data_parallel_size=2, **flags).model_copy(update={"debug": det})
+    task = {
+        "cfg": cfg2.model_dump_json(),
+        "checkpoint": str(ckpt),
+        "rollout": rollout.model_dump(),
+        "logprobs": str(tmp_path / "lp_dp2.parquet"),
+        "out": str(tmp_path),
+    }
+    dp2 = run_world(2, task)
+    assert dp2[0]["metrics"] == dp2[1]["metrics"]
+    dp1 = _trainer("megatron", _cfg(ckpt, "megatron", **flags).model_copy(update={"debug": det}), ckpt)
+    for x, y in zip(_train(dp1, rollout, tmp_path), dp2[0]["metrics"], strict=True):
+        assert sorted(x) == sorted(y) and max(abs(x[k] - y[k]) for k in x) < TOL
+    one, two = dp1.export_weights(), dp2[0]["weights"]
+    assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-4
