@@ -744,6 +744,13 @@ class TrainerCore(abc.ABC):
         """Restore the LR schedule saved as its state_dict less lr_lambdas (nothing when either is absent)."""
         if self.scheduler is None or self.optimizer is None or not saved:
             return
+        groups = len(self.optimizer.param_groups)
+        # every group follows the one schedule: a checkpoint from before the weight-decay groups (one group)
+        # gives each group its values
+        saved = {
+            k: v * groups if isinstance(v, list) and len(v) == 1 and groups > 1 else v
+            for k, v in saved.items()
+        }
         self.scheduler.load_state_dict({**self.scheduler.state_dict(), **saved})
         # the scheduler sets a group's lr only when it steps: put back the lr it had reached, or the first
         # step after a resume runs at the initial lr (invisible with a constant schedule)

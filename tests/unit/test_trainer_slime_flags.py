@@ -269,3 +269,17 @@ def test_megatron_data_parallel_2_with_token_budget_balance_per_token_loss_and_w
         assert sorted(x) == sorted(y) and max(abs(x[k] - y[k]) for k in x) < TOL
     one, two = dp1.export_weights(), dp2[0]["weights"]
     assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_checkpoint_of_one_param_group_loads_into_the_weight_decay_groups(ckpt, rollout, tmp_path, backend):
+    """A run saved without weight decay (one param group) resumes with it (a group per run of decay)."""
+    plain = _trainer(backend, _cfg(ckpt, backend, weight_decay=0.0), ckpt)
+    _train(plain, rollout, tmp_path, "first")
+    plain.save(str(tmp_path / "save"), 0)
+    decayed = _trainer(backend, _cfg(ckpt, backend, weight_decay=0.1), ckpt)
+    assert len(plain.optimizer.param_groups) == 1 < len(decayed.optimizer.param_groups)
+    assert decayed.load(str(tmp_path / "save")) == 0
+    lrs = {g["lr"] for g in decayed.optimizer.param_groups}
+    assert lrs == {plain.optimizer.param_groups[0]["lr"]}
+    assert decayed.global_step == plain.global_step
