@@ -115,8 +115,8 @@ class LoggingConfig(Section):
     )
     wandb_host: str | None = Field(
         None,
-        description="W&B server URL (slime's wandb.login host, e.g. a self-hosted W&B); None = W&B's default. "
-        "Used only with --use-wandb. (--wandb-key, the API key, sets WANDB_API_KEY for the run and is never "
+        description="W&B server to log in to with --wandb-key (slime's wandb.login host, e.g. a self-hosted W&B), "
+        "when W&B runs online; None = W&B's default. (--wandb-key sets WANDB_API_KEY for the run and is never "
         "written to config.yaml.)",
     )
     wandb_mode: WandbMode | None = Field(

@@ -164,5 +164,11 @@ def derive_slots(data: dict[str, Any]) -> dict[str, Any]:
         world = tp  # data_parallel_size's default 1
     if _given(placement, "colocate")[1] and world is not None:
         if not _given(rollout, "rollout_num_gpus")[0] and not _given(rollout, "rollout_num_engines")[0]:
+            per_engine = _given(rollout, "rollout_num_gpus_per_engine")[1] or 1
+            if isinstance(per_engine, int) and per_engine > 0 and world % per_engine:
+                raise ValueError(
+                    f"--colocate gives the engines the {world} trainer slots, not a multiple of "
+                    f"--rollout-num-gpus-per-engine {per_engine}: give --rollout-num-gpus"
+                )
             out["rollout"] = _with(rollout, rollout_num_gpus=world)
     return out

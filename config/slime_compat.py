@@ -42,7 +42,7 @@ FLAGS: dict[str, tuple[Status, str]] = {
     "--rollout-num-gpus-per-engine": (_SAME, "engine count = --rollout-num-gpus / this"),
     "--rollout-num-gpus": (_SAME, "slots of all engines"),
     "--use-wandb": (_SAME, "needs the wandb extra (pip install 'rollflow[wandb]')"),
-    "--wandb-host": (_SAME, "the W&B server, with --use-wandb"),
+    "--wandb-host": (_SAME, "the W&B server --wandb-key logs in to, online"),
     "--wandb-key": (_SAME, "sets WANDB_API_KEY; never written to config.yaml"),
     "--wandb-team": (_SAME, ""),
     "--wandb-project": (_SAME, ""),

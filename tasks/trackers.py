@@ -127,6 +127,10 @@ class WandbTracker:
         lg = cfg.logging
         if lg.wandb_dir:
             Path(lg.wandb_dir).mkdir(parents=True, exist_ok=True)  # W&B's service fails on a missing dir
+        key = os.environ.get("WANDB_API_KEY")
+        if key and (lg.wandb_mode or os.environ.get("WANDB_MODE", "online")) == "online":
+            # slime logs in with --wandb-key at --wandb-host only when online; offline runs never reach a server
+            wandb.login(key=key, host=lg.wandb_host)
         # console="off": the process's stdout belongs to rollflow (and Prefect's log capture); every metric
         # reaches W&B as history anyway. reinit="create_new": runs in one process each get their own W&B run.
         self.run = wandb.init(
@@ -137,8 +141,7 @@ class WandbTracker:
             dir=lg.wandb_dir,
             mode=lg.wandb_mode,
             config=json.loads(cfg.model_dump_json()),
-            # --wandb-host: the server slime's wandb.login(host=...) picks
-            settings=wandb.Settings(console="off", **({"base_url": lg.wandb_host} if lg.wandb_host else {})),
+            settings=wandb.Settings(console="off"),
             reinit="create_new",
         )
         for key in sorted(set(WANDB_STEP_METRICS.values())):

@@ -380,6 +380,21 @@ def test_wandb_flags_are_taken_and_the_key_never_reaches_the_config():
     assert args.wandb_key == "secret" and "secret" not in cfg.model_dump_json()
 
 
+@pytest.mark.parametrize("mode, logs_in", [("online", True), ("offline", False)])
+def test_wandb_key_logs_in_at_wandb_host_only_online(mode, logs_in, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from tasks.trackers import WandbTracker
+
+    calls: list[dict] = []
+    monkeypatch.setattr(wandb, "login", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(
+        wandb, "init", lambda **kw: type("Run", (), {"define_metric": lambda *a, **k: None})()
+    )
+    monkeypatch.setenv("WANDB_API_KEY", "secret")
+    WandbTracker(parse("--use-wandb", "--wandb-host", "https://wandb.example", "--wandb-mode", mode))
+    assert calls == ([{"key": "secret", "host": "https://wandb.example"}] if logs_in else [])
+
+
 def test_gpu_counts_derive_dp_and_engines_as_slime_does():
     cfg = parse("--actor-num-nodes", "2", "--actor-num-gpus-per-node", "2", "--global-batch-size", "8")
     assert (cfg.train.data_parallel_size, cfg.trainer_world_size) == (4, 4)
@@ -403,6 +418,18 @@ def test_gpu_counts_derive_dp_and_engines_as_slime_does():
             "2",
             "--train-backend",
             "megatron",
+        )
+    with pytest.raises(
+        ValueError, match="--colocate gives the engines the 3 trainer slots, not a multiple of"
+    ):
+        parse(
+            "--actor-num-gpus-per-node",
+            "3",
+            "--colocate",
+            "--rollout-num-gpus-per-engine",
+            "2",
+            "--global-batch-size",
+            "3",
         )
     with pytest.raises(ValueError, match="--rollout-num-engines 3 contradicts --rollout-num-gpus 4"):
         parse("--rollout-num-engines", "3", "--rollout-num-gpus", "4")
