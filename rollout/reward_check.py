@@ -34,7 +34,8 @@ def check_reward(
             raise ValueError(f"{where}: {reward}")
         rewards.append(reward)
     line = (
-        f"reward check: {scorer.name} on {len(rewards)} {unit}s of {flag}, each answered by its label: "
+        f"reward check: {scorer.name} on {len(rewards)} {unit}{'s' * (len(rewards) != 1)} of {flag}, each answered by "
+        "its label: "
         f"{', '.join(f'{r:g}' for r in rewards)}"
     )
     if rm_type and rm_type.removeprefix("boxed_") != "random" and rewards and max(rewards) <= 0:
@@ -59,7 +60,10 @@ async def _score(scorer: Scorer, sample: Sample, group_rm: bool) -> float | str:
 
 def _sample(i: int, prompt: Any, response: str, tokenizer: Any) -> Sample:
     """The completed sample a run would score for `prompt` had the model answered `response`."""
-    tokens = list(tokenizer.encode(response, add_special_tokens=False))
+    try:
+        tokens = list(tokenizer.encode(response, add_special_tokens=False))
+    except Exception:  # a vocabulary without an unknown token cannot spell every text
+        tokens = []  # the reward then sees no response tokens, only the text
     return Sample(
         group_index=i,
         index=i,

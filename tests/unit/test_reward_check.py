@@ -150,3 +150,17 @@ def test_a_rows_unknown_rm_type_is_named_before_the_run(byo, tmp_path, monkeypat
     assert dry_run(byo, tmp_path, monkeypatch, "--rm-type", "math") == 2
     err = capsys.readouterr().err
     assert f"--prompt-data {data} line 2: metadata --rm-type 'mathh': unknown; built-ins are" in err
+
+
+def test_a_tokenizer_that_cannot_spell_the_answer_does_not_stop_the_check():
+    from rollout.data import Prompt, PromptSet
+    from rollout.reward_check import check_reward
+    from rollout.rewards import Scorer
+
+    class NoUnknownToken:
+        def encode(self, text, add_special_tokens=False):
+            raise Exception("WordLevel error: Missing [UNK] token from the vocabulary")
+
+    prompts = PromptSet("d.parquet", "0" * 64, (Prompt(1, "1+1=", (5, 6), "2", {}, None),), 1, 0)
+    line = check_reward(Scorer("math", None, None), prompts, "--prompt-data", NoUnknownToken(), "math", False)
+    assert line == "reward check: math on 1 row of --prompt-data, each answered by its label: 1"
