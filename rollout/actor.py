@@ -86,3 +86,36 @@ class RolloutActor:
         )
         ref, tally = self._loop.run(finished)
         return ref, dataclasses.replace(tally, generation=max((a.seconds for a in answers), default=0.0))
+
+    @ray.method(num_returns=2)
+    def generate_with_plugins(
+        self,
+        cfg: RunConfig,
+        rollout_id: int,
+        entries: list[Entry],
+        engines: list[Any],
+        weight_version: int,
+        weights_sha256: str,
+        path: str,
+        *,
+        eval_mode: bool = False,
+        ctx: dict[str, Any] | None = None,
+    ) -> tuple[ArtifactRef, Tally]:
+        """Generate rollout `rollout_id` with the run's --custom-generate-function-path or --rollout-function-path
+        (rollout/plugins.py), calling `engines` (the run's engine actors) on `weight_version`, then score and
+        write it as `finish_rollout` does; the same two returns."""
+        from rollout.plugins import plugged_rollout
+
+        self.faults.reach("rollout_finish_start", **(ctx or {}))
+        done = plugged_rollout(
+            cfg,
+            rollout_id,
+            entries,
+            engines,
+            weight_version,
+            weights_sha256,
+            path,
+            eval_mode=eval_mode,
+            ctx=ctx,
+        )
+        return self._loop.run(done)

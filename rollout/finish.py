@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from artifacts.schema import Sample as Row
 from artifacts.store import ArtifactRef, write_rollout
 from engines.base import GenerateOutput, StaleWeights
 from rollout.requests import Entry, sampling_metadata, split_for_engines, to_samples
@@ -97,6 +98,22 @@ async def finish_rollout(
         rollout_id,
         group_rm=cfg.reward.group_rm and not eval_mode,  # slime: no group reward for eval
     )
+    return write_finished(cfg, rollout_id, samples, weights_sha256, path, eval_mode=eval_mode, began=began)
+
+
+def write_finished(
+    cfg: RunConfig,
+    rollout_id: int,
+    samples: list[Row],
+    weights_sha256: str,
+    path: str | Path,
+    *,
+    eval_mode: bool,
+    began: float,
+) -> tuple[ArtifactRef, Tally]:
+    """Write scored `samples` as rollout `rollout_id` (see `finish_rollout`) and tally them; `began`: when
+    scoring started (perf_counter), for the tally's seconds."""
+    _, stops, scorer, eval_scorer = scoring_side(cfg)
     if eval_mode:
         ref = write_rollout(path, samples, metadata={"weights_sha256": weights_sha256}, kind="eval")
     else:

@@ -112,10 +112,12 @@ async def scored_rows(
     *,
     group_rm: bool = False,
     reasons: list[str] | None = None,
+    weight_version: int | None = None,
 ) -> list[Row]:
     """Score `samples` (one per entry, in order) and package them as rows, each with how it ended
     (`metadata["finish_reason"]`: `reasons[i]`, else the sample's own or its status's) and where its prompt came
-    from; a rollout fails only if the reward failed on every sample."""
+    from; a rollout fails only if the reward failed on every sample. `weight_version`: the rows' (default: the
+    engine's, from each sample)."""
     scored = await score_samples(scorer, samples, group_rm)
     extra = [
         {
@@ -125,7 +127,7 @@ async def scored_rows(
         }
         for i, (e, s) in enumerate(zip(entries, samples, strict=True))
     ]
-    rows = package(samples, scored, rollout_id, extra)
+    rows = package(samples, scored, rollout_id, extra, weight_version)
     failed = [x for x in rows if x.status == "failed"]
     if rows and len(failed) == len(rows):
         raise RuntimeError(

@@ -135,12 +135,16 @@ async def _call_with_timeout(fn: Callable[..., Any], args: tuple[Any, ...], time
 
 
 def package(
-    samples: list[Sample], scored: list[Scored], rollout_id: int, extra: list[dict[str, Any]]
+    samples: list[Sample],
+    scored: list[Scored],
+    rollout_id: int,
+    extra: list[dict[str, Any]],
+    weight_version: int | None = None,
 ) -> list[Any]:
     """The rollout rows of scored `samples`: the reward's side entries under `metadata["reward_extra"]`, a failed
     reward as status `failed` with its error under `metadata["reward_error"]` (loss mask zeroed), `extra[i]`
-    added to sample i's metadata (where it came from). The weight version is the engine's (all of a rollout's
-    outputs come from one, checked before)."""
+    added to sample i's metadata (where it came from). The weight version is `weight_version`, else the engine's
+    (all of a rollout's outputs come from one, checked before)."""
     rows = []
     for s, sc, more in zip(samples, scored, extra, strict=True):
         s.metadata = {**s.metadata, **more}
@@ -148,6 +152,9 @@ def package(
             s.metadata["reward_extra"] = sc.extra
         if sc.error is not None:
             s.status, s.metadata["reward_error"] = Sample.Status.FAILED, sc.error
-        version = int(s.weight_versions[-1]) if s.weight_versions else 0
+        if weight_version is not None:
+            version = weight_version
+        else:
+            version = int(s.weight_versions[-1]) if s.weight_versions else 0
         rows.append(to_row(s, rollout_id, version, sc.reward))
     return rows

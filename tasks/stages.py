@@ -22,6 +22,7 @@ from config import RunConfig
 from engines.base import GenerateRequest
 from rollout.data import prompts_for_rollout
 from rollout.finish import Tally
+from rollout.plugins import uses_plugins
 from rollout.requests import Entry, build_requests, split_for_engines
 from rollout.source import cached, eval_params, rollout_source, train_params
 from tasks import actors
@@ -141,20 +142,35 @@ async def _generate(
     answers to the rollout actor without a round trip through this process."""
     _, parts = _per_engine(cfg, entries)
     engines = actors.engines(cfg)
-    answers = [
-        e.generate.remote(part, weights.version, ctx) for e, part in zip(engines, parts, strict=True) if part
-    ]
-    ref, tally = actors.rollout_actor(cfg).finish_rollout.remote(
-        cfg,
-        rollout_id,
-        entries,
-        weights.version,
-        weights.sha256,
-        path,
-        *answers,
-        eval_mode=eval_mode,
-        ctx=ctx,
-    )
+    if uses_plugins(cfg):  # the rollout actor drives the engines through the plug-in (rollout/plugins.py)
+        ref, tally = actors.rollout_actor(cfg).generate_with_plugins.remote(
+            cfg,
+            rollout_id,
+            entries,
+            engines,
+            weights.version,
+            weights.sha256,
+            path,
+            eval_mode=eval_mode,
+            ctx=ctx,
+        )
+    else:
+        answers = [
+            e.generate.remote(part, weights.version, ctx)
+            for e, part in zip(engines, parts, strict=True)
+            if part
+        ]
+        ref, tally = actors.rollout_actor(cfg).finish_rollout.remote(
+            cfg,
+            rollout_id,
+            entries,
+            weights.version,
+            weights.sha256,
+            path,
+            *answers,
+            eval_mode=eval_mode,
+            ctx=ctx,
+        )
     rollout, counted = await asyncio.gather(ref, tally)
     for line in counted.warnings:
         notice(line, logging.WARNING)

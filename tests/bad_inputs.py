@@ -667,6 +667,21 @@ CASES: list[Case] = [
         ],
         "cannot import 'nowhere_xyz'",
     ),
+    run("--rm-type", "remote_rm", needle="give --rm-url", kind="data", what="remote_rm without --rm-url"),
+    run(
+        "--rm-type",
+        "dapo",
+        needle="give --reward-key score",
+        kind="data",
+        what="dapo's dict reward without --reward-key",
+    ),
+    run(
+        "--rm-type",
+        "ifbench",
+        needle="give --custom-rm-path",
+        kind="data",
+        what="slime's ifbench reward (it fetches code when imported)",
+    ),
     run(
         "--eval-prompt-data",
         "a",

@@ -1,0 +1,227 @@
+"""The plug-ins' engine client and slime's generate / rollout function contracts, on a scripted engine: batching,
+per-call seeds, stops, the calculator example's loss mask, and what a rollout function must give back."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from collections.abc import Callable
+
+import pytest
+
+from engines.base import EngineAnswer, GenerateOutput, GenerateRequest, SamplingParams
+from examples.calculator_tool import calculator
+from recipes.tiny_arith.tokenizer import build_tokenizer
+from rollout import engine_client
+from rollout.engine_client import EngineClient, EngineClientError, call_seed
+from rollout.plugins import DataSource, PluginError, _call_generate, _rollout_function
+from rollout.sample import Sample
+from rollout.template import Stops
+
+TOK = build_tokenizer()
+EOS = TOK.eos_token_id
+
+
+class ScriptedEngine:
+    """An engine actor stand-in: `reply(prompt text) -> text` is what the model writes; every call is recorded."""
+
+    def __init__(self, reply: Callable[[str], str]) -> None:
+        self.reply, self.calls = reply, []
+        self.generate = self
+
+    def remote(self, requests: list[GenerateRequest], version: int, ctx: dict) -> asyncio.Future:
+        self.calls.append(requests)
+        outs = []
+        for r in requests:
+            ids = TOK.encode(self.reply(TOK.decode(list(r.prompt_tokens))), add_special_tokens=False)
+            stop = next((i for i, t in enumerate(ids) if t in r.params.stop_token_ids), None)
+            ids = ids[: stop + 1] if stop is not None else ids[: r.params.max_new_tokens]
+            reason = "stop" if stop is not None else "length"
+            outs.append(GenerateOutput(tuple(ids), tuple(-0.25 for _ in ids), reason, version))
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(EngineAnswer(outs, 0.01))
+        return future
+
+
+def _client(engine: ScriptedEngine, max_len: int | None = None) -> EngineClient:
+    return EngineClient([engine], 3, {}, TOK, Stops((EOS,), ()), max_len=max_len)
+
+
+def _sample(question: str = "23+45", seed: int = 11, **metadata: object) -> Sample:
+    prompt = TOK.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
+    return Sample(
+        group_index=0,
+        index=0,
+        prompt=prompt,
+        tokens=TOK.encode(prompt, add_special_tokens=False),
+        label=str(eval(question)),
+        metadata=dict(metadata),
+        seed=seed,
+    )
+
+
+PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 12, "no_stop_trim": True}
+
+
+def _in_sample(client: EngineClient, seed: int, coro_fn: Callable[[], object]) -> object:
+    async def go() -> object:
+        with client:
+            token = engine_client.for_sample(seed, 0)
+            try:
+                return await coro_fn()  # type: ignore[misc]
+            finally:
+                engine_client.reset_sample(token)
+
+    return asyncio.run(go())
+
+
+def test_calls_made_together_are_one_batch_with_per_call_seeds():
+    engine = ScriptedEngine(lambda prompt: "7<eos>")
+    client = _client(engine)
+    ids = TOK.encode("<|user|>1+1=<|assistant|>", add_special_tokens=False)
+
+    async def three() -> list[dict]:
+        return await asyncio.gather(
+            *(engine_client.generate(None, {"input_ids": ids, "sampling_params": PARAMS}) for _ in range(3))
+        )
+
+    outs = _in_sample(client, 5, three)
+    assert len(engine.calls) == 1 and [r.seed for r in engine.calls[0]] == [call_seed(5, n) for n in range(3)]
+    assert call_seed(5, 0) == 5 and len({call_seed(5, n) for n in range(3)}) == 3
+    assert outs[0]["text"] == "7" and outs[0]["meta_info"]["finish_reason"] == {"type": "stop"}
+    assert outs[0]["meta_info"]["output_token_logprobs"] == [
+        [-0.25, TOK.convert_tokens_to_ids("7"), None],
+        [-0.25, EOS, None],
+    ]
+    assert outs[0]["meta_info"]["weight_version"] == 3
+
+
+def test_stops_context_and_refusals():
+    engine = ScriptedEngine(lambda prompt: "12+34=99")
+    client = _client(engine, max_len=12)
+    ids = TOK.encode("<|user|>1+1=<|assistant|>", add_special_tokens=False)  # 6 tokens: 6 left of 12
+
+    async def call(params: dict) -> dict:
+        return await engine_client.generate(None, {"input_ids": ids, "sampling_params": params})
+
+    out = _in_sample(client, 1, lambda: call({**PARAMS, "stop": ["="]}))
+    assert out["text"] == "12+34=" and engine.calls[-1][0].params.stop_token_ids == (
+        EOS,
+        TOK.convert_tokens_to_ids("="),
+    )
+    out = _in_sample(client, 1, lambda: call(PARAMS))
+    assert (
+        engine.calls[-1][0].params.max_new_tokens == 6
+        and out["meta_info"]["finish_reason"]["type"] == "length"
+    )
+    out = _in_sample(client, 1, lambda: call({**PARAMS, "stop": "4="}))  # a longer stop string cuts the text
+    assert out["text"] == "12+34="
+    with pytest.raises(EngineClientError, match=r"sampling_params \['repetition_penalty'\]: not supported"):
+        _in_sample(client, 1, lambda: call({**PARAMS, "repetition_penalty": 1.1}))
+
+    async def outside() -> dict:
+        with client:
+            return await call(PARAMS)
+
+    with pytest.raises(EngineClientError, match="outside a sample's generate call"):
+        asyncio.run(outside())
+    with pytest.raises(EngineClientError, match="inside a --custom-generate-function-path"):
+        asyncio.run(call(PARAMS))
+
+
+def _generate(sample: Sample, reply: Callable[[str], str]) -> tuple[Sample, ScriptedEngine]:
+    engine = ScriptedEngine(reply)
+    out = _in_sample(
+        _client(engine),
+        sample.seed or 0,
+        lambda: _call_generate(calculator.generate, None, sample, PARAMS, False),
+    )
+    assert isinstance(out, Sample)
+    return out, engine
+
+
+def _spans(sample: Sample) -> list[tuple[str, int]]:
+    """The response as (text, loss mask) runs."""
+    runs: list[tuple[list[int], int]] = []
+    for t, m in zip(sample.response_tokens, sample.loss_mask or [], strict=True):
+        if runs and runs[-1][1] == m:
+            runs[-1][0].append(t)
+        else:
+            runs.append(([t], m))
+    return [(TOK.decode(ts), m) for ts, m in runs]
+
+
+def test_calculator_tool_output_is_masked_and_its_log_probs_unused():
+    def model(prompt: str) -> str:  # writes the call, then ends its turn once the result is there
+        return "<eos>" if prompt.endswith("=68") else "23+45="
+
+    sample, engine = _generate(_sample(), model)
+    assert _spans(sample) == [("23+45=", 1), ("68", 0), ("<eos>", 1)]
+    assert sample.rollout_log_probs == [-0.25] * 6 + [0.0, 0.0] + [-0.25]
+    assert sample.response == "23+45=68" and sample.status is Sample.Status.COMPLETED
+    assert asyncio.run(calculator.reward(None, sample)) == 1.0
+    assert [r[0].seed for r in engine.calls] == [11, call_seed(11, 1)]  # one engine call per model turn
+
+    first, _ = _generate(_sample(calculator_first=True), lambda p: "<eos>")
+    assert _spans(first) == [("=68", 0), ("<eos>", 1)] and asyncio.run(calculator.reward(None, first)) == 1.0
+
+    direct, _ = _generate(_sample(), lambda p: "67<eos>")  # no call: every token is the model's
+    assert _spans(direct) == [("67<eos>", 1)] and asyncio.run(calculator.reward(None, direct)) == 0.0
+
+    looping, engine = _generate(
+        _sample(), lambda p: "="
+    )  # calls stop after MAX_CALLS; the budget still holds
+    assert (
+        len(engine.calls) == calculator.MAX_CALLS + 1 and looping.response_length <= PARAMS["max_new_tokens"]
+    )
+
+
+def test_generate_must_give_back_one_sample():
+    async def two(args, sample, params):
+        return [sample, sample]
+
+    async def text(args, sample, params):
+        return "68"
+
+    for fn, match in ((two, "returned 2 samples"), (text, "returned str")):
+        with pytest.raises(PluginError, match=match):
+            asyncio.run(_call_generate(fn, None, _sample(), PARAMS, False))
+
+
+@pytest.fixture
+def rollout_fns(tmp_path, monkeypatch):
+    (tmp_path / "myrollout.py").write_text(
+        textwrap.dedent("""
+        def drops_a_group(args, rollout_id, data_source, evaluation=False):
+            return data_source.get_samples(1)
+
+        async def keeps_all(args, rollout_id, data_source, evaluation=False):
+            groups = data_source.get_samples(2)
+            data_source.add_samples(groups[1:])
+            return groups[:1] + data_source.get_samples(1)
+
+        def too_many(args, rollout_id, data_source, evaluation=False):
+            return data_source.get_samples(3)
+    """)
+    )
+    monkeypatch.chdir(tmp_path)
+    return "myrollout"
+
+
+def test_rollout_function_must_return_every_sample_once(rollout_fns):
+    from config import RunConfig
+    from rollout.data import Prompt
+    from rollout.requests import build_requests
+
+    prompts = [Prompt(i + 1, f"p{i}", (4, 5), "9", {}, None) for i in range(2)]
+    entries = build_requests(prompts, 1, 0, 2, SamplingParams())
+    args = RunConfig()
+    samples = asyncio.run(_rollout_function(f"{rollout_fns}.keeps_all", args, 0, entries))
+    assert [s.index for s in samples] == [0, 1, 2, 3] and samples[2].seed == entries[2].request.seed
+    with pytest.raises(PluginError, match=r"returned 2 samples for rollout 0: .* \(missing indices \[2, 3\]"):
+        asyncio.run(_rollout_function(f"{rollout_fns}.drops_a_group", args, 0, entries))
+    with pytest.raises(PluginError, match="asked for 3 more prompt groups but the rollout has 2 left"):
+        asyncio.run(_rollout_function(f"{rollout_fns}.too_many", args, 0, entries))
+    assert DataSource([], 0).get_samples(0) == []
