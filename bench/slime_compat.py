@@ -124,21 +124,26 @@ def local_model(family: str, into: Path) -> Path:
     return out
 
 
-def local_data(input_key: str, label_key: str, into: Path) -> tuple[Path, Path]:
-    """(train, eval) JSONL files of the tiny-arith prompts under the script's keys (chat messages + label)."""
+def local_data(input_key: str, label_key: str, split: str, like: str, into: Path) -> Path:
+    """A JSONL file of tiny-arith prompts (chat messages + label, under the script's keys), named as the script's
+    file `like` is (its dir and stem: a run is named after its data)."""
     import pyarrow.parquet as pq
 
     from recipes.registry import get_recipe
 
-    files = []
-    for split, parquet in zip(("train", "eval"), get_recipe("tiny-arith").ensure_data(), strict=True):
-        path = into / f"{split}-{input_key}-{label_key}.jsonl"
-        rows = pq.read_table(parquet).slice(0, 64).to_pylist()
-        path.write_text(
-            "".join(json.dumps({input_key: r["prompt"], label_key: r["label"]}) + "\n" for r in rows)
-        )
-        files.append(path)
-    return files[0], files[1]
+    parquet = dict(zip(("train", "eval"), get_recipe("tiny-arith").ensure_data(), strict=True))[split]
+    original = Path(like)
+    path = (
+        into
+        / "data"
+        / f"{input_key}-{label_key}"
+        / original.parent.name
+        / (original.name.split(".")[0] + ".jsonl")
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = pq.read_table(parquet).slice(0, 64).to_pylist()
+    path.write_text("".join(json.dumps({input_key: r["prompt"], label_key: r["label"]}) + "\n" for r in rows))
+    return path
 
 
 def swapped(argv: list[str], into: Path) -> tuple[list[str], dict[str, str]]:
@@ -153,9 +158,7 @@ def swapped(argv: list[str], into: Path) -> tuple[list[str], dict[str, str]]:
     arch_numbers = {
         flag(k): str(v) for k, v in hf.items() if not isinstance(v, bool) and not isinstance(v, str)
     }
-    train, evals = local_data(
-        (values.get("--input-key") or ["input"])[0], (values.get("--label-key") or ["label"])[0], into
-    )
+    keys = ((values.get("--input-key") or ["input"])[0], (values.get("--label-key") or ["label"])[0])
     batch = int(SIZES["--rollout-batch-size"] or 1) * int(SIZES["--n-samples-per-prompt"] or 1)
     out: list[str] = []
     was: dict[str, str] = {}
@@ -166,9 +169,9 @@ def swapped(argv: list[str], into: Path) -> tuple[list[str], dict[str, str]]:
         elif name in ("--load", "--save"):
             new = [str(into / "ckpt")]
         elif name == "--prompt-data":
-            new = [str(train)]
+            new = [str(local_data(*keys, "train", args[0], into))]
         elif name == "--eval-prompt-data":
-            new = [x if i % 2 == 0 else str(evals) for i, x in enumerate(args)]
+            new = [x if i % 2 == 0 else str(local_data(*keys, "eval", x, into)) for i, x in enumerate(args)]
         elif name == "--global-batch-size":
             new = [str(batch)]
         elif name in SIZES and SIZES[name] is not None:
@@ -222,9 +225,9 @@ def _values(argv: list[str]) -> dict[str, list[str]]:
     return dict(_groups(argv))
 
 
-def classify(argv: list[str], resolve: bool) -> tuple[dict[str, tuple[str, str]], list[str]]:
-    """{flag: (status, note)} for every flag of `argv`, and the notice lines; a refused flag is dropped and the
-    rest tried again, so each refusal is the flag's own."""
+def classify(argv: list[str], resolve: bool) -> tuple[dict[str, tuple[str, str]], list[str], str]:
+    """{flag: (status, note)} for every flag of `argv`, the notice lines and the run's name; a refused flag is
+    dropped and the rest tried again, so each refusal is the flag's own."""
     from config.slime_compat import FLAGS, notices
     from flows.cli import build_config, parse_args
     from flows.resolve import check_model_args
@@ -262,7 +265,7 @@ def classify(argv: list[str], resolve: bool) -> tuple[dict[str, tuple[str, str]]
             out[name] = ("checked", "matches config.json")
         else:
             out[name] = ("accepted", entry[1] if entry else "")
-    return out, lines
+    return out, lines, cfg.name
 
 
 def _named_flag(line: str, flags: list[str]) -> str | None:
@@ -301,7 +304,7 @@ def main() -> None:
         for script in script_files(args.scripts, args.mirror, work / "slime"):
             argv = train_args(script, {"NUM_GPUS": "8"})
             local, was = swapped(argv, work)
-            statuses, lines = classify(local, args.resolve)
+            statuses, lines, run_name = classify(local, args.resolve)
             print(f"\n## {script.name}: {len(statuses)} distinct flags\n")
             print("| flag | slime value | bench value | status | note |")
             print("|---|---|---|---|---|")
@@ -313,6 +316,7 @@ def main() -> None:
                 seen.setdefault(name, status)
             counts = {s: sum(v[0] == s for v in statuses.values()) for s in STATUSES}
             print(f"\n{script.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+            print(f"run name: {run_name}")
             for line in lines:
                 print(f"notice: {line}")
             print(
