@@ -1,5 +1,5 @@
-"""slime's plug-in points that are not the reward: which loss the trainer minimises (--loss-type,
---custom-loss-function-path)."""
+"""slime's plug-in points that are not the reward or the generation: which loss the trainer minimises (--loss-type,
+--custom-loss-function-path), and how a rollout's groups are drawn and kept (dynamic sampling)."""
 
 from __future__ import annotations
 
@@ -34,5 +34,46 @@ class LossConfig(Section):
             raise ValueError(
                 f"--custom-loss-function-path is set but --loss-type is {self.loss_type}: "
                 "add --loss-type custom_loss to train with it"
+            )
+        return self
+
+
+class SamplingConfig(Section):
+    """slime's dynamic sampling (DAPO) and its buffer flags: how the groups of a rollout are drawn and kept."""
+
+    over_sampling_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Prompt groups per draw (draws repeat until --rollout-batch-size groups pass "
+        "--dynamic-sampling-filter-path; the surplus of the last draw is discarded, as in slime); None = "
+        "--rollout-batch-size.",
+    )
+    dynamic_sampling_filter_path: str | None = Field(
+        None,
+        description="Dotted path of a group filter, called as slime calls it: fn(args, samples) -> "
+        "DynamicFilterOutput(keep, reason) or a bool (rollout/dynamic.py); slime's "
+        "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std[_with_fallback] name "
+        "rollflow's own.",
+    )
+    partial_rollout: bool = Field(
+        False,
+        description="slime's partial rollout (requests aborted once the batch is full are kept and continued in "
+        "the next rollout): refused, rollflow's engines finish every request of a draw, so nothing is left "
+        "unfinished to keep.",
+    )
+    mask_offpolicy_in_partial_rollout: bool = Field(
+        False, description="slime's mask for continued partial samples: refused with --partial-rollout."
+    )
+
+    @model_validator(mode="after")
+    def _refused(self) -> SamplingConfig:
+        if self.partial_rollout or self.mask_offpolicy_in_partial_rollout:
+            flag = "--partial-rollout" if self.partial_rollout else "--mask-offpolicy-in-partial-rollout"
+            raise ValueError(
+                f"{flag}: rollflow's engines finish every request of a draw (nothing is aborted when the batch "
+                "is full), so there are no partial samples to carry into the next rollout; drop the flag (with "
+                "dynamic sampling the surplus groups of the last draw are discarded, as slime discards finished "
+                "ones)"
             )
         return self

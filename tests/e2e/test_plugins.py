@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from artifacts.store import RunPaths, read_metrics
+from artifacts.store import RunPaths, read_metrics, read_rollout
 from tests.e2e.test_loop import small_config
 
 pytestmark = pytest.mark.e2e
@@ -49,3 +49,38 @@ def test_custom_loss_example_trains_on_each_backend(
         if first["train/grad_norm"] > 0
     ]
     assert moved and all(moved)
+
+
+def test_dapo_filter_example_fills_each_rollout_and_replays_bitwise(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
+    """Dynamic sampling in a real run: every rollout holds --rollout-batch-size groups that passed the example's
+    filter, the draws are logged, and a replay of a rollout's generation keeps the same groups."""
+    from flows.replay import replay_flow
+    from flows.run import run_flow
+
+    cfg = small_config(
+        tmp_path,
+        base_checkpoint,
+        eval={"eval_interval": None},
+        train={"lr": 1e-4},  # small_config's 1e-2 makes the tiny model answer past the length limit
+        sampling={
+            "over_sampling_batch_size": 6,
+            "dynamic_sampling_filter_path": "examples.dapo_filter.filters.mixed_and_finished",
+        },
+    )
+    asyncio.run(run_flow(cfg))
+    paths = RunPaths(cfg.resolved_run_dir)
+    logged: dict[int, dict] = {}
+    for record in read_metrics(paths.metrics):
+        if record["kind"] == "rollout":
+            logged.setdefault(record["rollout_id"], {}).update(record["metrics"])
+    for rollout_id in (0, 1):
+        rows = read_rollout(paths.rollout(rollout_id))
+        assert [r.group_index for r in rows] == [g for g in range(4) for _ in range(4)]
+        assert all(len({r.reward for r in rows[g * 4 : g * 4 + 4]}) > 1 for g in range(4))
+        m = logged[rollout_id]
+        assert m["rollout/dynamic_sampling/kept_groups"] == 4
+        assert m["rollout/dynamic_sampling/drawn_groups"] == 6 * m["rollout/dynamic_sampling/draws"]
+    result = asyncio.run(replay_flow(str(cfg.resolved_run_dir), 1, "generate"))
+    assert result["identical"], result["difference"]

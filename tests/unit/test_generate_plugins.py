@@ -225,3 +225,36 @@ def test_rollout_function_must_return_every_sample_once(rollout_fns):
     with pytest.raises(PluginError, match="asked for 3 more prompt groups but the rollout has 2 left"):
         asyncio.run(_rollout_function(f"{rollout_fns}.too_many", args, 0, entries))
     assert DataSource([], 0).get_samples(0) == []
+
+
+def test_plugged_samples_run_the_generate_function_per_entry_and_evals_without_a_rollout_function(tmp_path):
+    from config import RunConfig
+    from rollout.data import Prompt
+    from rollout.plugins import plugged_samples
+    from rollout.requests import build_requests
+    from rollout.rewards import Scorer
+
+    prompt = TOK.apply_chat_template(
+        [{"role": "user", "content": "23+45"}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tuple(TOK.encode(prompt, add_special_tokens=False))
+    entries = build_requests([Prompt(1, prompt, ids, "68", {}, None)], 1, 0, 2, SamplingParams())
+    engine = ScriptedEngine(lambda p: "68<eos>")
+    scorer = Scorer("exact_match", None, None)
+
+    def run_with(eval_mode: bool, **rollout: str) -> list[Sample]:
+        cfg = RunConfig(rollout={"rollout_max_response_len": 6, **rollout})
+
+        async def go() -> list[Sample]:
+            with _client(engine) as client:
+                return await plugged_samples(cfg, 0, entries, client, scorer, eval_mode=eval_mode)
+
+        return asyncio.run(go())
+
+    samples = run_with(False, custom_generate_function_path="examples.calculator_tool.calculator.generate")
+    assert [s.index for s in samples] == [0, 1] and [s.response for s in samples] == ["68", "68"]
+    assert [r.seed for r in engine.calls[-1]] == [
+        e.request.seed for e in entries
+    ]  # one batch, the samples' seeds
+    evals = run_with(True, rollout_function_path="examples.rollout_function.rollout.generate_rollout")
+    assert [s.response for s in evals] == ["68", "68"] and all(s.loss_mask == [1, 1, 1] for s in evals)
