@@ -24,7 +24,6 @@ from config.sglang import SGLangConfig
 from config.train import (
     CheckpointConfig,
     TrainConfig,
-    check_optimizer,
     check_parallelism,
     check_steps_per_rollout,
 )
@@ -111,7 +110,6 @@ class RunConfig(Section):
         r, t, c = self.rollout, self.train, self.checkpoint
         total = r.rollout_batch_size * r.n_samples_per_prompt
         check_steps_per_rollout(t, total)
-        check_optimizer(t, saves=c.save is not None or c.load is not None)
         gbs = self.global_batch_size
         if total % gbs:
             raise ValueError(

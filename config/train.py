@@ -203,15 +203,6 @@ def check_steps_per_rollout(t: TrainConfig, samples_per_rollout: int) -> None:
         )
 
 
-def check_optimizer(t: TrainConfig, *, saves: bool) -> None:
-    """The Megatron backend's checkpoints hold AdamW's moments only: SGD's momentum would not survive a resume."""
-    if t.optimizer == "sgd" and t.train_backend == "megatron" and saves:
-        raise ValueError(
-            "--optimizer sgd with --save/--load: the megatron backend checkpoints AdamW state only; "
-            "use --train-backend torch for SGD with checkpoints"
-        )
-
-
 def check_parallelism(t: TrainConfig) -> None:
     """Parallelism the chosen backend cannot do is refused here, not silently ignored."""
     can = "tensor and data parallel" if t.train_backend == "megatron" else "data parallel"

@@ -740,6 +740,21 @@ class TrainerCore(abc.ABC):
         sd["state"] = state
         self.optimizer.load_state_dict(sd)
 
+    def _check_optimizer_fields(self, path: Path, saved: set[str]) -> None:
+        """A checkpoint's per-parameter optimizer fields must be this run's optimizer's (AdamW's step and moments,
+        or SGD's momentum buffer): the other optimizer's state would fail or mislead at the first step."""
+        assert self.optimizer is not None
+        if isinstance(self.optimizer, torch.optim.SGD):
+            momentum = any(g["momentum"] for g in self.optimizer.param_groups)
+            expected = {"momentum_buffer"} if momentum else set()
+        else:
+            expected = {"step", "exp_avg", "exp_avg_sq"}
+        if saved != expected:
+            raise ValueError(
+                f"{path}: its optimizer state holds {sorted(saved) or 'nothing'}, this run's optimizer keeps "
+                f"{sorted(expected) or 'nothing'}: resume with the --optimizer (and --sgd-momentum) it was saved with"
+            )
+
     def _set_scheduler_state(self, saved: dict[str, Any]) -> None:
         """Restore the LR schedule saved as its state_dict less lr_lambdas (nothing when either is absent)."""
         if self.scheduler is None or self.optimizer is None or not saved:

@@ -223,9 +223,24 @@ def test_sgd_and_megatrons_weight_decay_rule(ckpt, rollout, tmp_path, backend):
     assert any(not torch.equal(before[k], v) for k, v in t.export_weights().items())
 
 
-def test_sgd_with_megatron_checkpoints_is_refused(ckpt):
-    with pytest.raises(ValueError, match="checkpoints AdamW state only"):
-        _cfg(ckpt, "megatron", optimizer="sgd")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sgd_momentum_survives_a_checkpoint(ckpt, rollout, tmp_path, backend):
+    base = _cfg(ckpt, backend).model_dump()
+    train = {**base["train"], "optimizer": "sgd", "sgd_momentum": 0.5}
+    cfg = RunConfig.model_validate({**base, "train": train})
+    first = _trainer(backend, cfg, ckpt)
+    _train(first, rollout, tmp_path, "first")
+    first.save(str(tmp_path / "save"), 0)
+    second = _trainer(backend, cfg, ckpt)
+    assert second.load(str(tmp_path / "save")) == 0
+    buffers = [
+        [first.optimizer.state[p]["momentum_buffer"] for p in first.params],
+        [second.optimizer.state[p]["momentum_buffer"] for p in second.params],
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(*buffers, strict=True))
+    adam = _trainer(backend, _cfg(ckpt, backend), ckpt)
+    with pytest.raises(ValueError, match="resume with the --optimizer"):
+        adam.load(str(tmp_path / "save"))
 
 
 def test_deterministic_mode_turns_on_torchs_deterministic_algorithms(ckpt, rollout, tmp_path):

@@ -44,6 +44,14 @@ from safetensors.torch import save_file
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
+def moments(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
+    """The per-parameter state `optimizer` keeps beside its step count: AdamW's two moments, SGD's momentum buffer
+    (none without momentum)."""
+    if isinstance(optimizer, torch.optim.SGD):
+        return ("momentum_buffer",) if any(g["momentum"] for g in optimizer.param_groups) else ()
+    return MOMENTS
+
+
 class SyncTorchDistSave(SaveShardedStrategy):
     """megatron's `torch_dist` (version 1) save, done synchronously by torch DCP in this process."""
 
@@ -76,8 +84,8 @@ def sharded_state(
     for_loading: bool,
     rng: bool = True,
 ) -> ShardedStateDict:
-    """The sharded part of a checkpoint: the model's sharded tensors, AdamW moments sharded like their
-    parameters (`optimizer.state.exp_avg.<model key>`), and (with `rng`) this rank's torch RNG state, one
+    """The sharded part of a checkpoint: the model's sharded tensors, the optimizer's moments (`moments`) sharded
+    like their parameters (`optimizer.state.exp_avg.<model key>`), and (with `rng`) this rank's torch RNG state, one
     object per rank of a world of `world_size` (so it only loads back into the same world size).
 
     `for_loading` fills the moments with empty tensors of the right shape to receive the saved ones."""
@@ -93,7 +101,7 @@ def sharded_state(
                     torch.empty_like(p) if for_loading else optimizer.state[p][k],
                     prefix=f"optimizer.state.{k}",
                 )
-                for k in MOMENTS
+                for k in moments(optimizer)
             }
             for i, p in enumerate(params)
         }

@@ -65,7 +65,9 @@ def _common_state(trainer: MegatronTrainer, rollout_id: int) -> dict[str, Any]:
     sched = trainer.scheduler.state_dict() if trainer.scheduler is not None else {}
     step = None
     if trainer.optimizer is not None and trainer.optimizer.state:
-        step = float(next(iter(trainer.optimizer.state.values()))["step"])  # AdamW steps every parameter
+        first = next(iter(trainer.optimizer.state.values()))
+        # AdamW steps every parameter; SGD counts no steps (its momentum buffers say it has stepped)
+        step = float(first["step"]) if "step" in first else 0.0
     return {
         "rollout_id": rollout_id,
         "iteration": trainer.global_step,
@@ -74,6 +76,7 @@ def _common_state(trainer: MegatronTrainer, rollout_id: int) -> dict[str, Any]:
         "tensor_model_parallel_size": trainer.layout.tp_size,
         "has_optimizer": trainer.optimizer is not None,
         "optimizer_step": step,
+        "optimizer_moments": list(checkpoint.moments(trainer.optimizer)) if trainer.optimizer else [],
         "scheduler": {k: v for k, v in sched.items() if k != "lr_lambdas"},
     }
 
@@ -115,14 +118,26 @@ def _load_dist(trainer: MegatronTrainer, path: Path) -> None:
         for_loading=True,
         rng=same_world,
     )
+    if with_opt and trainer.optimizer is not None:
+        saved = common.get("optimizer_moments", list(checkpoint.MOMENTS))  # older checkpoints: AdamW's
+        if saved != list(checkpoint.moments(trainer.optimizer)):
+            raise ValueError(
+                f"{path}: its optimizer state is {saved or 'none'}, this run's optimizer keeps "
+                f"{list(checkpoint.moments(trainer.optimizer)) or 'none'}: resume with the --optimizer (and "
+                "--sgd-momentum) it was saved with"
+            )
     got = checkpoint.load(path, state)
     with torch.no_grad():
         for name, p in trainer.model.named_parameters():
             p.copy_(got["model"][name])
     if with_opt and trainer.optimizer is not None:
         step = torch.tensor(common["optimizer_step"], dtype=torch.float32)
+        counted = not isinstance(trainer.optimizer, torch.optim.SGD)  # AdamW's state holds its step
         trainer._set_optimizer_state(
-            {i: {"step": step.clone(), **moments} for i, moments in got["optimizer_state"].items()}
+            {
+                i: {**({"step": step.clone()} if counted else {}), **moments}
+                for i, moments in got["optimizer_state"].items()
+            }
         )
     trainer._set_scheduler_state(common["scheduler"])
     if same_world:
@@ -141,8 +156,8 @@ def _load_torch_format(trainer: MegatronTrainer, path: Path) -> None:
             by_field[field][hf_name] = value
         for i, (name, _) in enumerate(trainer.model.named_parameters()):  # the order of trainer.params
             first = convert.hf_sources(name, trainer.arch)[0][0]
-            state[i] = {"step": by_field["step"][first].clone()}
-            for field in checkpoint.MOMENTS:
+            state[i] = {"step": by_field["step"][first].clone()} if "step" in by_field else {}
+            for field in checkpoint.moments(trainer.optimizer):
                 state[i][field] = convert.to_megatron(
                     name, by_field[field].__getitem__, trainer.arch, tp, tp_rank
                 )

@@ -215,7 +215,8 @@ class TorchTrainer(TrainerCore):
         if self.optimizer is not None:
             for idx, state in self.optimizer.state_dict()["state"].items():
                 for key, value in state.items():
-                    opt[f"{names[idx]}::{key}"] = torch.as_tensor(value).clone()
+                    if value is not None:  # SGD without momentum keeps a None buffer
+                        opt[f"{names[idx]}::{key}"] = torch.as_tensor(value).clone()
         save_file(opt, str(tmp / "optimizer.safetensors"))
         save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         sched = self.scheduler.state_dict() if self.scheduler is not None else {}
@@ -240,6 +241,7 @@ class TorchTrainer(TrainerCore):
             for key, value in opt.items():
                 name, _, field = key.partition("::")
                 state[names.index(name)][field] = value
+            self._check_optimizer_fields(path, {f for fields in state.values() for f in fields})
             self._set_optimizer_state(dict(state))
         self._set_scheduler_state(json.loads((path / "scheduler.json").read_text()))
         torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
