@@ -12,7 +12,7 @@ from config.base import Section
 from config.debug import RECORDING_FORMATS, CIConfig, DebugConfig
 from config.ops import FaultConfig, LoggingConfig, WandbMode
 from config.placement import SLOT_RESOURCE, PlacementConfig
-from config.plugins import LossConfig
+from config.plugins import LossConfig, SamplingConfig
 from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
 from config.run import SECTIONS, RunConfig, dump_yaml, load_yaml
 from config.train import CheckpointConfig, TrainConfig
@@ -32,6 +32,7 @@ __all__ = [
     "PlacementConfig",
     "RewardConfig",
     "RolloutConfig",
+    "SamplingConfig",
     "RunConfig",
     "Section",
     "TrainConfig",

@@ -17,7 +17,7 @@ from config.base import Section
 from config.debug import CIConfig, DebugConfig, check_debug
 from config.ops import FaultConfig, LoggingConfig
 from config.placement import PlacementConfig, check_placement, derive_slots
-from config.plugins import LossConfig
+from config.plugins import LossConfig, SamplingConfig
 from config.presets import RECIPE_PRESETS, apply_preset
 from config.rollout import DataConfig, EvalConfig, RewardConfig, RolloutConfig
 from config.sglang import SGLangConfig
@@ -63,6 +63,7 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     train: TrainConfig = TrainConfig()
     loss: LossConfig = LossConfig()
+    sampling: SamplingConfig = SamplingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     debug: DebugConfig = DebugConfig()
     ci: CIConfig = CIConfig()
@@ -245,6 +246,7 @@ SECTIONS: dict[str, type[Section]] = {
     "eval": EvalConfig,
     "train": TrainConfig,
     "loss": LossConfig,
+    "sampling": SamplingConfig,
     "checkpoint": CheckpointConfig,
     "debug": DebugConfig,
     "ci": CIConfig,

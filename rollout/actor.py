@@ -119,3 +119,24 @@ class RolloutActor:
             ctx=ctx,
         )
         return self._loop.run(done)
+
+    @ray.method(num_returns=2)
+    def generate_dynamic(
+        self,
+        cfg: RunConfig,
+        rollout_id: int,
+        engines: list[Any],
+        weight_version: int,
+        weights_sha256: str,
+        path: str,
+        ctx: dict[str, Any] | None = None,
+    ) -> tuple[ArtifactRef, Tally]:
+        """Generate rollout `rollout_id` with slime's dynamic sampling (rollout/dynamic.py): draws of prompt groups
+        on `engines` (the run's engine actors, all on `weight_version`) until the filter keeps a batch, then score
+        and write it as `finish_rollout` does; the same two returns."""
+        from rollout.dynamic import dynamic_rollout
+
+        self.faults.reach("rollout_finish_start", **(ctx or {}))
+        return self._loop.run(
+            dynamic_rollout(cfg, rollout_id, engines, weight_version, weights_sha256, path, ctx)
+        )

@@ -21,6 +21,7 @@ from artifacts.store import ArtifactRef, RunPaths, read_rollout
 from config import RunConfig
 from engines.base import GenerateRequest
 from rollout.data import prompts_for_rollout
+from rollout.dynamic import dynamic_sampling, logged_metrics
 from rollout.finish import Tally
 from rollout.plugins import uses_plugins
 from rollout.requests import Entry, build_requests, split_for_engines
@@ -142,7 +143,11 @@ async def _generate(
     answers to the rollout actor without a round trip through this process."""
     _, parts = _per_engine(cfg, entries)
     engines = actors.engines(cfg)
-    if uses_plugins(cfg):  # the rollout actor drives the engines through the plug-in (rollout/plugins.py)
+    if not eval_mode and dynamic_sampling(cfg):  # draws until the filter keeps a batch (rollout/dynamic.py)
+        ref, tally = actors.rollout_actor(cfg).generate_dynamic.remote(
+            cfg, rollout_id, engines, weights.version, weights.sha256, path, ctx
+        )
+    elif uses_plugins(cfg):  # the rollout actor drives the engines through the plug-in (rollout/plugins.py)
         ref, tally = actors.rollout_actor(cfg).generate_with_plugins.remote(
             cfg,
             rollout_id,
@@ -234,7 +239,7 @@ async def save_rollout(
     actors.stage_end(cfg, "save-rollout", stage_context(rollout_id, "save-rollout"))
     if loaded:
         return {}
-    stats = reward_stats(samples, cfg.rollout.n_samples_per_prompt)
+    stats = {**reward_stats(samples, cfg.rollout.n_samples_per_prompt), **logged_metrics(rollout)}
     log_metrics(cfg, "rollout", rollout_id, stats)
     return stats
 
