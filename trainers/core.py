@@ -595,7 +595,8 @@ class TrainerCore(abc.ABC):
                 self.s.plugin_args,
                 plugin_batch,
                 self._response_logits(self.model, mb),
-                normaliser=float(self.s.global_batch_size),
+                normaliser=self._normaliser(batch),
+                per_token=self.s.per_token_loss,
             )
             loss.backward()
             return metrics

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from artifacts.store import read_rollout, write_rollout
+from artifacts.store import read_rollout, read_table, write_rollout
 from config import RunConfig
 from tests.megatron_helpers import build_hf_model, free_port, run_config, synthetic_rollout
 from trainers.settings import trainer_settings
@@ -298,3 +298,22 @@ def test_a_checkpoint_of_one_param_group_loads_into_the_weight_decay_groups(ckpt
     lrs = {g["lr"] for g in decayed.optimizer.param_groups}
     assert lrs == {plain.optimizer.param_groups[0]["lr"]}
     assert decayed.global_step == plain.global_step
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_loss_plug_in_gets_the_per_token_reduction(ckpt, rollout, tmp_path, backend):
+    """--loss-type sft_loss with --calculate-per-token-loss: each step's loss is minus the mean log-prob over the
+    step's loss tokens (each sample counting at least one)."""
+    base = _cfg(
+        ckpt, backend, calculate_per_token_loss=True, use_kl_loss=False, kl_loss_coef=0.0
+    ).model_dump()
+    cfg = RunConfig.model_validate({**base, "loss": {"loss_type": "sft_loss"}})
+    t = _trainer(backend, cfg, ckpt)
+    lp = t.compute_log_probs(rollout, str(tmp_path / "lp.parquet"))
+    rows = {r["sample_index"]: r["log_probs"] for r in read_table(lp).to_pylist()}
+    steps = t.train_step(rollout, lp)
+    samples = sorted(read_rollout(rollout), key=lambda s: s.sample_index)
+    first = samples[: t.s.global_batch_size]
+    total = sum(x for s in first for x, m in zip(rows[s.sample_index], s.loss_mask, strict=True) if m)
+    tokens = sum(max(sum(s.loss_mask), 1) for s in first)
+    assert abs(steps[0]["train/loss"] - (-total / tokens)) < TOL
