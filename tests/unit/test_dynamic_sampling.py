@@ -246,3 +246,26 @@ def test_a_dapo_rollout_keeps_groups_with_a_reward_spread_the_same_way_twice(tin
 
 def keep_all(args, samples, **kwargs) -> bool:
     return True
+
+
+def test_a_draw_under_a_custom_generate_function_samples_through_it(tiny, tmp_path) -> None:
+    """rollflow's own single-turn generate as the plug-in: it samples the first call with the sample's seed, so the
+    dynamic rollout holds the same responses and rewards as without the plug-in."""
+    make, engines = tiny
+    keep = "tests.unit.test_dynamic_sampling.keep_all"
+    plain = make(dynamic_sampling_filter_path=keep)
+    plugged = plain.model_copy(
+        update={
+            "rollout": plain.rollout.model_copy(
+                update={"custom_generate_function_path": "rollout.plugins.generate"}
+            )
+        }
+    )
+    refs = [
+        asyncio.run(dynamic_rollout(c, 2, engines, 0, "w" * 64, str(tmp_path / f"{k}.parquet")))[0]
+        for k, c in enumerate((plain, plugged))
+    ]
+    a, b = (read_rollout(r) for r in refs)
+    assert [(r.sample_index, r.response_tokens, r.reward) for r in a] == [
+        (r.sample_index, r.response_tokens, r.reward) for r in b
+    ]
