@@ -13,6 +13,7 @@ from config import RunConfig, dump_yaml
 from deployments.params import apply_served_defaults
 from recipes.registry import get_recipe
 from rollout.data import DataError
+from rollout.dynamic import check_sampling
 from rollout.extensions import ExtensionError
 from rollout.source import RolloutSource, rollout_source
 from rollout.template import check_examples
@@ -129,15 +130,27 @@ def _read_json(path: Path) -> Any:
 
 def check_model_args(cfg: RunConfig) -> None:
     """slime's architecture flags (config/arch.py) against the config.json of --hf-checkpoint, when it is there
-    (the recipe's model is checked once built); ValueError naming the flag, both values and the file."""
+    (the recipe's model is checked once built), and the model against what the megatron backend can build;
+    ValueError naming the flag, both values and the file."""
     from config.arch import check_arch
 
     path = Path(cfg.hf_checkpoint or "") / "config.json"
-    if not cfg.arch.model_fields_set or not path.is_file():
+    if not path.is_file():
         return
     config = _read_json(path)
-    if isinstance(config, dict):
+    if not isinstance(config, dict):
+        return
+    if cfg.arch.model_fields_set:
         check_arch(cfg.arch, config, str(path))
+    if cfg.train.train_backend == "megatron" and not cfg.rollout_only:
+        from trainers.megatron.arch import ModelArch  # config.json only: no megatron import
+
+        try:  # the trainer reads the same config.json when it starts; a model it cannot build is named now
+            ModelArch.from_hf_config(config)
+        except KeyError as e:
+            raise ValueError(f"--train-backend megatron: {path}: no {e.args[0]!r}") from None
+        except ValueError as e:
+            raise ValueError(f"--train-backend megatron: {path}: {e}") from None
 
 
 def model_positions(checkpoint: str | None) -> int | None:
@@ -311,6 +324,7 @@ def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tup
             from trainers.custom_loss import resolve_loss
 
             resolve_loss(cfg.loss.loss_type, cfg.loss.custom_loss_function_path)
+        check_sampling(cfg)
     except (DataError, ExtensionError) as e:
         raise ValueError(str(e)) from None
     if cfg.data.apply_chat_template and source.train is not None:

@@ -259,6 +259,20 @@ def test_arch_check_runs_on_the_resolved_checkpoint(tmp_path):
         check_model_args(parse("--hf-checkpoint", str(tmp_path), "--hidden-size", "1024"))
 
 
+def test_a_model_the_megatron_backend_cannot_build_is_named_before_the_run(tmp_path):
+    pytest.importorskip("megatron.core")
+    from flows.resolve import check_model_args
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2))
+    check_model_args(parse("--hf-checkpoint", str(tmp_path), "--train-backend", "megatron"))
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3))
+    check_model_args(parse("--hf-checkpoint", str(tmp_path)))  # the torch backend runs any causal LM
+    with pytest.raises(
+        ValueError, match=r"--train-backend megatron: .*config.json: .*model_type 'qwen3' is not"
+    ):
+        check_model_args(parse("--hf-checkpoint", str(tmp_path), "--train-backend", "megatron"))
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
