@@ -56,6 +56,13 @@ class SamplingConfig(Section):
         "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std[_with_fallback] name "
         "rollflow's own.",
     )
+    buffer_filter_path: str | None = Field(
+        None,
+        description="Dotted path of slime's buffer filter, buffer_filter(args, rollout_id, buffer, num_samples) -> "
+        "groups: which groups a --rollout-function-path's data_source.get_samples takes back from the buffer its "
+        "data_source.add_samples filled (default: the first ones). The buffer lasts one rollout (slime's lasts the "
+        "run): each rollout depends only on its seeds and id. Needs --rollout-function-path.",
+    )
     partial_rollout: bool = Field(
         False,
         description="slime's partial rollout (requests aborted once the batch is full are kept and continued in "

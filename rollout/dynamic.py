@@ -226,6 +226,23 @@ def dynamic_sampling(cfg: RunConfig) -> bool:
     return drawn and rollout_function_path(cfg) is None
 
 
+def check_sampling(cfg: RunConfig) -> None:
+    """The sampling section's plug-ins, before anything starts: their paths import (ExtensionError), and a buffer
+    filter has a rollout function to serve (ValueError)."""
+    from rollout.plugins import rollout_function_path
+
+    s = cfg.sampling
+    if s.dynamic_sampling_filter_path:
+        load_filter(s.dynamic_sampling_filter_path)
+    if s.buffer_filter_path:
+        if rollout_function_path(cfg) is None:
+            raise ValueError(
+                "--buffer-filter-path needs --rollout-function-path: groups enter slime's buffer only when a rollout "
+                "function gives them back (data_source.add_samples) or --partial-rollout aborts them (not offered)"
+            )
+        load_function(s.buffer_filter_path, "--buffer-filter-path")
+
+
 def _keep_all(args: Any, samples: list[Any], **kwargs: Any) -> DynamicFilterOutput:
     return DynamicFilterOutput(keep=True)
 

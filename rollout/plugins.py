@@ -176,25 +176,65 @@ async def _call_generate(
 
 class DataSource:
     """slime's data source for a rollout function: the rollout's prompt groups, each `n_samples_per_prompt`
-    pending samples, handed out in order (`get_samples`) and taken back (`add_samples`)."""
+    pending samples, handed out in order (`get_samples`), and slime's buffer of groups given back (`add_samples`),
+    which `get_samples` serves first through --buffer-filter-path, slime's
+    `buffer_filter(args, rollout_id, buffer, num_samples) -> groups` (it removes what it takes from `buffer`; the
+    default takes the first ones). The buffer lives as long as the rollout: rollflow hands a rollout function only
+    its own rollout's groups, and every one of them must come back (slime keeps a buffer across rollouts)."""
 
-    def __init__(self, groups: list[list[Sample]], batch_size: int) -> None:
+    def __init__(
+        self,
+        groups: list[list[Sample]],
+        batch_size: int,
+        buffer_filter: Callable[..., Any] | None = None,
+        args: Any = None,
+        rollout_id: int | None = None,
+    ) -> None:
         self._groups = groups
         self._batch_size = batch_size
+        self.buffer: list[list[Sample]] = []
+        self._filter, self._args, self._rollout_id = buffer_filter or pop_first, args, rollout_id
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
-        """The next `num_samples` groups (copies: what a rollout function does with them stays its own)."""
+        """`num_samples` groups: from the buffer first (through the buffer filter), then the next fresh ones
+        (copies: what a rollout function does with them stays its own)."""
+        taken = self._from_buffer(num_samples) if self.buffer else []
+        num_samples -= len(taken)
         if num_samples > len(self._groups):
             raise PluginError(
                 f"the rollout function asked for {num_samples} more prompt groups but the rollout has "
                 f"{len(self._groups)} left of --rollout-batch-size {self._batch_size}"
             )
-        taken, self._groups = self._groups[:num_samples], self._groups[num_samples:]
-        return [[copy.deepcopy(s) for s in g] for g in taken]
+        fresh, self._groups = self._groups[:num_samples], self._groups[num_samples:]
+        return taken + [[copy.deepcopy(s) for s in g] for g in fresh]
+
+    def _from_buffer(self, num_samples: int) -> list[list[Sample]]:
+        name = getattr(self._filter, "__name__", "buffer filter")
+        taken = self._filter(self._args, self._rollout_id, self.buffer, num_samples)
+        if (
+            not isinstance(taken, list)
+            or not all(isinstance(g, list) for g in taken)
+            or len(taken) > num_samples
+        ):
+            raise PluginError(
+                f"--buffer-filter-path {name} returned {type(taken).__name__}"
+                f"{f' of {len(taken)} groups' if isinstance(taken, list) else ''} for {num_samples} asked: expected "
+                "at most that many groups (lists of Sample), removed from the buffer"
+            )
+        return taken
 
     def add_samples(self, samples: list[list[Sample]]) -> None:
-        """Give groups back, to be handed out first."""
-        self._groups = [list(g) for g in samples] + self._groups
+        """Give groups back into the buffer, to be handed out first."""
+        self.buffer.extend(list(g) for g in samples)
+
+
+def pop_first(
+    args: Any, rollout_id: int | None, buffer: list[list[Sample]], num_samples: int
+) -> list[list[Sample]]:
+    """slime's default buffer filter: the first `num_samples` groups of the buffer, removed from it."""
+    taken = buffer[:num_samples]
+    del buffer[:num_samples]
+    return taken
 
 
 async def plugged_samples(
@@ -219,7 +259,7 @@ async def plugged_samples(
     try:
         path = rollout_function_path(cfg)
         if path and not eval_mode:
-            return await _rollout_function(path, args, rollout_id, entries)
+            return await _rollout_function(path, args, rollout_id, entries, cfg.sampling.buffer_filter_path)
         params = sampling_params(cfg, eval_mode)
         # an eval under a rollout function alone: rollflow's own generation, one engine call per sample
         each = fn or generate
@@ -236,14 +276,17 @@ async def plugged_samples(
         client.plugin_context = None
 
 
-async def _rollout_function(path: str, args: Any, rollout_id: int, entries: list[Entry]) -> list[Sample]:
+async def _rollout_function(
+    path: str, args: Any, rollout_id: int, entries: list[Entry], buffer_filter_path: str | None = None
+) -> list[Sample]:
     from rollout.requests import pending_sample
 
     fn = load_function(path, "--rollout-function-path")
     groups: dict[int, list[Sample]] = {}
     for e in entries:
         groups.setdefault(e.group_index, []).append(pending_sample(e))
-    source = DataSource(list(groups.values()), len(groups))
+    buffer_filter = load_function(buffer_filter_path, "--buffer-filter-path") if buffer_filter_path else None
+    source = DataSource(list(groups.values()), len(groups), buffer_filter, args, rollout_id)
     if inspect.iscoroutinefunction(fn):
         out = await fn(args, rollout_id, source, evaluation=False)
     else:

@@ -84,3 +84,28 @@ def test_dapo_filter_example_fills_each_rollout_and_replays_bitwise(
         assert m["rollout/dynamic_sampling/drawn_groups"] == 6 * m["rollout/dynamic_sampling/draws"]
     result = asyncio.run(replay_flow(str(cfg.resolved_run_dir), 1, "generate"))
     assert result["identical"], result["difference"]
+
+
+def test_buffer_filter_example_retries_groups_through_the_buffer(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
+    """The example rollout function gives groups without a reward spread back to the buffer and the example
+    buffer filter serves them again: every group of the rollout has a spread or used all its tries."""
+    from examples.buffer_filter.retry import RETRIES
+    from flows.run import run_flow
+
+    cfg = small_config(
+        tmp_path,
+        base_checkpoint,
+        eval={"eval_interval": None},
+        checkpoint={"save": None, "save_interval": None},
+        rollout={"num_rollout": 1, "rollout_function_path": "examples.buffer_filter.retry.generate_rollout"},
+        sampling={"buffer_filter_path": "examples.buffer_filter.retry.fewest_tries_first"},
+    )
+    asyncio.run(run_flow(cfg))
+    rows = read_rollout(RunPaths(cfg.resolved_run_dir).rollout(0))
+    assert [r.sample_index for r in rows] == list(range(16))
+    for g in range(4):
+        group = rows[g * 4 : g * 4 + 4]
+        tries = {r.metadata.get("tries", 1) for r in group}
+        assert len(tries) == 1 and (len({r.reward for r in group}) > 1 or tries == {RETRIES + 1})
