@@ -17,6 +17,7 @@ _ARITH: dict[str, dict[str, Any]] = {
         "kl_loss_type": "low_var_kl",
         "weight_decay": 0.0,
         "micro_batch_size": None,
+        "global_batch_size": 128,
     },
 }
 

@@ -209,7 +209,11 @@ class RunConfig(Section):
     def global_batch_size(self) -> int:
         if self.train.num_steps_per_rollout is not None:  # slime: it sets the global batch
             return self.samples_per_rollout // self.train.num_steps_per_rollout
-        return self.train.global_batch_size or self.samples_per_rollout
+        if self.train.global_batch_size is not None:
+            return self.train.global_batch_size
+        if self.train.micro_batch_size is not None:  # Megatron's default: one micro-batch per DP rank
+            return self.train.micro_batch_size * self.train.data_parallel_size
+        return self.samples_per_rollout
 
     @property
     def micro_batch_size(self) -> int:

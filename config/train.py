@@ -40,7 +40,10 @@ class TrainConfig(Section):
         "(the megatron trainer keeps whole sequences on every TP rank: same results without it).",
     )
     global_batch_size: int | None = Field(
-        128, ge=1, description="Samples per optimizer step; None = the whole rollout (one step per rollout)."
+        None,
+        ge=1,
+        description="Samples per optimizer step; None = Megatron's (and so slime's) default, --micro-batch-size x "
+        "--data-parallel-size, or the whole rollout (one step per rollout) with --micro-batch-size none.",
     )
     micro_batch_size: int | None = Field(
         1,

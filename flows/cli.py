@@ -137,9 +137,10 @@ def make_parser() -> argparse.ArgumentParser:
         epilog="Defaults are slime's (slime/utils/arguments.py, and Megatron's where slime keeps them). A run on a "
         "recipe's own data (no --prompt-data) takes the recipe's tuned values for what the flags leave unset: "
         "--n-samples-per-prompt 4, --lr 2e-4, --lr-decay-style cosine, --kl-loss-type low_var_kl, "
-        "--weight-decay 0, --micro-batch-size none, --eval-interval 10, --n-samples-per-eval-prompt 4. slime has "
-        "no default for --num-rollout, --rollout-batch-size and --rollout-max-response-len (100, 128, 6 here: set "
-        "them for your data), and leaves --global-batch-size to Megatron (128 here). slime's --sglang-* flags are "
+        "--weight-decay 0, --micro-batch-size none, --global-batch-size 128, --eval-interval 10, "
+        "--n-samples-per-eval-prompt 4. slime has no default for --num-rollout, --rollout-batch-size and "
+        "--rollout-max-response-len (100, 128, 6 here: set them for your data); --global-batch-size is "
+        "Megatron's, --micro-batch-size x DP, unless given. slime's --sglang-* flags are "
         "kept for an SGLang engine; architecture flags (--num-layers, ...) are checked against config.json.",
     )
     run.add_argument("--config", help="YAML file with the config (nested by section); flags override it")

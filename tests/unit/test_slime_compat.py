@@ -54,6 +54,7 @@ SLIME_DEFAULTS: list[tuple[str, Any]] = [
     ("--eval-interval", None),
     ("--weight-decay", 0.01),
     ("--micro-batch-size", 1),
+    ("--global-batch-size", None),  # Megatron's: --micro-batch-size x DP
     ("--eps-clip", 0.2),
     ("--eps-clip-high", None),
     ("--eps-clip-c", None),
@@ -102,7 +103,6 @@ NO_SLIME_DEFAULT: list[tuple[str, str, Any]] = [
     ("--num-rollout", "required, or --num-epoch", 100),
     ("--rollout-batch-size", "required", 128),
     ("--rollout-max-response-len", "None: up to SGLang's context length", 6),
-    ("--global-batch-size", "None: Megatron's micro-batch x DP", 128),
     ("--actor-num-gpus-per-node", "8 GPUs", None),  # here: the world size TP x DP over the nodes
 ]
 
