@@ -63,24 +63,3 @@ class SamplingConfig(Section):
         "data_source.add_samples filled (default: the first ones). The buffer lasts one rollout (slime's lasts the "
         "run): each rollout depends only on its seeds and id. Needs --rollout-function-path.",
     )
-    partial_rollout: bool = Field(
-        False,
-        description="slime's partial rollout (requests aborted once the batch is full are kept and continued in "
-        "the next rollout): refused, rollflow's engines finish every request of a draw, so nothing is left "
-        "unfinished to keep.",
-    )
-    mask_offpolicy_in_partial_rollout: bool = Field(
-        False, description="slime's mask for continued partial samples: refused with --partial-rollout."
-    )
-
-    @model_validator(mode="after")
-    def _refused(self) -> SamplingConfig:
-        if self.partial_rollout or self.mask_offpolicy_in_partial_rollout:
-            flag = "--partial-rollout" if self.partial_rollout else "--mask-offpolicy-in-partial-rollout"
-            raise ValueError(
-                f"{flag}: rollflow's engines finish every request of a draw (nothing is aborted when the batch "
-                "is full), so there are no partial samples to carry into the next rollout; drop the flag (with "
-                "dynamic sampling the surplus groups of the last draw are discarded, as slime discards finished "
-                "ones)"
-            )
-        return self

@@ -25,6 +25,10 @@ _ARCH = (
 FLAGS: dict[str, tuple[Status, str]] = {
     **{f"--{name}": ("checked", "checked against config.json of --hf-checkpoint") for name in _ARCH},
     "--make-vocab-size-divisible-by": (_SAME, "padding only: padded rows never reach a log-prob"),
+    "--max-position-embeddings": ("checked", "checked against config.json of --hf-checkpoint"),
+    "--no-rope-fusion": (_SAME, "the trainers never fuse RoPE"),
+    "--no-masked-softmax-fusion": (_SAME, "the trainers never fuse the softmax"),
+    "--no-gradient-accumulation-fusion": (_SAME, "the trainers never fuse gradient accumulation"),
     "--attention-dropout": (_SAME, "0.0 only: the trainers never drop out"),
     "--hidden-dropout": (_SAME, "0.0 only: the trainers never drop out"),
     "--accumulate-allreduce-grads-in-fp32": (_SAME, "the trainers' gradients are float32 always"),
@@ -52,6 +56,16 @@ FLAGS: dict[str, tuple[Status, str]] = {
 
 # slime / Megatron flags with no rollflow meaning: the flag (or a prefix ending in '-') -> what to do instead
 _DENSE = "rollflow's trainers and engine run dense Qwen2/Qwen3/Llama-family models: "
+_PARTIAL = (
+    "rollflow's engines finish every request of a draw (nothing is aborted once the batch is full), so no partial "
+    "sample is left to continue in the next rollout; leave it out (dynamic sampling discards the last draw's "
+    "surplus, as slime discards finished ones)"
+)
+_OPTIMIZER_STATE = (
+    "rollflow's trainers keep their float32 AdamW state on the device (no CPU offload, no low-precision state); "
+    "leave it out: the results are the same, the memory it saves is not"
+)
+_TIS = "truncated importance sampling is not implemented in rollflow's losses; leave the TIS flags out"
 REFUSED: dict[str, str] = {
     "--moe-": _DENSE + "leave out the MoE flags (--num-experts, --moe-*) and use a dense checkpoint",
     "--num-experts": _DENSE + "leave out the MoE flags (--num-experts, --moe-*) and use a dense checkpoint",
@@ -65,9 +79,22 @@ REFUSED: dict[str, str] = {
     "--spec": "rollflow builds its own Megatron layer spec from config.json; leave --spec out",
     "--use-gated-attention": _DENSE + "gated attention is not among them; leave it out",
     "--attention-output-gate": _DENSE + "gated attention is not among them; leave it out",
+    "--use-precision-aware-optimizer": _OPTIMIZER_STATE,
+    "--optimizer-cpu-offload": _OPTIMIZER_STATE,
+    "--overlap-cpu-optimizer-d2h-h2d": _OPTIMIZER_STATE,
+    "--use-tis": _TIS,
+    "--tis-clip": _TIS,
+    "--tis-clip-low": _TIS,
+    "--custom-tis-function-path": _TIS,
+    "--num-epoch": "give --num-rollout N instead (slime's: epochs x prompts / --rollout-batch-size)",
+    "--rollout-max-context-len": "give --rollout-max-response-len instead (prompt + response must fit the model's "
+    "max_position_embeddings, checked before the run)",
+    "--lr-warmup-fraction": "give --lr-warmup-iters N (optimizer steps of warm-up) instead",
     "--offload": "rollflow's engines release their memory while the trainers work, always; leave it out",
     "--offload-train": "rollflow's trainers keep their state in place; leave it out",
     "--offload-rollout": "rollflow's engines release their memory while the trainers work, always; leave it out",
+    "--partial-rollout": _PARTIAL,
+    "--mask-offpolicy-in-partial-rollout": _PARTIAL,
 }
 
 

@@ -13,7 +13,8 @@ import torch
 
 from artifacts.schema import Sample as Row
 from artifacts.store import read_rollout
-from config import RunConfig, SamplingConfig
+from config import RunConfig
+from config.slime_compat import refusal
 from engines.base import EngineAnswer
 from engines.torch_engine.engine import TorchEngine
 from examples.dapo_filter.filters import mixed_and_finished
@@ -149,9 +150,8 @@ def test_draw_positions() -> None:
     assert [first_position(r, 4, 4) for r in range(3)] == [0, 4, 8]
     assert [first_position(r, 4, 6) for r in range(3)] == [0, 6, 12]
     assert [first_position(r, 5, 2) for r in range(3)] == [0, 6, 12]  # three draws of 2 before generating
-    assert SamplingConfig(over_sampling_batch_size=4).partial_rollout is False
-    with pytest.raises(ValueError, match="--partial-rollout: rollflow's engines finish every request"):
-        SamplingConfig(partial_rollout=True)
+    assert "no partial sample is left" in (refusal("--partial-rollout") or "")
+    assert refusal("--mask-offpolicy-in-partial-rollout") == refusal("--partial-rollout")
     assert not dynamic_sampling(RunConfig.model_validate({"rollout": {"rollout_batch_size": 32}}))
     assert not dynamic_sampling(
         RunConfig.model_validate(
