@@ -109,6 +109,17 @@ class ArchConfig(Section):
     untie_embeddings_and_output_weights: bool = Field(
         False, description="Separate output layer; checked against tie_word_embeddings false."
     )
+    max_position_embeddings: int | None = Field(
+        None, ge=1, description="Positions of the rotary tables; checked against max_position_embeddings."
+    )
+    no_rope_fusion: bool = Field(False, description="Unfused RoPE: what both trainers always run.")
+    no_masked_softmax_fusion: bool = Field(
+        False, description="Unfused masked softmax: what both trainers always run."
+    )
+    no_gradient_accumulation_fusion: bool = Field(
+        False,
+        description="Gradients accumulated without Megatron's fused kernel: what both trainers always do.",
+    )
     attention_dropout: float = Field(
         0.0,
         ge=0.0,
@@ -176,6 +187,7 @@ def hf_values(hf: dict[str, Any]) -> dict[str, Any]:
         ("ffn_hidden_size", "intermediate_size"),
         ("num_attention_heads", "num_attention_heads"),
         ("vocab_size", "vocab_size"),
+        ("max_position_embeddings", "max_position_embeddings"),
     ):
         if hf.get(key) is not None:
             out[flag_name] = hf[key]
@@ -231,6 +243,7 @@ def check_arch(arch: ArchConfig, hf: dict[str, Any], where: str) -> None:
         "num_attention_heads",
         "kv_channels",
         "vocab_size",
+        "max_position_embeddings",
         "rotary_base",
         "rotary_percent",
         "normalization",

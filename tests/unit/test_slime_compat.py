@@ -235,6 +235,11 @@ def test_model_args_match_their_models_config():
         (["--vocab-size", "151643"], QWEN2, "--vocab-size 151643 .*vocab_size is 151936"),
         (["--untie-embeddings-and-output-weights"], QWEN2, "not tie_word_embeddings is False"),
         (["--normalization", "LayerNorm"], QWEN2, "--normalization LayerNorm .*'RMSNorm'"),
+        (
+            ["--max-position-embeddings", "4096"],
+            {**QWEN2, "max_position_embeddings": 32768},
+            "--max-position-embeddings 4096 .*max_position_embeddings is 32768",
+        ),
     ],
 )
 def test_a_mismatch_names_the_flag_both_values_and_the_file(argv, hf, needle):
@@ -303,6 +308,9 @@ def test_megatron_numerics_switches_are_accepted():
         "--expert-tensor-parallel-size",
         "1",
         "--sequence-parallel",
+        "--no-rope-fusion",
+        "--no-masked-softmax-fusion",
+        "--no-gradient-accumulation-fusion",
     )
     assert cfg.arch.attention_softmax_in_fp32 and cfg.train.sequence_parallel
     assert notices(cfg) == []  # all of them mean here what they mean in slime
@@ -358,6 +366,12 @@ def test_the_notice_reaches_the_console(capsys, monkeypatch):
         (["--num-experts", "8"], "--num-experts: not supported: .*dense .*use a dense checkpoint"),
         (["--moe-router-topk", "2"], "--moe-router-topk: not supported: .*--moe-\\*"),
         (["--spec", "x"], "--spec: not supported: rollflow builds its own Megatron layer spec"),
+        (["--num-epoch", "3"], "--num-epoch: not supported: give --num-rollout N instead"),
+        (["--use-tis"], "--use-tis: not supported: truncated importance sampling is not implemented"),
+        (
+            ["--optimizer-cpu-offload"],
+            "--optimizer-cpu-offload: not supported: .*leave it out: the results are the same",
+        ),
         (["--eval"], "unrecognized flag --eval[ :]"),  # no abbreviations: slime's flags are whole
     ],
 )
