@@ -172,6 +172,28 @@ def test_every_flag_of_slimes_scripts_parses(script):
     assert vars(args)  # parsed
 
 
+def test_a_script_is_read_as_bash_would_pass_it():
+    small = train_args(SCRIPTS / "run-qwen2.5-0.5B-reproducibility.sh")
+    # its `source "${SCRIPT_DIR}/scripts/models/..."` names a path under scripts/scripts: found one dir up
+    assert small[small.index("--num-layers") + 1] == "24" and small[:4] == [
+        "--actor-num-nodes",
+        "1",
+        "--actor-num-gpus-per-node",
+        "8",
+    ]
+    assert small[small.index("--eval-prompt-data") + 1 :][:2] == ["gsm8k", "/root/gsm8k/test.parquet"]
+    assert "#--hf-checkpoint" not in " ".join(train_args(SCRIPTS / "run-qwen3-4B.sh"))  # comments dropped
+    big = train_args(SCRIPTS / "run-qwen3-4B.sh", {"NUM_GPUS": "4", "MODEL_ARGS_ROTARY_BASE": "5000000"})
+    assert big[big.index("--actor-num-gpus-per-node") + 1] == "4"  # a variable given wins
+    assert big[big.index("--rotary-base") + 1] == "5000000"  # ${VAR:-default}: the variable, else the default
+    assert (
+        train_args(SCRIPTS / "run-qwen3-4B.sh")[
+            train_args(SCRIPTS / "run-qwen3-4B.sh").index("--rotary-base") + 1
+        ]
+        == "1000000"
+    )
+
+
 def test_sequence_parallel_above_tp_1_is_refused_with_what_to_do():
     argv = train_args(SCRIPTS / "run-qwen3-4B.sh") + ["--train-backend", "megatron"]
     pytest.importorskip("megatron.core")
