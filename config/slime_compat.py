@@ -56,6 +56,11 @@ FLAGS: dict[str, tuple[Status, str]] = {
 
 # slime / Megatron flags with no rollflow meaning: the flag (or a prefix ending in '-') -> what to do instead
 _DENSE = "rollflow's trainers and engine run dense Qwen2/Qwen3/Llama-family models: "
+_PARTIAL = (
+    "rollflow's engines finish every request of a draw (nothing is aborted once the batch is full), so no partial "
+    "sample is left to continue in the next rollout; leave it out (dynamic sampling discards the last draw's "
+    "surplus, as slime discards finished ones)"
+)
 _OPTIMIZER_STATE = (
     "rollflow's trainers keep their float32 AdamW state on the device (no CPU offload, no low-precision state); "
     "leave it out: the results are the same, the memory it saves is not"
@@ -88,6 +93,8 @@ REFUSED: dict[str, str] = {
     "--offload": "rollflow's engines release their memory while the trainers work, always; leave it out",
     "--offload-train": "rollflow's trainers keep their state in place; leave it out",
     "--offload-rollout": "rollflow's engines release their memory while the trainers work, always; leave it out",
+    "--partial-rollout": _PARTIAL,
+    "--mask-offpolicy-in-partial-rollout": _PARTIAL,
 }
 
 
