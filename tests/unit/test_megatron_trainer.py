@@ -303,7 +303,9 @@ def test_world_size_is_tp_times_dp_and_unsupported_parallelism_is_refused():
     with pytest.raises(ValueError, match="--sequence-parallel with --tensor-model-parallel-size 2: .*drop"):
         RunConfig.model_validate({"train": {**train, "sequence_parallel": True}})
     # at TP 1 Megatron's sequence parallelism is a no-op: slime's scripts pass it anyway
-    assert RunConfig.model_validate({"train": {**train, "tensor_model_parallel_size": 1, "sequence_parallel": True}})
+    assert RunConfig.model_validate(
+        {"train": {**train, "tensor_model_parallel_size": 1, "sequence_parallel": True}}
+    )
     for change, needle in (
         ({"pipeline_model_parallel_size": 2}, "--pipeline-model-parallel-size 2: not supported"),
         ({"context_parallel_size": 2}, "--context-parallel-size 2: not supported"),
