@@ -1304,3 +1304,43 @@ CASES += [
         "metrics.jsonl line 1: 'metrics' is ['xxxxxxxx",
     ),
 ]
+
+# slime's loss and sampling plug-ins
+CASES += [
+    run(
+        "--loss-type",
+        "custom_loss",
+        needle="needs --custom-loss-function-path",
+        kind="combination",
+        what="a custom loss without its path",
+    ),
+    run(
+        "--loss-type",
+        "custom_loss",
+        "--custom-loss-function-path",
+        "nowhere_xyz.loss",
+        needle="cannot import 'nowhere_xyz'",
+        kind="path",
+        what="a custom loss that does not import",
+    ),
+    run(
+        "--dynamic-sampling-filter-path",
+        "nowhere_xyz.keep",
+        needle="cannot import 'nowhere_xyz'",
+        kind="path",
+        what="a dynamic sampling filter that does not import",
+    ),
+    run(
+        "--buffer-filter-path",
+        "examples.buffer_filter.retry.fewest_tries_first",
+        needle="needs --rollout-function-path",
+        kind="combination",
+        what="a buffer filter without a rollout function to serve",
+    ),
+    run(
+        "--partial-rollout",
+        needle="no partial sample is left",
+        kind="combination",
+        what="slime's --partial-rollout",
+    ),
+]
