@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from artifacts.schema import Sample as Row
 from artifacts.store import ArtifactRef, write_rollout
@@ -110,9 +110,10 @@ def write_finished(
     *,
     eval_mode: bool,
     began: float,
+    metadata: dict[str, Any] | None = None,
 ) -> tuple[ArtifactRef, Tally]:
     """Write scored `samples` as rollout `rollout_id` (see `finish_rollout`) and tally them; `began`: when
-    scoring started (perf_counter), for the tally's seconds."""
+    scoring started (perf_counter), for the tally's seconds; `metadata`: more file metadata for a rollout."""
     _, stops, scorer, eval_scorer = scoring_side(cfg)
     if eval_mode:
         ref = write_rollout(path, samples, metadata={"weights_sha256": weights_sha256}, kind="eval")
@@ -122,6 +123,7 @@ def write_finished(
             "config_hash": cfg.config_hash(),
             "weights_sha256": weights_sha256,
             "tokenizer": cfg.hf_checkpoint or "",
+            **(metadata or {}),
         }
         ref = write_rollout(path, samples, metadata=meta)
     lengths = [s.response_length for s in samples]
