@@ -98,6 +98,19 @@ REFUSED: dict[str, str] = {
 }
 
 
+# rollout fields slime gives no default (required, or SGLang's limit): a run on --prompt-data that leaves them unset
+# is told the values it takes
+NO_SLIME_DEFAULT = {
+    "num_rollout": "slime requires it or --num-epoch",
+    "rollout_batch_size": "slime requires it",
+    "rollout_max_response_len": "slime leaves it to SGLang: up to the context",
+}
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def refusal(flag: str) -> str | None:
     """What to do instead of `flag`, when it is a slime/Megatron flag rollflow cannot honour."""
     if flag in REFUSED:
@@ -128,6 +141,13 @@ def notices(cfg: RunConfig) -> list[str]:
             f"the {cfg.rollout.rollout_backend} engine ignores {', '.join(given)} (kept in config.yaml for an "
             "SGLang engine)"
         )
+    unset = [
+        f"{flag_of(name)} {getattr(cfg.rollout, name)} ({why})"
+        for name, why in NO_SLIME_DEFAULT.items()
+        if cfg.data.prompt_data is not None and name not in cfg.rollout.model_fields_set
+    ]
+    if unset:
+        lines.append(f"not given, so rollflow's defaults: {', '.join(unset)}; set them for your data")
     if cfg.arch.attention_backend is not None:
         trainer = (
             "the HF model's attention" if cfg.train.train_backend == "torch" else "megatron's local spec"

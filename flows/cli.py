@@ -544,11 +544,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["WANDB_API_KEY"] = args.wandb_key
     try:
         cfg = _resumed_config(args) if args.resume else build_config(args)
-        _print_notices(cfg)
+        notes = _notices(cfg)  # of the flags as given: resolving fills in the rest
         refresh = [s for s in args.refresh.split(",") if s]
         check_stages(refresh, "--refresh")
         if args.dry_run:
-            return _dry_run(cfg)
+            return _dry_run(cfg, notes)
         configure_prefect_env()
         if not args.verbose:  # Prefect's INFO lines off its console handler, also those it logs at exit
             os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
@@ -567,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"rollflow: error: {e}", file=sys.stderr)
         return 2
+    _print_notices(notes)  # once the run is sure to start: a refused one prints only its error
     from flows.reaper import start_reaper
 
     start_reaper()  # before Prefect's server and Ray exist: they end with this process, however it ends
@@ -608,11 +609,16 @@ def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: fl
     return 0
 
 
-def _print_notices(cfg: RunConfig) -> None:
-    """The flags this run keeps but does not act on, one console line per concern (config/slime_compat.py)."""
+def _notices(cfg: RunConfig) -> list[str]:
+    """The start-up notice of a run as given (config/slime_compat.py): the flags it keeps but does not act on, and
+    the values it takes where slime has no default, one line per concern."""
     from config.slime_compat import notices
 
-    for line in notices(cfg):
+    return notices(cfg)
+
+
+def _print_notices(lines: list[str]) -> None:
+    for line in lines:
         print(f"rollflow: notice: {line}", file=sys.stderr)
 
 
@@ -677,7 +683,7 @@ def _refuse_shared_outputs(cfg: RunConfig, original: Path, given: str) -> None:
         )
 
 
-def _dry_run(cfg: RunConfig) -> int:
+def _dry_run(cfg: RunConfig, notes: list[str] | None = None) -> int:
     """`run --dry-run`: resolve everything that can be resolved without building or starting anything, and call
     the reward on a few rows."""
     from flows.resolve import apply_recipe, describe, resolve
@@ -693,6 +699,7 @@ def _dry_run(cfg: RunConfig) -> int:
     from rollout.reward_check import check_run_reward
 
     print(check_run_reward(resolved, source))  # a broken reward is named here, before anything starts
+    _print_notices(notes or [])
     return 0
 
 

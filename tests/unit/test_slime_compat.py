@@ -361,17 +361,32 @@ def test_sglang_flags_are_kept_and_named_once_in_one_notice():
     assert notices(RunConfig()) == []
 
 
-def test_the_notice_reaches_the_console(capsys, monkeypatch):
+def test_a_run_on_user_data_is_told_the_values_slime_has_no_default_for():
+    base = ("--prompt-data", "x.jsonl", "--rm-type", "math")
+    (line,) = notices(parse(*base, "--global-batch-size", "4"))
+    assert line == (
+        "not given, so rollflow's defaults: --num-rollout 100 (slime requires it or --num-epoch), "
+        "--rollout-batch-size 128 (slime requires it), --rollout-max-response-len 6 (slime leaves it to SGLang: up "
+        "to the context); set them for your data"
+    )
+    given = ("--num-rollout", "3", "--rollout-batch-size", "4", "--global-batch-size", "4")
+    (line,) = notices(parse(*base, *given))
+    assert line.startswith("not given, so rollflow's defaults: --rollout-max-response-len 6 (slime leaves")
+    assert notices(parse(*base, *given, "--rollout-max-response-len", "512")) == []
+    assert notices(parse()) == []  # the recipe's own data: its values are its own
+
+
+def test_the_notice_reaches_the_console_of_a_run_that_goes_ahead(capsys, tmp_path):
     from flows import cli
 
-    monkeypatch.setattr(cli, "_dry_run", lambda cfg: 0)
-    assert (
-        cli.main(["run", "--dry-run", "--sglang-mem-fraction-static", "0.5", "--attention-backend", "flash"])
-        == 0
-    )
+    argv = ["run", "--dry-run", "--run-dir", str(tmp_path / "r"), "--sglang-mem-fraction-static", "0.5"]
+    assert cli.main([*argv, "--attention-backend", "flash"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert sum("--sglang-mem-fraction-static" in ln for ln in err) == 1
     assert any(ln.startswith("rollflow: notice: --attention-backend flash") for ln in err)
+    # a refused run prints its one-line error only
+    assert cli.main([*argv, "--lr", "0"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
