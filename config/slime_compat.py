@@ -52,6 +52,21 @@ FLAGS: dict[str, tuple[Status, str]] = {
     "--wandb-project": (_SAME, ""),
     "--wandb-group": (_SAME, "also names a run on --prompt-data"),
     "--sglang-*": ("notice", "kept for an SGLang engine; the torch engine ignores them"),
+    "--loss-type": (_SAME, "policy_loss, sft_loss or custom_loss (no value_loss: rollflow trains no critic)"),
+    "--custom-loss-function-path": (
+        _SAME,
+        "slime's signature; logits are [B, T, V] response logits, read by trainers.custom_loss's "
+        "get_log_probs_and_entropy",
+    ),
+    "--over-sampling-batch-size": (
+        _SAME,
+        "groups per draw; a draw is judged whole, in order (seeded, replayable)",
+    ),
+    "--dynamic-sampling-filter-path": (_SAME, "slime's filter_hub paths name rollflow's own filters"),
+    "--buffer-filter-path": (
+        _SAME,
+        "serves a --rollout-function-path's given-back groups; the buffer lasts a rollout",
+    ),
 }
 
 # slime / Megatron flags with no rollflow meaning: the flag (or a prefix ending in '-') -> what to do instead
