@@ -7,7 +7,8 @@ slime-style --custom-rm-path.
         --apply-chat-template
 
 The tool protocol fits the tiny model's characters: in its turn the model calls the calculator by writing `=`
-(after an expression such as `23+45`, or alone, which asks for the question's value). The generate function
+(after an expression such as `23+45`, whose value it gets; after anything else, or alone, it gets the question's
+value). The generate function
 stops the model there, runs the calculator and appends its result (`68`) to the response with loss mask 0:
 the tool's tokens are the environment's, not the model's, so the trainer's loss skips them and their rollout
 log-probs are placeholders. The model then goes on with its turn (ending it with `<eos>` once the result is its
@@ -16,6 +17,10 @@ the model's turn (`=` and the result both masked), as an agent that always consu
 
 The reward scores the model's final answer: the text after the last `=` of the response (the tool's result and
 what the model wrote after it), else the whole response.
+
+The warm-up model almost never writes `=`; calls that are rewarded teach it to. It learns to call the tool in a
+few dozen rollouts of `--rollout-batch-size 64 --n-samples-per-prompt 8 --lr 1e-3 --lr-decay-style constant
+--weight-decay 0 --rollout-shuffle` (tests/e2e/test_generate_plugins.py checks it).
 """
 
 from __future__ import annotations
