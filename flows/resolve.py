@@ -15,6 +15,7 @@ from recipes.registry import get_recipe
 from rollout.data import DataError
 from rollout.dynamic import check_sampling
 from rollout.extensions import ExtensionError
+from rollout.plugins import check_plugins
 from rollout.source import RolloutSource, rollout_source
 from rollout.template import check_examples
 from tasks.trackers import require_trackers
@@ -325,6 +326,7 @@ def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tup
 
             resolve_loss(cfg.loss.loss_type, cfg.loss.custom_loss_function_path)
         check_sampling(cfg)
+        check_plugins(cfg)
     except (DataError, ExtensionError) as e:
         raise ValueError(str(e)) from None
     if cfg.data.apply_chat_template and source.train is not None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollout import engine_client
 from rollout.engine_client import EngineClient
-from rollout.extensions import load_function
+from rollout.extensions import ExtensionError, load_function
 from rollout.finish import Tally, write_finished
 from rollout.rewards import Scorer
 from rollout.sample import Sample
@@ -56,6 +56,33 @@ def rollout_function_path(cfg: RunConfig) -> str | None:
     """The run's --rollout-function-path, None for rollflow's own generation (also slime's default path)."""
     path = cfg.rollout.rollout_function_path
     return None if path in (None, SLIME_DEFAULT_ROLLOUT) else path
+
+
+def check_plugins(cfg: RunConfig) -> None:
+    """The generation plug-ins, before anything starts: each path imports and names a function slime's way of
+    calling could call (ExtensionError naming the flag otherwise)."""
+    for flag, path, names in (
+        (
+            "--custom-generate-function-path",
+            cfg.rollout.custom_generate_function_path,
+            "args, sample, sampling_params",
+        ),
+        ("--rollout-function-path", rollout_function_path(cfg), "args, rollout_id, data_source"),
+    ):
+        if path is None:
+            continue
+        fn = load_function(path, flag)
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+            continue
+        params = signature.parameters.values()
+        takes = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(takes) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params):
+            raise ExtensionError(
+                f"{flag} {path}: {getattr(fn, '__name__', fn)}{signature} takes {len(takes)} positional "
+                f"arguments; slime calls it with 3 ({names})"
+            )
 
 
 def uses_plugins(cfg: RunConfig) -> bool:

@@ -258,3 +258,29 @@ def test_plugged_samples_run_the_generate_function_per_entry_and_evals_without_a
     ]  # one batch, the samples' seeds
     evals = run_with(True, rollout_function_path="examples.rollout_function.rollout.generate_rollout")
     assert [s.response for s in evals] == ["68", "68"] and all(s.loss_mask == [1, 1, 1] for s in evals)
+
+
+def test_plugin_paths_are_checked_before_the_run(tmp_path, monkeypatch):
+    from config import RunConfig
+    from rollout.extensions import ExtensionError
+    from rollout.plugins import SLIME_DEFAULT_ROLLOUT, check_plugins, uses_plugins
+
+    (tmp_path / "badplug.py").write_text("def two(args, sample):\n    return sample\n")
+    monkeypatch.chdir(tmp_path)
+
+    def cfg(**rollout: str) -> RunConfig:
+        return RunConfig(rollout=rollout)
+
+    check_plugins(cfg(custom_generate_function_path="examples.calculator_tool.calculator.generate"))
+    check_plugins(cfg(rollout_function_path="examples.rollout_function.rollout.generate_rollout"))
+    assert not uses_plugins(
+        cfg(rollout_function_path=SLIME_DEFAULT_ROLLOUT)
+    )  # slime's default: our generation
+    with pytest.raises(
+        ExtensionError, match="--custom-generate-function-path 'nowhere_xyz.gen': cannot import"
+    ):
+        check_plugins(cfg(custom_generate_function_path="nowhere_xyz.gen"))
+    with pytest.raises(
+        ExtensionError, match=r"two\(args, sample\) takes 2 positional arguments; slime calls it"
+    ):
+        check_plugins(cfg(rollout_function_path="badplug.two"))
