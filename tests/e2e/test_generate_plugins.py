@@ -183,3 +183,31 @@ def test_calculator_tool_example_learns_to_call_the_tool(
         assert last - first > margin, (
             f"{name} {first:.3f} -> {last:.3f}: gain below 4 standard errors ({margin:.3f})"
         )
+
+
+def test_group_reward_example_scores_each_group_together(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
+    """--group-rm: the majority-vote reward sees each prompt group whole, so every reward follows from its group."""
+    from examples.group_reward.majority import majority_vote
+    from rollout.sample import from_row
+
+    cfg = small_config(
+        tmp_path,
+        base_checkpoint,
+        rollout={"num_rollout": 1},
+        reward={"group_rm": True, "custom_rm_path": "examples.group_reward.majority.majority_vote"},
+        eval={"eval_interval": None},
+        checkpoint={"save": None, "save_interval": None},
+    )
+    _runs(cfg)
+    rows = read_rollout(RunPaths(cfg.resolved_run_dir).rollout(0))
+    groups: dict[int, list] = {}
+    for r in rows:
+        groups.setdefault(r.group_index, []).append(r)
+    assert len(groups) == 4 and all(len(g) == 4 for g in groups.values())
+    for g in groups.values():
+        expected = asyncio.run(majority_vote(None, [from_row(r) for r in g]))
+        assert [r.reward for r in g] == expected, [(r.response, r.reward) for r in g]
+    assert any(1.0 in [r.reward for r in g] for g in groups.values())  # some group agreed on an answer
+    assert len(_records(cfg, "step")) == 2
