@@ -60,9 +60,10 @@ def test_calculator_tool_example_masks_tool_output_and_replays(
             "input_key": "prompt",
             "label_key": "label",
             "apply_chat_template": True,
+            "eval_prompt_data": ["calc", str(EXAMPLES / "calculator_tool" / "prompts.jsonl")],
         },
         reward={"custom_rm_path": "examples.calculator_tool.calculator.reward"},
-        eval={"eval_interval": None},
+        eval={"eval_interval": 2},
     )
     _runs(cfg)
     tok = AutoTokenizer.from_pretrained(base_checkpoint)
@@ -71,7 +72,12 @@ def test_calculator_tool_example_masks_tool_output_and_replays(
     assert len(rows) == 2 * 4 * 4
     first = [r for r in rows if r.metadata.get("calculator_first")]
     assert len(first) == len(rows) // 2  # every other prompt row of the example asks for it
-    for r in rows:
+    evals = [s for i in (0, 2) for s in read_rollout(paths.eval_rollout(i))]  # evals generate through it too
+    assert len(evals) == 2 * 64 and {r.metadata["eval_dataset"] for r in evals} == {"calc"}
+    assert [m["eval/calc"] for m in _records(cfg, "eval")] == pytest.approx(
+        [sum(r.reward for r in evals[:64]) / 64, sum(r.reward for r in evals[64:]) / 64]
+    )
+    for r in rows + evals:
         tools = _tool_runs(tok, r)
         question = re.search(r"\d+\+\d+", r.prompt).group(0)
         if r.metadata.get("calculator_first"):  # the scaffold's call: '=' and the calculator's value, masked
