@@ -67,6 +67,17 @@ FLAGS: dict[str, tuple[Status, str]] = {
         _SAME,
         "serves a --rollout-function-path's given-back groups; the buffer lasts a rollout",
     ),
+    "--custom-generate-function-path": (
+        _SAME,
+        "generates through rollout.engine_client.generate(args, payload) (SGLang's payload and answer) on the run's "
+        "engines; import Sample from rollout.sample; one Sample back per call",
+    ),
+    "--rollout-function-path": (
+        _SAME,
+        "every sample of the rollout's groups comes back once; evals stay rollflow's; slime's default path is "
+        "rollflow's own generation",
+    ),
+    "--group-rm": (_SAME, "a --custom-rm-path reward is called once per group, reward(args, samples)"),
 }
 
 # slime / Megatron flags with no rollflow meaning: the flag (or a prefix ending in '-') -> what to do instead
