@@ -294,13 +294,28 @@ async def plugged_samples(
         async def one(e: Entry) -> Sample:
             token = engine_client.for_sample(e.request.seed, e.group_index % len(client.engines))
             try:
-                return await _call_generate(each, args, pending_sample(e), params, eval_mode)
+                return _same_place(await _call_generate(each, args, pending_sample(e), params, eval_mode), e)
             finally:
                 engine_client.reset_sample(token)
 
         return list(await asyncio.gather(*(one(e) for e in entries)))
     finally:
         client.plugin_context = None
+
+
+def _same_place(sample: Sample, e: Entry) -> Sample:
+    """The sample a generate function gave back for entry `e`, in `e`'s place: a new Sample's unset index, group
+    and seed are `e`'s; other values are refused (the row would leave its group)."""
+    for name, value in (("index", e.sample_index), ("group_index", e.group_index), ("seed", e.request.seed)):
+        given = getattr(sample, name)
+        if given is None:
+            setattr(sample, name, value)
+        elif given != value:
+            raise PluginError(
+                f"--custom-generate-function-path gave back sample {e.sample_index} with {name} {given!r}; "
+                f"it is {value!r} (leave index, group_index and seed as they came)"
+            )
+    return sample
 
 
 async def _rollout_function(

@@ -284,3 +284,15 @@ def test_plugin_paths_are_checked_before_the_run(tmp_path, monkeypatch):
         ExtensionError, match=r"two\(args, sample\) takes 2 positional arguments; slime calls it"
     ):
         check_plugins(cfg(rollout_function_path="badplug.two"))
+
+
+def test_a_new_sample_takes_its_entrys_place():
+    from rollout.data import Prompt
+    from rollout.plugins import _same_place
+    from rollout.requests import build_requests
+
+    entry = build_requests([Prompt(1, "p", (4, 5), "9", {}, None)], 1, 0, 2, SamplingParams())[1]
+    fresh = _same_place(Sample(prompt="p", tokens=[4, 5]), entry)
+    assert (fresh.index, fresh.group_index, fresh.seed) == (1, 0, entry.request.seed)
+    with pytest.raises(PluginError, match="gave back sample 1 with group_index 3; it is 0"):
+        _same_place(Sample(index=1, group_index=3), entry)
