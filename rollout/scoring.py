@@ -58,7 +58,11 @@ async def score_samples(scorer: Scorer, samples: list[Sample], group_rm: bool = 
         groups: dict[int, list[int]] = {}
         for i in todo:
             groups.setdefault(samples[i].group_index or 0, []).append(i)
-        done = await asyncio.gather(*[_score_group(scorer, [samples[i] for i in g]) for g in groups.values()])
+        calls = [_score_group(scorer, [samples[i] for i in g]) for g in groups.values()]
+        if inspect.iscoroutinefunction(scorer.fn):
+            done = await asyncio.gather(*calls)
+        else:  # a sync reward sees its groups one after another, in order, as a per-sample one sees its samples
+            done = [await c for c in calls]
         for g, scores in zip(groups.values(), done, strict=True):
             for i, sc in zip(g, scores, strict=True):
                 out[i] = sc

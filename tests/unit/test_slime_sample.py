@@ -129,6 +129,12 @@ def plugin_rewards(tmp_path, monkeypatch):
             right = [s.response == s.label for s in samples]
             return [float(r) / max(1, sum(right)) for r in right]
 
+        ORDER = []
+
+        def sync_groups(args, samples):  # stateful: sees the groups in order
+            ORDER.append(samples[0].group_index)
+            return [float(len(ORDER))] * len(samples)
+
         def group_wrong_count(args, samples):
             return [1.0]
 
@@ -166,6 +172,9 @@ def test_group_rm_calls_once_per_group(plugin_rewards):
     scored = asyncio.run(score_samples(_scorer(f"{plugin_rewards}.per_group"), samples, group_rm=True))
     assert sorted(slimerm.CALLS) == [[0, 1], [2, 3]]
     assert [s.reward for s in scored] == [0.5, 0.5, 1.0, 0.0]
+    three = [_finished(i, "2", group=i // 2) for i in range(6)]
+    ordered = asyncio.run(score_samples(_scorer(f"{plugin_rewards}.sync_groups"), three, group_rm=True))
+    assert slimerm.ORDER == [0, 1, 2] and [s.reward for s in ordered] == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
     failed = asyncio.run(score_samples(_scorer(f"{plugin_rewards}.group_raises"), samples[:2], group_rm=True))
     assert all(s.error == "RuntimeError: judge down" for s in failed)
     with pytest.raises(ValueError, match="returned list of 1 for group 0 of 2 samples"):
