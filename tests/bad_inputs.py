@@ -683,6 +683,20 @@ CASES: list[Case] = [
         what="slime's ifbench reward (it fetches code when imported)",
     ),
     run(
+        "--custom-generate-function-path",
+        "nowhere_xyz.generate",
+        needle="cannot import 'nowhere_xyz'",
+        kind="data",
+        what="a generate plug-in that does not import",
+    ),
+    run(
+        "--rollout-function-path",
+        "rollout.sample.label_text",
+        needle="slime calls it with 3",
+        kind="data",
+        what="a rollout function that takes one argument",
+    ),
+    run(
         "--eval-prompt-data",
         "a",
         "/x.jsonl",
