@@ -90,7 +90,10 @@ def start_reaper(grace: float = 3.0) -> None:
     driver = os.getpid()
     if os.fork() == 0:
         try:
-            os.close(write_end)
+            # every other descriptor the driver held goes: a copy kept here would keep the run dir's lock
+            # (flock) taken after the driver released it or exited, until the reaper ends
+            os.closerange(3, read_end)
+            os.closerange(read_end + 1, os.sysconf("SC_OPEN_MAX"))
             os.setsid()  # out of the terminal's process group: Ctrl-C stops the run, not its reaper
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             _watch(driver, read_end, grace)
