@@ -39,9 +39,17 @@ def build_hf_model(
     layers: int = 2,
     seed: int = 0,
 ) -> Path:
-    """save_pretrained of a small random Qwen2 (q/k/v bias) or Llama (no bias) into `path`; GQA by default.
+    """save_pretrained of a small random Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm per head, head_dim twice
+    hidden / heads as Qwen3-4B's 128 is not 2560 / 32) or Llama (no bias) into `path`; GQA by default.
     Biases and norm weights are randomised too, so a conversion that drops or misplaces them shows."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     common = dict(
         vocab_size=vocab,
@@ -62,6 +70,9 @@ def build_hf_model(
         model: torch.nn.Module
         if family == "qwen2":
             model = Qwen2ForCausalLM(Qwen2Config(**common))  # type: ignore[arg-type]
+        elif family == "qwen3":
+            config = Qwen3Config(**common, head_dim=2 * hidden // heads)  # type: ignore[arg-type]
+            model = Qwen3ForCausalLM(config)
         else:  # a non-default RoPE theta, so a conversion that ignores it shows
             rope = {"rope_type": "default", "rope_theta": 5000.0}
             model = LlamaForCausalLM(LlamaConfig(**common, rope_parameters=rope))  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""HF Qwen2/Llama <-> Megatron GPTModel weight conversion (pure torch: runs without megatron-core).
+"""HF Qwen2/Qwen3/Llama <-> Megatron GPTModel weight conversion (pure torch: runs without megatron-core).
 
 That the layout is megatron's own is checked against the real GPTModel in test_megatron_trainer.py
 (logits equal to the HF model's); here: bitwise round trips, the sharded layout, and the refusals."""
@@ -15,6 +15,7 @@ from trainers.megatron.arch import ModelArch
 CASES = {  # name: (family, tied, vocab, heads, kv_heads)
     "qwen2-tied-gqa-odd-vocab": ("qwen2", True, 31, 4, 2),
     "qwen2-untied-gqa": ("qwen2", False, 30, 4, 2),
+    "qwen3-untied-gqa": ("qwen3", False, 30, 4, 2),
     "llama-untied-mha": ("llama", False, 30, 4, 4),
     "llama-tied-gqa": ("llama", True, 31, 4, 2),
 }
@@ -77,7 +78,8 @@ def test_tensor_parallel_layout(hf_model):
         half = slice(r * f // 2, (r + 1) * f // 2)
         gate, up = hf[pre + "mlp.gate_proj.weight"], hf[pre + "mlp.up_proj.weight"]
         assert torch.equal(fc1, torch.cat([gate[half], up[half]]))
-        cols = slice(r * arch.hidden_size // 2, (r + 1) * arch.hidden_size // 2)
+        width = arch.num_heads * d  # o_proj's input: every head's output (Qwen3: not the hidden size)
+        cols = slice(r * width // 2, (r + 1) * width // 2)
         assert torch.equal(
             shard["decoder.layers.1.self_attention.linear_proj.weight"],
             hf[pre + "self_attn.o_proj.weight"][:, cols],
@@ -85,6 +87,12 @@ def test_tensor_parallel_layout(hf_model):
         assert torch.equal(
             shard["decoder.layers.1.input_layernorm.weight"], hf[pre + "input_layernorm.weight"]
         )
+        for x in "qk":  # Qwen3's per-head norms: [head_dim], the same on every rank
+            name = f"decoder.layers.1.self_attention.{x}_layernorm.weight"
+            assert (name in shard) == arch.qk_layernorm
+            if arch.qk_layernorm:
+                assert torch.equal(shard[name], hf[pre + f"self_attn.{x}_norm.weight"])
+                assert shard[name].shape == (d,)
     embedding = torch.cat([s[convert.EMBEDDING] for s in ranks])
     assert embedding.shape[0] == arch.padded_vocab(2) and embedding.shape[0] % 2 == 0
     assert torch.equal(embedding[: arch.vocab_size], hf["model.embed_tokens.weight"])
@@ -98,6 +106,9 @@ def test_tensor_parallel_split_dims(hf_model):
     assert dims["decoder.layers.0.self_attention.linear_proj.weight"] == 1
     assert dims["decoder.layers.0.mlp.linear_fc2.weight"] == 1
     assert dims["decoder.layers.0.pre_mlp_layernorm.weight"] is None
+    if arch.qk_layernorm:
+        assert dims["decoder.layers.0.self_attention.q_layernorm.weight"] is None
+        assert dims["decoder.layers.0.self_attention.k_layernorm.weight"] is None
 
 
 BASE = {
@@ -120,6 +131,7 @@ BASE = {
         ({"attention_dropout": 0.1}, "attention_dropout"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type 'yarn'"),
         ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
+        ({"model_type": "qwen3", "attention_bias": True}, "attention_bias"),  # a bias on o_proj too
     ],
 )
 def test_architectures_it_would_get_wrong_are_refused(change, needle):
@@ -132,6 +144,9 @@ def test_arch_reads_rope_theta_old_and_new_style_and_checks_tp():
     arch = ModelArch.from_hf_config({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}})
     assert arch.rope_theta == 5e5 and arch.qkv_bias and arch.head_dim == 8
     assert not ModelArch.from_hf_config({**BASE, "model_type": "llama"}).qkv_bias
+    qwen3 = ModelArch.from_hf_config({**BASE, "model_type": "qwen3", "head_dim": 16})
+    assert qwen3.qk_layernorm and not qwen3.qkv_bias and qwen3.head_dim == 16
+    assert not arch.qk_layernorm
     arch.check_tp(2)
     with pytest.raises(
         ValueError, match="--tensor-model-parallel-size 4 must divide the model's key/value heads"

@@ -39,6 +39,7 @@ def models(tmp_path_factory):
     return {
         "qwen2-tied": build_hf_model(root / "qwen2", family="qwen2", tied=True, vocab=31),
         "llama-untied": build_hf_model(root / "llama", family="llama", tied=False, vocab=30),
+        "qwen3-untied": build_hf_model(root / "qwen3", family="qwen3", tied=False, vocab=31),
     }
 
 
@@ -66,7 +67,7 @@ def _max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-@pytest.mark.parametrize("model", ["qwen2-tied", "llama-untied"])
+@pytest.mark.parametrize("model", ["qwen2-tied", "llama-untied", "qwen3-untied"])
 def test_log_probs_and_train_step_match_the_torch_backend(models, rollouts, tmp_path, model):
     ckpt, rollout = models[model], rollouts[0]
     torch_t = _trainer(TorchTrainer, run_config(ckpt), ckpt)
@@ -110,7 +111,8 @@ def test_failed_step_restores_weights_optimizer_and_schedule(models, rollouts, t
     assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())
 
 
-@pytest.mark.parametrize("model", ["qwen2-tied", "llama-untied"])  # Qwen2's vocab 31 is padded to 32 at TP=2
+# Qwen2's and Qwen3's vocab 31 is padded to 32 at TP=2
+@pytest.mark.parametrize("model", ["qwen2-tied", "llama-untied", "qwen3-untied"])
 def test_tensor_parallel_2_matches_1_and_its_checkpoint_loads_at_tp_1(models, rollouts, tmp_path, model):
     ckpt, rollout = models[model], rollouts[0]
     cfg2 = _megatron_cfg(ckpt, tensor_model_parallel_size=2)

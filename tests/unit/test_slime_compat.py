@@ -290,12 +290,15 @@ def test_a_model_the_megatron_backend_cannot_build_is_named_before_the_run(tmp_p
     pytest.importorskip("megatron.core")
     from flows.resolve import check_model_args
 
-    (tmp_path / "config.json").write_text(json.dumps(QWEN2))
-    check_model_args(parse("--hf-checkpoint", str(tmp_path), "--train-backend", "megatron"))
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3))
+    for config in (QWEN2, QWEN3):
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        check_model_args(parse("--hf-checkpoint", str(tmp_path), "--train-backend", "megatron"))
+    (tmp_path / "config.json").write_text(
+        json.dumps({**QWEN3, "model_type": "qwen3_moe", "num_experts": 128})
+    )
     check_model_args(parse("--hf-checkpoint", str(tmp_path)))  # the torch backend runs any causal LM
     with pytest.raises(
-        ValueError, match=r"--train-backend megatron: .*config.json: .*model_type 'qwen3' is not"
+        ValueError, match=r"--train-backend megatron: .*config.json: .*model_type 'qwen3_moe' is not"
     ):
         check_model_args(parse("--hf-checkpoint", str(tmp_path), "--train-backend", "megatron"))
 

@@ -1,4 +1,4 @@
-"""The architecture numbers of an HF Qwen2 / Llama checkpoint that the Megatron model and the weight
+"""The architecture numbers of an HF Qwen2 / Qwen3 / Llama checkpoint that the Megatron model and the weight
 conversion need, read from its `config.json` (pure Python: no megatron import)."""
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED = ("qwen2", "llama")
+SUPPORTED = ("qwen2", "qwen3", "llama")
 
 
 @dataclass(frozen=True)
 class ModelArch:
-    """One decoder-only transformer of the Qwen2/Llama family: pre-RMSNorm, RoPE, GQA, SwiGLU MLP."""
+    """One decoder-only transformer of the Qwen2/Qwen3/Llama family: pre-RMSNorm, RoPE, GQA, SwiGLU MLP; Qwen3
+    adds an RMSNorm over each query and key head (`qk_layernorm`) and an explicit head_dim."""
 
     model_type: str
     num_layers: int
@@ -25,6 +26,7 @@ class ModelArch:
     vocab_size: int
     tied_embeddings: bool
     qkv_bias: bool
+    qk_layernorm: bool
     norm_eps: float
     rope_theta: float
     max_position_embeddings: int
@@ -65,11 +67,12 @@ class ModelArch:
         if act != "silu":
             raise ValueError(f"megatron backend: hidden_act {act!r} is not supported (SwiGLU with silu only)")
         if config.get("use_sliding_window"):
-            raise ValueError("megatron backend: Qwen2 sliding-window attention is not supported")
+            raise ValueError(
+                "megatron backend: sliding-window attention (use_sliding_window) is not supported"
+            )
         if config.get("mlp_bias") or config.get("attention_bias"):
             raise ValueError(
-                "megatron backend: Llama mlp_bias / attention_bias (biases on o_proj and the MLP) "
-                "are not supported"
+                "megatron backend: mlp_bias / attention_bias (biases on o_proj and the MLP) are not supported"
             )
         if float(config.get("attention_dropout", 0.0)):
             raise ValueError(
@@ -94,7 +97,9 @@ class ModelArch:
             ffn_hidden_size=int(config["intermediate_size"]),
             vocab_size=int(config["vocab_size"]),
             tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2",  # Qwen2: q/k/v biases only; Llama (refused above with any): none
+            qkv_bias=model_type
+            == "qwen2",  # Qwen2: q/k/v biases only; Qwen3, Llama (refused above with any): none
+            qk_layernorm=model_type == "qwen3",
             norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),

@@ -1,4 +1,4 @@
-"""HF Qwen2/Llama <-> megatron-core GPTModel (local layer spec) weights, tensor-parallel sharded.
+"""HF Qwen2/Qwen3/Llama <-> megatron-core GPTModel (local layer spec) weights, tensor-parallel sharded.
 
 Pure data movement (views, cat, split, zero padding), so HF -> Megatron -> HF is bitwise. Works one
 parameter at a time, so a caller can stream: build one rank's shard from lazily read HF tensors, or
@@ -12,7 +12,8 @@ Megatron layouts (local spec, no Transformer Engine):
 - `mlp.linear_fc1.weight` is [2 * ffn, hidden] = gate rows then up rows, *per TP rank*: rank r holds
   cat(gate_r, up_r) of its own ffn slice.
 - column-parallel layers (qkv, fc1, embedding, output layer) split rows; row-parallel layers
-  (linear_proj, linear_fc2) split columns; RMSNorm weights are replicated on every TP rank.
+  (linear_proj, linear_fc2) split columns; RMSNorm weights are replicated on every TP rank, Qwen3's per-head
+  `self_attention.q_layernorm` / `k_layernorm` (HF `q_norm` / `k_norm`, [head_dim]) included.
 - the vocabulary is padded with zero rows to `ModelArch.padded_vocab(tp)`.
 """
 
@@ -42,11 +43,21 @@ _LAYER_PARAMS: dict[str, tuple[tuple[str, ...], str]] = {
         ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
         "qkv",
     ),
+    "self_attention.q_layernorm.weight": (("self_attn.q_norm.weight",), "replicated"),
+    "self_attention.k_layernorm.weight": (("self_attn.k_norm.weight",), "replicated"),
     "self_attention.linear_proj.weight": (("self_attn.o_proj.weight",), "columns"),
     "pre_mlp_layernorm.weight": (("post_attention_layernorm.weight",), "replicated"),
     "mlp.linear_fc1.weight": (("mlp.gate_proj.weight", "mlp.up_proj.weight"), "gated"),
     "mlp.linear_fc2.weight": (("mlp.down_proj.weight",), "columns"),
 }
+
+_QK_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+
+
+def head_local(name: str) -> bool:
+    """Whether Megatron parameter `name` is replicated over TP but applied to this rank's heads only (Qwen3's q/k
+    layernorm), so its gradient on one TP rank is a part of the whole."""
+    return name.endswith(_QK_NORMS)
 
 
 def megatron_names(arch: ModelArch) -> list[str]:
@@ -55,6 +66,8 @@ def megatron_names(arch: ModelArch) -> list[str]:
     for i in range(arch.num_layers):
         for suffix in _LAYER_PARAMS:
             if suffix.endswith(".bias") and not arch.qkv_bias:
+                continue
+            if suffix in _QK_NORMS and not arch.qk_layernorm:
                 continue
             names.append(f"decoder.layers.{i}.{suffix}")
     names.append(FINAL_NORM)

@@ -1,7 +1,8 @@
-"""Megatron-core process groups and the GPTModel of an HF Qwen2/Llama architecture.
+"""Megatron-core process groups and the GPTModel of an HF Qwen2/Qwen3/Llama architecture.
 
 The model uses megatron's local layer spec (no Transformer Engine or Apex needed): RMSNorm, GQA
-self-attention with optional q/k/v bias, RoPE, SwiGLU MLP, tied or untied output layer, float32.
+self-attention with optional q/k/v bias and optional per-head q/k RMSNorm (Qwen3), RoPE, SwiGLU MLP, tied or
+untied output layer, float32.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def transformer_config(
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_layernorm,  # RMSNorm (`normalization`) over each head, as HF Qwen3's q_norm/k_norm
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=torch.float32,
@@ -103,7 +105,9 @@ def build_model(arch: ModelArch, tp_size: int, device: torch.device, memory: Mem
     config = transformer_config(arch, tp_size, device, memory)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            normalization="RMSNorm", qk_layernorm=arch.qk_layernorm
+        ),
         vocab_size=arch.padded_vocab(tp_size),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=True,

@@ -1,5 +1,6 @@
 """Tensor- and data-parallel collectives of the Megatron trainer: the vocab gather of the logits, the
-data-parallel gradient sum (plain or deterministic) and the TP-aware global gradient norm."""
+data-parallel gradient sum (plain or deterministic), the tensor-parallel sum of the gradients each TP rank holds
+only a part of, and the TP-aware global gradient norm."""
 
 from __future__ import annotations
 
@@ -71,11 +72,24 @@ def gather_vocab(local: torch.Tensor, layout: Layout) -> torch.Tensor:
 def sum_grads_over_dp(params: list[torch.nn.Parameter], layout: Layout, *, deterministic: bool) -> None:
     """Sum every parameter's gradient over the data-parallel group in place, as one flat buffer (one
     collective). Missing gradients count as zeros: every rank must join the collective."""
-    if layout.dp_size == 1:
-        return
+    if layout.dp_size > 1:
+        _sum_grads(params, layout.dp_group, deterministic)
+
+
+def sum_partial_grads_over_tp(
+    params: list[torch.nn.Parameter], layout: Layout, *, deterministic: bool
+) -> None:
+    """Sum over the tensor-parallel group the gradients of replicated parameters that each TP rank applies to
+    its own attention heads only (Qwen3's q/k layernorm), as megatron's finalize_model_grads does: each rank's
+    gradient is a part of the whole, and the replicas must take the same step."""
+    if layout.tp_size > 1 and params:
+        _sum_grads(params, layout.tp_group, deterministic)
+
+
+def _sum_grads(params: list[torch.nn.Parameter], group: Any, deterministic: bool) -> None:
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    all_reduce_sum(flat, deterministic=deterministic, group=layout.dp_group)
+    all_reduce_sum(flat, deterministic=deterministic, group=group)
     offset = 0
     for p, g in zip(params, grads, strict=True):
         p.grad = g.copy_(flat[offset : offset + g.numel()].view_as(g))

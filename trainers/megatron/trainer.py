@@ -33,12 +33,18 @@ from trainers.core import TrainerCore, buckets
 from trainers.megatron import checkpoint, convert, persistence
 from trainers.megatron.arch import ModelArch
 from trainers.megatron.model import Memory, build_model, causal_mask, init_parallel
-from trainers.megatron.parallel import Layout, clip_grad_norm, gather_vocab, sum_grads_over_dp
+from trainers.megatron.parallel import (
+    Layout,
+    clip_grad_norm,
+    gather_vocab,
+    sum_grads_over_dp,
+    sum_partial_grads_over_tp,
+)
 from trainers.settings import TrainerSettings
 
 
 class MegatronTrainer(TrainerCore):
-    """Implements `trainers.base.Trainer` on megatron-core for HF Qwen2/Llama checkpoints."""
+    """Implements `trainers.base.Trainer` on megatron-core for HF Qwen2/Qwen3/Llama checkpoints."""
 
     def __init__(
         self,
@@ -86,6 +92,7 @@ class MegatronTrainer(TrainerCore):
             )
             self.ref_model.requires_grad_(False)
         self.params = list(self.model.parameters())
+        self.head_local = [p for n, p in self.model.named_parameters() if convert.head_local(n)]
         self._build_optimizer()
         return {
             "rank": self.rank,
@@ -155,7 +162,9 @@ class MegatronTrainer(TrainerCore):
         return self.layout.tp_rank == 0  # every TP rank computes the same logits, so TP rank 0 speaks
 
     def _sum_grads(self) -> None:
-        sum_grads_over_dp(self.params, self.layout, deterministic=self.s.deterministic_collective)
+        det = self.s.deterministic_collective
+        sum_partial_grads_over_tp(self.head_local, self.layout, deterministic=det)
+        sum_grads_over_dp(self.params, self.layout, deterministic=det)
 
     def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         det = self.s.deterministic_collective
