@@ -685,7 +685,8 @@ def _refuse_shared_outputs(cfg: RunConfig, original: Path, given: str) -> None:
 
 def _dry_run(cfg: RunConfig, notes: list[str] | None = None) -> int:
     """`run --dry-run`: resolve everything that can be resolved without building or starting anything, and call
-    the reward on a few rows."""
+    the reward and every plug-in that needs no engine on a few rows (rollout/reward_check.py,
+    rollout/plugin_check.py, trainers/custom_loss.check_loss)."""
     from flows.resolve import apply_recipe, describe, resolve
     from recipes.registry import get_recipe
 
@@ -696,9 +697,22 @@ def _dry_run(cfg: RunConfig, notes: list[str] | None = None) -> int:
         ).tokenizer()  # the recipe's model is not built yet; its tokenizer is
     resolved, source = resolve(cfg, build=False, tokenizer=tokenizer)
     print(describe(resolved, source))
+    from rollout.plugin_check import check_run_plugins
     from rollout.reward_check import check_run_reward
 
-    print(check_run_reward(resolved, source))  # a broken reward is named here, before anything starts
+    # a broken reward or plug-in is named here, before anything starts
+    print(check_run_reward(resolved, source))
+    for line in check_run_plugins(resolved, source):
+        print(line)
+    if resolved.loss.loss_type == "custom_loss":  # torch only for a loss to call (the probe's tensors)
+        from trainers.custom_loss import check_loss, resolve_loss
+        from trainers.settings import trainer_settings
+
+        s = trainer_settings(resolved)
+        fn = resolve_loss(s.loss_type, s.custom_loss_function_path)
+        assert fn is not None
+        name = s.custom_loss_function_path or s.loss_type
+        print(check_loss(fn, name, s.plugin_args, per_token=s.per_token_loss, with_ref=s.need_ref_model))
     _print_notices(notes or [])
     return 0
 

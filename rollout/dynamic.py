@@ -83,6 +83,10 @@ _SLIME_FILTERS = {
 }
 
 
+class FilterOutputError(TypeError):
+    """A dynamic sampling filter returned something that is not a verdict; the message names it and the group."""
+
+
 def load_filter(path: str) -> Callable[..., Any]:
     """The filter named by --dynamic-sampling-filter-path (slime's built-in paths name the ones above)."""
     return _SLIME_FILTERS.get(path) or load_function(path, "--dynamic-sampling-filter-path")
@@ -97,7 +101,7 @@ def judge(fn: Callable[..., Any], args: Any, group: list[Any], name: str) -> Dyn
     if hasattr(keep, "item"):  # a numpy bool, or a 0-dim tensor as slime's own filter computes it
         keep = keep.item()
     if not isinstance(keep, bool):
-        raise TypeError(
+        raise FilterOutputError(
             f"--dynamic-sampling-filter-path {name} returned {type(out).__name__} for the group of sample "
             f"{getattr(group[0], 'index', '?')}: expected a bool or DynamicFilterOutput(keep=..., reason=...)"
         )

@@ -26,6 +26,7 @@ micro-batches and data-parallel ranks is the step's mean; metrics are logged as 
 from __future__ import annotations
 
 import inspect
+import math
 from argparse import Namespace
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,10 @@ import torch
 from torch import Tensor
 
 LossFn = Callable[[Any, dict[str, Any], Tensor, Callable[[Tensor], Tensor]], Any]
+
+
+class LossOutputError(TypeError):
+    """A loss plug-in returned something other than (a 0-dim loss with grad, a dict of numbers)."""
 
 
 def sum_of_sample_mean(loss_masks: list[Tensor], per_token: bool = False) -> Callable[[Tensor], Tensor]:
@@ -188,24 +193,92 @@ def plugin_loss(
     reduce = sum_of_sample_mean(batch["loss_masks"], per_token)
     result = fn(Namespace(**args), batch, logits, reduce)
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise TypeError(f"{name} returned {type(result).__name__}; expected (loss, metrics)")
+        raise LossOutputError(f"{name} returned {type(result).__name__}; expected (loss, metrics)")
     loss, metrics = result
     if not (isinstance(loss, Tensor) and loss.dim() == 0 and loss.requires_grad):
         what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
-        raise TypeError(
+        raise LossOutputError(
             f"{name} returned {what} as its loss; expected a 0-dim tensor with grad (computed from the logits)"
         )
     if not isinstance(metrics, dict):
-        raise TypeError(
+        raise LossOutputError(
             f"{name} returned {type(metrics).__name__} as its metrics; expected a dict name -> value"
         )
     scaled: dict[str, Tensor] = {}
     for key, value in metrics.items():
         v = torch.as_tensor(value.detach() if isinstance(value, Tensor) else value, dtype=torch.float32)
         if not isinstance(key, str) or v.dim() != 0:
-            raise TypeError(
+            raise LossOutputError(
                 f"{name} returned metric {key!r} of shape {tuple(v.shape)}; expected a name -> number"
             )
         scaled[key] = v.cpu() / normaliser
     scaled.setdefault("loss", loss.detach().float().cpu() / normaliser)
     return loss / normaliser, scaled
+
+
+def check_loss(
+    fn: LossFn, name: str, args: dict[str, Any], *, per_token: bool = False, with_ref: bool = False
+) -> str:
+    """`rollflow run --dry-run`'s loss check: `fn` called as a trainer calls it (`build_batch`, `plugin_loss`,
+    then backward) on a synthetic micro-batch of two samples with random logits; one line with its loss and metric
+    names, or ValueError naming the loss, what it was called with and what went wrong (it raised, returned the
+    wrong type, or gave no finite gradient to the logits). `with_ref`: the batch has ``ref_log_probs`` (the run
+    computes them)."""
+    from artifacts.schema import Sample as Row
+
+    gen = torch.Generator().manual_seed(0)
+    vocab, lengths = 8, (4, 3)
+    rows = [
+        Row(
+            rollout_id=0,
+            group_index=0,
+            sample_index=i,
+            prompt="p",
+            prompt_tokens=[1, 2, 3],
+            response="r",
+            response_tokens=torch.randint(vocab, (n,), generator=gen).tolist(),
+            response_length=n,
+            label="",
+            reward=float(i == 0),
+            status="completed",
+            loss_mask=[1] * (n - 1) + [0],  # a token out of the loss, as a tool's output is
+            rollout_log_probs=[-1.0] * n,
+            weight_version=0,
+            seed=i,
+        )
+        for i, n in enumerate(lengths)
+    ]
+    old = {
+        r.sample_index: {
+            "log_probs": [-1.0] * r.response_length,
+            **({"ref_log_probs": [-1.1] * r.response_length} if with_ref else {}),
+        }
+        for r in rows
+    }
+    batch = build_batch(rows, torch.tensor([0.5, -0.5]), old, use_rollout_lp=True, device=torch.device("cpu"))
+    logits = torch.randn(len(rows), max(lengths), vocab, generator=gen).requires_grad_()
+    called = (
+        f"--custom-loss-function-path {name} called as a trainer calls it on a synthetic micro-batch of "
+        f"{len(rows)} samples (response lengths {list(lengths)}, logits {list(logits.shape)} with grad"
+        f"{', ref_log_probs' if with_ref else ''}{', per-token loss' if per_token else ''})"
+    )
+    try:
+        loss, metrics = plugin_loss(fn, name, args, batch, logits, float(len(rows)), per_token)
+    except LossOutputError as e:
+        raise ValueError(f"{called}: {e}") from None
+    except Exception as e:
+        raise ValueError(f"{called}: raised {type(e).__name__}: {e}") from None
+    try:
+        loss.backward()
+    except Exception as e:
+        raise ValueError(f"{called}: backward through its loss raised {type(e).__name__}: {e}") from None
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise ValueError(f"{called}: returned the loss {value}, expected a finite number")
+    if logits.grad is None or not bool(torch.isfinite(logits.grad).all()):
+        what = "no gradient" if logits.grad is None else "a gradient that is not finite"
+        raise ValueError(f"{called}: backward gave the logits {what}: the loss must be computed from them")
+    return (
+        f"loss check: {name} on a synthetic micro-batch of {len(rows)} samples: loss {value:.4g}, metrics "
+        f"{sorted(metrics)}, backward gave the logits a gradient"
+    )
