@@ -230,7 +230,17 @@ class RewardConfig(Section):
         gt=0,
         le=86_400,
         description="Seconds one call of the --custom-rm-path reward (or one remote_rm request, retries "
-        "included) may take for one sample before it is "
-        "abandoned and the sample marked failed, with a warning; None = no limit (the reward then runs on "
-        "the rollout actor's main thread, as a reward that sets signal.alarm itself needs).",
+        "included) may take for one sample before it is abandoned and the sample marked failed, with a warning; "
+        "None = no limit (a custom reward then runs on the rollout actor's main thread, as a reward that sets "
+        "signal.alarm itself needs). Unset: 5 for a --custom-rm-path reward, None for a built-in --rm-type, so "
+        "remote_rm is bounded as slime bounds it (each attempt 120 s, up to 10 attempts with backoff).",
     )
+
+    @model_validator(mode="after")
+    def _remote_rm_bound(self) -> RewardConfig:
+        """A built-in reward given no --rm-timeout gets none (still counted as not given): the rules return at
+        once, and remote_rm keeps slime's own per-attempt timeout and retries, which the 5 s meant for a custom
+        reward would cut short."""
+        if "rm_timeout" not in self.model_fields_set and not self.custom_rm_path:
+            object.__setattr__(self, "rm_timeout", None)  # frozen: set as the field's value for this reward
+        return self

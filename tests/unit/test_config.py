@@ -118,7 +118,11 @@ def test_rm_timeout_must_be_a_positive_number(value):
 
 
 def test_rm_timeout_default_and_none():
-    assert RunConfig().reward.rm_timeout == 5.0
+    # unset: 5 s for a custom reward; none for a built-in, so remote_rm keeps slime's per-attempt bound and retries
+    assert parse("--custom-rm-path", "m.fn").reward.rm_timeout == 5.0
+    assert parse("--rm-type", "remote_rm").reward.rm_timeout is None and RunConfig().reward.rm_timeout is None
+    assert "rm_timeout" not in parse("--rm-type", "remote_rm").reward.model_fields_set  # still not given
+    assert parse("--rm-type", "remote_rm", "--rm-timeout", "30").reward.rm_timeout == 30.0
     assert parse("--rm-timeout", "0.5").reward.rm_timeout == 0.5
     assert parse("--rm-timeout", "none").reward.rm_timeout is None
 

@@ -253,7 +253,7 @@ def reward_server():
         s.close()
 
 
-def _remote(url: str, key: str | None = None, timeout: float = 5.0) -> Scorer:
+def _remote(url: str, key: str | None = None, timeout: float | None = 5.0) -> Scorer:
     return Scorer("remote_rm", None, key, {"rm_url": url}, timeout)
 
 
@@ -270,7 +270,10 @@ def test_remote_rm_posts_slimes_payload_and_takes_the_json_answer(reward_server)
     assert scored.reward == 0.25 and scored.extra == {"why": "partial"}
 
 
-def test_remote_rm_retries_a_server_error(reward_server):
+def test_remote_rm_retries_a_server_error(reward_server, monkeypatch):
+    from rollout.rm_hub import remote
+
+    monkeypatch.setattr(remote, "backoff", lambda attempt: 0.01)  # slime's first wait is 1-2 s
     calls = []
 
     def flaky(payload):
@@ -310,6 +313,33 @@ def test_remote_rm_failures_fail_their_sample_with_a_message_naming_server_and_e
     assert late.error is not None and "no answer before the timeout" in late.error
     assert other.error is not None and late.reward == other.reward == 0.0
     released.set()
+
+
+def test_remote_rm_unbounded_takes_slimes_per_attempt_timeout_and_retries(reward_server, monkeypatch):
+    """Without --rm-timeout each attempt has slime's bound (120 s; shortened here) and a late attempt is retried,
+    so a server slower than a custom reward's 5 s still scores the sample; the retries are slime's 10."""
+    from rollout.rm_hub import remote
+
+    monkeypatch.setattr(remote, "ATTEMPT_SECONDS", 0.3)
+    monkeypatch.setattr(remote, "backoff", lambda attempt: 0.01)
+    released = threading.Event()
+    calls = []
+
+    def late_once(payload):
+        calls.append(payload)
+        if len(calls) == 1:
+            released.wait(30)  # past the attempt's bound: abandoned, then tried again
+        return 200, "1"
+
+    server = reward_server(late_once)
+    [scored] = _score(_remote(server.url, timeout=None), _req("4", "4"))
+    released.set()
+    assert scored.reward == 1.0 and scored.error is None and len(calls) == 2
+
+    broken = reward_server(lambda p: (500, "model not loaded"))
+    [scored] = _score(_remote(broken.url, timeout=None), _req("4", "4"))
+    assert scored.error is not None and "(attempt 10," in scored.error and len(broken.seen) == 10
+    assert "--rm-timeout" not in scored.error
 
 
 def test_remote_rm_names_a_server_that_is_not_there():
