@@ -17,6 +17,8 @@ from rollout.sample import Sample, from_row
 from rollout.scoring import package, score_samples
 
 ROWS = 4  # enough to meet a second label format, few enough for a remote or LLM judge
+# what a remote_rm probe may take without --rm-timeout: a few of slime's retries, not its ten (minutes)
+REMOTE_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Probe:
     tokenizer: Any
     rm_type: str | None  # the built-in rule (None for a custom reward, which gets the label as its response)
     group_rm: bool
+    note: str = ""  # said after a failure: how the probe's call differs from the run's
 
     @property
     def unit(self) -> str:
@@ -48,7 +51,18 @@ def check_reward(
     custom reward of one group of `group_size` samples of the first row; ValueError naming the reward, the row, its
     label and response, and what the reward raised or returned, at the first row that does not give a finite
     number. `rm_type` is the built-in rule (None for a custom reward, which gets the label as its response)."""
-    probe = Probe(scorer, prompts, flag, tokenizer, rm_type, group_rm)
+    return probe_reward(Probe(scorer, prompts, flag, tokenizer, rm_type, group_rm), group_size)
+
+
+def probe_reward(probe: Probe, group_size: int = 1) -> str:
+    """`check_reward` of a probe."""
+    scorer, prompts, flag, rm_type, group_rm = (
+        probe.scorer,
+        probe.prompts,
+        probe.flag,
+        probe.rm_type,
+        probe.group_rm,
+    )
     if group_rm and not scorer.builtin:
         group, where = scored_group(probe, group_size)
         rewards = [float(s.reward) for s in group]  # type: ignore[arg-type]
@@ -94,7 +108,8 @@ def _scored(probe: Probe, i: int, size: int) -> tuple[list[Sample], str]:
     samples = [_sample(i, i * size + j, p, text, probe.tokenizer) for j in range(size)]
     scored = asyncio.run(_score(probe.scorer, samples, probe.group_rm))
     if isinstance(scored, str):
-        raise ValueError(f"{where}: {scored}")
+        note = probe.note if "RemoteRewardError" in scored else ""
+        raise ValueError(f"{where}: {scored}{note}")
     rows = package(samples, scored, 0, [{} for _ in samples], weight_version=0)
     return [from_row(r) for r in rows], where
 
@@ -147,7 +162,14 @@ def run_probe(cfg: Any, source: Any) -> Probe | None:
     else:
         return None
     rm_type = scorer.name if scorer.builtin else None
-    return Probe(scorer, prompts, flag, source.tokenizer, rm_type, cfg.reward.group_rm)
+    note = ""
+    if scorer.builtin and cfg.reward.rm_timeout is None:
+        scorer = scorer.remote_bounded(REMOTE_SECONDS)
+        note = (
+            f" (a dry run waits {REMOTE_SECONDS:g} s for a remote_rm sample; a run waits as slime does, 120 s an "
+            "attempt, up to 10 attempts, or --rm-timeout)"
+        )
+    return Probe(scorer, prompts, flag, source.tokenizer, rm_type, cfg.reward.group_rm, note)
 
 
 def check_run_reward(cfg: Any, source: Any) -> str:
@@ -155,12 +177,4 @@ def check_run_reward(cfg: Any, source: Any) -> str:
     probe = run_probe(cfg, source)
     if probe is None:
         return "reward check: no prompt data to call the reward on"
-    return check_reward(
-        probe.scorer,
-        probe.prompts,
-        probe.flag,
-        probe.tokenizer,
-        probe.rm_type,
-        probe.group_rm,
-        cfg.rollout.n_samples_per_prompt,
-    )
+    return probe_reward(probe, cfg.rollout.n_samples_per_prompt)

@@ -24,6 +24,7 @@ a finite number is a bug in the reward, and the error names the sample.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import importlib
 import inspect
@@ -226,6 +227,15 @@ class Scorer:
         else:
             values = [self._guarded(r) for r in requests]
         return await self._scored(requests, values)
+
+    def remote_bounded(self, seconds: float) -> Scorer:
+        """This reward with its remote_rm calls bounded by `seconds` each, retries included, where no --rm-timeout
+        bounds them (a copy: the dry run's probe, which must not wait out slime's 10 attempts)."""
+        if self._remote_timeout is not None:
+            return self
+        out = copy.copy(self)
+        out._remote_timeout = seconds
+        return out
 
     def _builtin_setup(self, rm_type: str, timeout: float | None) -> None:
         """What a built-in rule needs besides (response, label), checked before anything runs: remote_rm its

@@ -56,7 +56,7 @@ async def remote_reward(
             break
         await asyncio.sleep(wait)
     spent = time.monotonic() - began
-    bound = "" if timeout is None else f", --rm-timeout {timeout:g} s"
+    bound = "" if timeout is None else f", bounded to {timeout:g} s"
     raise RemoteRewardError(f"remote_rm POST {url}: {error} (attempt {attempt}, {spent:.1f} s{bound})")
 
 

@@ -138,6 +138,19 @@ def test_a_reward_server_that_is_not_there_is_named(byo, tmp_path, monkeypatch, 
     )
 
 
+def test_a_remote_rm_probe_without_rm_timeout_waits_a_bounded_time(byo, tmp_path, monkeypatch, capsys):
+    """A run gives remote_rm slime's 10 attempts of up to 120 s; the dry run's probe gives up sooner, and says so."""
+    monkeypatch.setattr("rollout.reward_check.REMOTE_SECONDS", 0.5)
+    url = "http://127.0.0.1:9/reward"
+    assert dry_run(byo, tmp_path, monkeypatch, "--rm-type", "remote_rm", "--rm-url", url) == 2
+    err = capsys.readouterr().err
+    assert f"raised RemoteRewardError: remote_rm POST {url}: " in err and "bounded to 0.5 s)" in err
+    assert err.rstrip().endswith(
+        "(a dry run waits 0.5 s for a remote_rm sample; a run waits as slime does, 120 s an attempt, up to 10 "
+        "attempts, or --rm-timeout)"
+    )
+
+
 def test_a_rows_unknown_rm_type_is_named_before_the_run(byo, tmp_path, monkeypatch, capsys):
     """A row's metadata rm_type (slime's per-sample rule) must name a built-in."""
     rows = [

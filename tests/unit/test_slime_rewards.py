@@ -292,7 +292,7 @@ def test_remote_rm_failures_fail_their_sample_with_a_message_naming_server_and_e
     assert scored.error.startswith(
         f"RemoteRewardError: remote_rm POST {broken.url}: HTTP 500 Internal Server Error"
     )
-    assert "'model not loaded' (attempt 1," in scored.error and "--rm-timeout 0.5 s" in scored.error
+    assert "'model not loaded' (attempt 1," in scored.error and "bounded to 0.5 s)" in scored.error
 
     refused = reward_server(lambda p: (422, "bad label"))
     [scored] = _score(_remote(refused.url, timeout=30), _req("4", "4"))
@@ -339,7 +339,7 @@ def test_remote_rm_unbounded_takes_slimes_per_attempt_timeout_and_retries(reward
     broken = reward_server(lambda p: (500, "model not loaded"))
     [scored] = _score(_remote(broken.url, timeout=None), _req("4", "4"))
     assert scored.error is not None and "(attempt 10," in scored.error and len(broken.seen) == 10
-    assert "--rm-timeout" not in scored.error
+    assert "bounded to" not in scored.error
 
 
 def test_remote_rm_names_a_server_that_is_not_there():
