@@ -169,7 +169,8 @@ def run_probe(cfg: Any, source: Any) -> Probe | None:
             f" (a dry run waits {REMOTE_SECONDS:g} s for a remote_rm sample; a run waits as slime does, 120 s an "
             "attempt, up to 10 attempts, or --rm-timeout)"
         )
-    return Probe(scorer, prompts, flag, source.tokenizer, rm_type, cfg.reward.group_rm, note)
+    group_rm = cfg.reward.group_rm and source.train is not None  # evals are scored sample by sample
+    return Probe(scorer, prompts, flag, source.tokenizer, rm_type, group_rm, note)
 
 
 def check_run_reward(cfg: Any, source: Any) -> str:
