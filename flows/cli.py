@@ -696,14 +696,15 @@ def _dry_run(cfg: RunConfig, notes: list[str] | None = None) -> int:
             cfg.recipe
         ).tokenizer()  # the recipe's model is not built yet; its tokenizer is
     resolved, source = resolve(cfg, build=False, tokenizer=tokenizer)
-    print(describe(resolved, source))
     from rollout.plugin_check import check_run_plugins
     from rollout.reward_check import check_run_reward
 
-    # a broken reward or plug-in is named here, before anything starts
-    print(check_run_reward(resolved, source))
-    for line in check_run_plugins(resolved, source):
-        print(line)
+    # a broken reward or plug-in is named here, before anything starts; a refused dry run prints only its error
+    lines = [
+        describe(resolved, source),
+        check_run_reward(resolved, source),
+        *check_run_plugins(resolved, source),
+    ]
     if resolved.loss.loss_type == "custom_loss":  # torch only for a loss to call (the probe's tensors)
         from trainers.custom_loss import check_loss, resolve_loss
         from trainers.settings import trainer_settings
@@ -712,7 +713,10 @@ def _dry_run(cfg: RunConfig, notes: list[str] | None = None) -> int:
         fn = resolve_loss(s.loss_type, s.custom_loss_function_path)
         assert fn is not None
         name = s.custom_loss_function_path or s.loss_type
-        print(check_loss(fn, name, s.plugin_args, per_token=s.per_token_loss, with_ref=s.need_ref_model))
+        lines.append(
+            check_loss(fn, name, s.plugin_args, per_token=s.per_token_loss, with_ref=s.need_ref_model)
+        )
+    print("\n".join(lines))
     _print_notices(notes or [])
     return 0
 

@@ -81,7 +81,7 @@ def check_buffer_filter(path: str, args: Any, group: list[Sample], where: str) -
     asked = BUFFERED - 1
     called = (
         f"--buffer-filter-path {path} called as buffer_filter(args, rollout_id 0, buffer, num_samples {asked}) "
-        f"with a buffer of {BUFFERED} groups, each {where}"
+        f"with a buffer of {BUFFERED} copies of {where}"
     )
     try:
         got = source.get_samples(asked)
@@ -97,7 +97,7 @@ def check_buffer_filter(path: str, args: Any, group: list[Sample], where: str) -
     taken = sum(1 for g in got if g and g[0].group_index != BUFFERED)  # the fresh group is number BUFFERED
     return (
         f"plug-in check: --buffer-filter-path {path} on a buffer of {BUFFERED} groups, {asked} asked: took {taken}, "
-        f"left {len(source.buffer)} (each group {where})"
+        f"left {len(source.buffer)} (copies of {where})"
     )
 
 

@@ -90,10 +90,10 @@ def probe_reward(probe: Probe, group_size: int = 1) -> str:
 def scored_group(probe: Probe, size: int) -> tuple[list[Sample], str]:
     """`size` samples of the first row, each answered by its label, scored as the run scores a group and read back
     as the run's plug-ins see them (rollout rows made slime samples); and the words that say which group it is."""
-    return _scored(probe, 0, size)
+    return _scored(probe, 0, size, group=True)
 
 
-def _scored(probe: Probe, i: int, size: int) -> tuple[list[Sample], str]:
+def _scored(probe: Probe, i: int, size: int, group: bool = False) -> tuple[list[Sample], str]:
     """Row `i` answered by its label `size` times (one group), scored; ValueError naming the row and the reward's
     fault when a sample gets no finite number."""
     p = probe.prompts.prompts[i]
@@ -103,12 +103,17 @@ def _scored(probe: Probe, i: int, size: int) -> tuple[list[Sample], str]:
         f"{probe.flag} {probe.prompts.path} {probe.unit} {p.row} (label {str(p.label)[:60]!r}, response "
         f"{text[:80]!r})"
     )
-    if size > 1:
-        where = f"a group of {size} samples of {where}"
+    if group:
+        where = f"a group of {size} sample{'s' * (size != 1)} of {where}"
     samples = [_sample(i, i * size + j, p, text, probe.tokenizer) for j in range(size)]
     scored = asyncio.run(_score(probe.scorer, samples, probe.group_rm))
     if isinstance(scored, str):
         note = probe.note if "RemoteRewardError" in scored else ""
+        name = f"--group-rm reward {probe.scorer.name}"
+        if scored.startswith(name):  # the plug-in first, then the group it was called on
+            raise ValueError(
+                f"{name} called as reward(args, samples) on {where}: {scored.removeprefix(name + ' ')}{note}"
+            )
         raise ValueError(f"{where}: {scored}{note}")
     rows = package(samples, scored, 0, [{} for _ in samples], weight_version=0)
     return [from_row(r) for r in rows], where

@@ -1358,3 +1358,64 @@ CASES += [
         what="slime's --partial-rollout",
     ),
 ]
+
+
+# plug-ins called by `run --dry-run` on probe samples (rollout/plugin_check.py), each given another plug-in's path
+def _dry_run(*flags: str) -> Callable[[Path], list[str]]:
+    def argv(tmp: Path) -> list[str]:
+        data = _jsonl(tmp, '{"input": "1+2=", "label": "3"}\n', "sums")  # prompts the tiny tokenizer encodes
+        return [
+            "run",
+            "--dry-run",
+            "--run-dir",
+            str(tmp / "run"),
+            "--prompt-data",
+            data,
+            "--label-key",
+            "label",
+            *flags,
+        ]
+
+    return argv
+
+
+CASES += [
+    Case(
+        "plug-in",
+        "`run --dry-run`: a --group-rm reward that returns a filter's verdict",
+        _dry_run("--custom-rm-path", "examples.dapo_filter.filters.mixed_and_finished", "--group-rm"),
+        "called as reward(args, samples) on a group of 1 sample of --prompt-data",
+    ),
+    Case(
+        "plug-in",
+        "`run --dry-run`: a dynamic sampling filter of another signature",
+        _dry_run("--rm-type", "exact_match", "--dynamic-sampling-filter-path", "rollout.sample.label_text"),
+        "called as filter(args, samples) on a group of 1 sample of --prompt-data",
+    ),
+    Case(
+        "plug-in",
+        "`run --dry-run`: a dynamic sampling filter given as the buffer filter",
+        _dry_run(
+            "--rm-type",
+            "exact_match",
+            "--rollout-function-path",
+            "examples.buffer_filter.retry.generate_rollout",
+            "--buffer-filter-path",
+            "examples.dapo_filter.filters.mixed_and_finished",
+        ),
+        "mixed_and_finished() takes 2 positional arguments but 4 were given",
+    ),
+    Case(
+        "plug-in",
+        "`run --dry-run`: a buffer filter given as the custom loss",
+        _dry_run(
+            "--rm-type",
+            "exact_match",
+            "--loss-type",
+            "custom_loss",
+            "--custom-loss-function-path",
+            "rollout.plugins.pop_first",
+        ),
+        "called as a trainer calls it on a synthetic micro-batch of 2 samples",
+    ),
+]

@@ -125,22 +125,22 @@ PROBE_GROUP = "a group of 4 samples of --prompt-data {data} line 1 (label '0', r
 @pytest.mark.parametrize(
     "flags, fn, said",
     [
-        (GROUP, "group_raises", "{group}: --group-rm reward plugs.group_raises raised KeyError: 'judge'"),
+        (GROUP, "group_raises", "{called} plugs.group_raises {on} {group}: raised KeyError: 'judge'"),
         (
             GROUP,
             "group_short",
-            "{group}: --group-rm reward plugs.group_short returned list of 3 for group 0 of 4 samples: expected a "
+            "{called} plugs.group_short {on} {group}: returned list of 3 for group 0 of 4 samples: expected a "
             "list of one reward per sample",
         ),
         (
             GROUP,
             "group_nan",
-            "{group}: --group-rm reward plugs.group_nan returned nan (float), expected a finite",
+            "{called} plugs.group_nan {on} {group}: returned nan (float), expected a finite",
         ),
         (
             GROUP,
             "group_text",
-            "{group}: --group-rm reward plugs.group_text returned str for group 0 of 4 samples",
+            "{called} plugs.group_text {on} {group}: returned str for group 0 of 4 samples",
         ),
         (
             FILTER,
@@ -158,7 +158,7 @@ PROBE_GROUP = "a group of 4 samples of --prompt-data {data} line 1 (label '0', r
             BUFFER,
             "buffer_raises",
             "--buffer-filter-path plugs.buffer_raises called as buffer_filter(args, rollout_id 0, buffer, "
-            "num_samples 1) with a buffer of 2 groups, each {group}: raised IndexError: empty",
+            "num_samples 1) with a buffer of 2 copies of {group}: raised IndexError: empty",
         ),
         (BUFFER, "buffer_all", "{group}: buffer_all returned list of 2 groups for 1 asked: expected at most"),
         (BUFFER, "buffer_dict", "{group}: buffer_dict returned dict for 1 asked"),
@@ -196,9 +196,14 @@ def test_a_broken_plugin_is_named_with_its_probe_before_anything_starts(
     byo, tmp_path, monkeypatch, capsys, flags, fn, said
 ):
     assert dry_run(byo, tmp_path, monkeypatch, *flags.format(fn).split()) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("rollflow: error: "), err
-    assert said.format(group=PROBE_GROUP.format(data=byo["data"])) in err[0]
+    out, err = capsys.readouterr()
+    err = err.strip().splitlines()
+    assert not out and len(err) == 1 and err[0].startswith("rollflow: error: "), err  # the error alone
+    group = PROBE_GROUP.format(data=byo["data"])
+    assert (
+        said.format(group=group, called="--group-rm reward", on="called as reward(args, samples) on")
+        in err[0]
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -242,7 +247,7 @@ def test_the_reports_say_what_the_plugins_gave(byo, tmp_path, monkeypatch, capsy
     out = capsys.readouterr().out
     assert "each answered by its label: 1, 1, 1, 1" in out and "keep False (reason 'same')" in out
     assert dry_run(byo, tmp_path, monkeypatch, *BUFFER.format("buffer_ok").split()) == 0
-    assert "1 asked: took 1, left 1 (each group " in capsys.readouterr().out
+    assert "1 asked: took 1, left 1 (copies of a group of 4 samples of " in capsys.readouterr().out
 
 
 def test_generation_plugins_are_said_to_be_left_uncalled(byo, tmp_path, monkeypatch, capsys):
