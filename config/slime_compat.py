@@ -182,4 +182,14 @@ def notices(cfg: RunConfig) -> list[str]:
             f"--attention-backend {cfg.arch.attention_backend} is a kernel choice the {cfg.train.train_backend} "
             f"trainer does not have: it runs {trainer} (same results)"
         )
+    unused = [
+        flag_of(name)
+        for name in ("dynamic_sampling_filter_path", "over_sampling_batch_size")
+        if getattr(cfg.sampling, name) is not None
+    ]
+    if unused and cfg.rollout.rollout_function_path is not None:
+        lines.append(
+            f"{' and '.join(unused)} not applied: --rollout-function-path draws the rollout's groups itself "
+            "(as in slime, where the default rollout function applies them)"
+        )
     return lines

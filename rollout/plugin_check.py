@@ -50,7 +50,9 @@ def check_run_plugins(cfg: RunConfig, source: RolloutSource) -> list[str]:
         return [*lines, "plug-in check: no training data to call the sampling plug-ins on"]
     group, where = scored_group(probe, cfg.rollout.n_samples_per_prompt)
     args = slime_args(cfg)
-    if s.dynamic_sampling_filter_path:
+    if (
+        s.dynamic_sampling_filter_path and cfg.rollout.rollout_function_path is None
+    ):  # else the run never calls it
         lines.append(check_filter(s.dynamic_sampling_filter_path, args, group, where))
     if s.buffer_filter_path:
         lines.append(check_buffer_filter(s.buffer_filter_path, args, group, where))

@@ -381,7 +381,7 @@ async def plugged_rollout(
     began = time.perf_counter()
     tokenizer, stops, scorer, eval_scorer = scoring_side(cfg)
     used = eval_scorer if eval_mode else scorer
-    client = EngineClient(engines, weight_version, ctx or {}, tokenizer, stops, max_len=_context_length(cfg))
+    client = EngineClient(engines, weight_version, ctx or {}, tokenizer, stops, max_len=context_length(cfg))
     with client:
         samples = await plugged_samples(cfg, rollout_id, entries, client, used, eval_mode=eval_mode)
     generated = generation_seconds(client, began)
@@ -400,7 +400,7 @@ async def plugged_rollout(
     return ref, dataclasses.replace(tally, generation=generated)
 
 
-def _context_length(cfg: RunConfig) -> int | None:
+def context_length(cfg: RunConfig) -> int | None:
     """The model's max_position_embeddings (its config.json), None when it does not say."""
     try:
         config = json.loads((Path(cfg.hf_checkpoint or "") / "config.json").read_text())

@@ -259,3 +259,18 @@ def test_generation_plugins_are_said_to_be_left_uncalled(byo, tmp_path, monkeypa
         "generates through the inference engines, which a dry run does not start (its path and signature are "
         "checked)"
     ) in out
+
+
+def test_a_filter_a_rollout_function_leaves_unused_is_not_called_and_the_notice_says_so(
+    byo, tmp_path, monkeypatch, capsys
+):
+    """Under --rollout-function-path the run never calls the dynamic filter: the dry run does not either (a filter
+    that raises passes), and the notice says it is not applied."""
+    flags = [*BUFFER.format("buffer_ok").split(), "--dynamic-sampling-filter-path", "plugs.filter_raises"]
+    assert dry_run(byo, tmp_path, monkeypatch, *flags) == 0
+    captured = capsys.readouterr()
+    assert "plugs.filter_raises called" not in captured.out
+    assert (
+        "rollflow: notice: --dynamic-sampling-filter-path not applied: --rollout-function-path draws the rollout's "
+        "groups itself (as in slime, where the default rollout function applies them)"
+    ) in captured.err.splitlines()
