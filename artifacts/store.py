@@ -561,6 +561,12 @@ class RunPaths:
         """``metrics.jsonl``: one JSON record per line (see ``append_metrics``)."""
         return self.run_dir / "metrics.jsonl"
 
+    @property
+    def start_weights(self) -> Path:
+        """``start_weights.json``: the weights_sha256 of the starting and the reference model, as the trainer
+        held them before its first step."""
+        return self.run_dir / "start_weights.json"
+
     def rollout(self, rollout_id: int) -> Path:
         """``rollouts/rollout_{id:06d}.parquet``."""
         return self.run_dir / "rollouts" / f"rollout_{_check_id(rollout_id, 'rollout_id'):06d}.parquet"

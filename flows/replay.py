@@ -201,7 +201,16 @@ async def _replay(
     if task == "log-prob":
         weights = WeightsRef(version=rollout_id, sha256=(await trainer_weights(cfg)).sha256)
         replayed = await s.log_prob(q, rollout_id, rollout, weights)
-        return first_table_difference(read_table(paths.logprobs(rollout_id)), read_table(replayed.table))
+        first = read_table(replayed.table)
+        diff = first_table_difference(read_table(paths.logprobs(rollout_id)), first)
+        if diff is not None:
+            return diff
+        # a fresh process re-seeds as the run did, so a seeded dropout replays identically: a second pass in this
+        # process, its RNG moved on, shows a forward that depends on the RNG
+        await asyncio.gather(*[t.advance_rng.remote() for t in trainers])
+        again = await Stages(cfg, ["log-prob"], rollout_id).log_prob(q, rollout_id, rollout, weights)
+        second = first_table_difference(first, read_table(again.table))
+        return None if second is None else f"a second pass in the same process, RNG advanced: {second}"
     logprobs = _ref(paths.logprobs(rollout_id), "logprobs", limits)
     recorded = [
         r["metrics"]

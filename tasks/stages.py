@@ -9,6 +9,7 @@ log-prob pass for a rollout whose step it applied). Retry policy and `--refresh`
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import acreate_markdown_artifact
 
+from artifacts.atomic import atomic_write_text
 from artifacts.hashing import differing_tensors
 from artifacts.store import ArtifactRef, RunPaths, read_rollout
 from config import RunConfig
@@ -268,9 +270,15 @@ async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weight
     written = [t.compute_log_probs.remote(rollout, _logprobs_out(cfg, rollout_id), ctx) for t in trainers]
     # rank 0 runs its calls in order and Ray hands it the ref it wrote
     stats = trainers[0].rollout_stats.remote(rollout, written[0])
-    table, *_, computed = await guarded(
-        cfg, what, asyncio.gather(*written, stats), cfg.faults.train_timeout, trainers=True
+    start_weights = RunPaths(cfg.resolved_run_dir).start_weights
+    # the doctor tells "the reference is not the starting model" from a forward that is not deterministic by these
+    start = [] if start_weights.exists() else [trainers[0].reference_and_start_sha256.remote()]
+    table, *answers = await guarded(
+        cfg, what, asyncio.gather(*written, *start, stats), cfg.faults.train_timeout, trainers=True
     )
+    computed = answers[-1]
+    if start and (hashes := answers[-2]):
+        atomic_write_text(start_weights, json.dumps({**hashes, "rollout_id": rollout_id}))
     actors.stage_end(cfg, "log-prob", ctx)
     log_metrics(cfg, "rollout", rollout_id, computed)
     return LogProbs(table=table, stats=computed)

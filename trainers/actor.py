@@ -27,6 +27,12 @@ def snapshot_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / SNAPSHOT_DIR
 
 
+def advance_rng() -> None:
+    """Re-seed torch's generators on every device at random: a forward that then computes otherwise depends on the
+    RNG (dropout), which a replay in a fresh, identically seeded process cannot show."""
+    torch.seed()
+
+
 @ray.remote(num_cpus=0)
 class TrainerActor:
     """One data-parallel rank; every method forwards to the backend's trainer.
@@ -148,6 +154,12 @@ class TrainerActor:
 
     def model_hash(self) -> dict[str, str]:
         return self.trainer.model_hash()
+
+    def reference_and_start_sha256(self) -> dict[str, str]:
+        return self.trainer.reference_and_start_sha256()
+
+    def advance_rng(self) -> None:
+        advance_rng()
 
     def tensor_hashes(self) -> dict[str, str]:
         return self.trainer.tensor_hashes()

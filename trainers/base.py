@@ -76,6 +76,11 @@ class Trainer(Protocol):
         """Per-layer SHA-256 of this rank's own parameters (its shard; see artifacts/hashing.py)."""
         ...
 
+    def reference_and_start_sha256(self) -> dict[str, str]:
+        """{"start", "reference"}: weights_sha256 of rank 0's policy and reference parameters before any step is
+        applied ({} on other ranks, without a reference model, or after a step)."""
+        ...
+
     def tensor_hashes(self) -> dict[str, str]:
         """Collective: per-tensor SHA-256 of the exported weights (artifacts.hashing.tensor_hashes) on global
         rank 0 ({} elsewhere): names what differs when an engine's weights_sha256 does not match."""

@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from artifacts.atomic import atomic_write_text, fsync_tree
 from artifacts.checkpoints import LATEST_FILE
+from artifacts.hashing import weights_sha256
 from artifacts.schema import Sample
 from artifacts.store import ArtifactRef, read_rollout, read_table, write_table
 from faults import FaultInjector
@@ -227,6 +228,18 @@ class TrainerCore(abc.ABC):
         """Whether setup loads the reference model: the KL loss, the --ci-test log-prob checker, or
         --kl-coef reward shaping compare with it."""
         return self.s.need_ref_model or self.s.kl_coef != 0
+
+    def reference_and_start_sha256(self) -> dict[str, str]:
+        """{"start": ..., "reference": ...}: artifacts.hashing.weights_sha256 of this rank's policy and reference
+        parameters (one shard under tensor parallelism, the same one of both), on rank 0 before any step is
+        applied ({} elsewhere, without a reference model, or later): a reference other than the starting model
+        shows as two hashes."""
+        if self.rank != 0 or self.ref_model is None or self.last_applied_rollout >= 0:
+            return {}
+        return {
+            "start": weights_sha256(dict(self.model.named_parameters())),
+            "reference": weights_sha256(dict(self.ref_model.named_parameters())),
+        }
 
     def _param_names(self) -> list[str]:
         """Names of self.params, same order (Megatron's weight-decay rule reads them)."""

@@ -8,6 +8,7 @@ two standard errors of the run's own noise), and each rule's docstring says why.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import Counter
@@ -312,20 +313,54 @@ def first_step_precision(run: RunData) -> list[Finding]:
             )
         )
     lp, ref = dict(run.per_rollout("rollout/log_probs")), dict(run.per_rollout("rollout/ref_log_probs"))
-    fresh_start = not run.cfg("checkpoint.load") and not run.cfg("ref_load")
-    if fresh_start and 0 in lp and 0 in ref and abs(lp[0] - ref[0]) >= 1e-8:
-        out.append(
-            Finding(
-                "error",
-                f"actor and reference log-probs differ before any training: {cause}",
-                f"rollout/log_probs = {lp[0]:.6g}, rollout/ref_log_probs = {ref[0]:.6g} at rollout 0 "
-                "(same weights: must agree within 1e-8)",
-                "rollflow run --ci-test --num-rollout 1 (the log-probs checker)",
-                "first-step-kl",
-                DIRECT if dropout else POINTED,
-            )
-        )
+    # --ci-test holds any run to it (the log-probs checker), else only a run that starts from the reference
+    same_start = run.cfg("ci.ci_test", False) or not (run.cfg("checkpoint.load") or run.cfg("ref_load"))
+    if same_start and 0 in lp and 0 in ref and abs(lp[0] - ref[0]) >= 1e-8:
+        out.append(_reference_not_start(run, lp[0], ref[0], cause, dropout))
     return out
+
+
+def _start_weights(run: RunData) -> dict[str, str]:
+    """The trainer's record of the starting and reference models' weights_sha256 ({} when not recorded)."""
+    try:
+        data = json.loads(run.paths.start_weights.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _reference_not_start(run: RunData, lp: float, ref: float, cause: str, dropout: str) -> Finding:
+    """Actor and reference log-probs differ at rollout 0 of a fresh run, where both should be the starting model:
+    the recorded weight hashes tell a reference loaded from other weights (the direct cause, ranked first) from a
+    forward that is not deterministic (confirmed by a replay whose second in-process pass, RNG moved on, must
+    give the same log-probs)."""
+    evidence = (
+        f"rollout/log_probs = {lp:.6g}, rollout/ref_log_probs = {ref:.6g} at rollout 0 (same weights: must "
+        "agree within 1e-8)"
+    )
+    hashes = _start_weights(run)
+    start, reference = hashes.get("start"), hashes.get("reference")
+    if start and reference and start != reference:
+        return Finding(
+            "error",
+            "actor and reference log-probs differ before any training: the reference is not the starting model "
+            f"(its weights hash to {reference[:12]}, the starting model's to {start[:12]})",
+            f"{evidence}; {run.paths.start_weights}: reference sha256 {reference}, start sha256 {start}",
+            "rollflow run --ci-test --num-rollout 1 records both hashes again in start_weights.json: they differ "
+            "until the reference is loaded from the starting model's weights (--ref-load, --hf-checkpoint, --load)",
+            "first-step-kl",
+            DIRECT,
+        )
+    known = f"; the reference and starting weights hash alike ({start[:12]})" if start else ""
+    return Finding(
+        "error",
+        f"actor and reference log-probs differ before any training: {cause}",
+        evidence + known,
+        f"rollflow replay {run.dir} --rollout-id 0 --task log-prob (it passes the rollout twice in one process, "
+        "the RNG advanced in between: a forward that depends on the RNG, such as a seeded dropout, differs)",
+        "first-step-kl",
+        DIRECT if dropout or start else POINTED,
+    )
 
 
 # -- entropy, spikes ---------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from artifacts.store import RunPaths, read_metrics
+from flows.doctor import diagnose
 from tests.e2e.test_loop import small_config
 
 pytestmark = pytest.mark.e2e
@@ -77,7 +78,12 @@ def test_clean_run_passes_every_checker(tmp_path, ray_session, prefect_server, b
 def test_kl_checker_catches_dropout_left_on(tmp_path, ray_session, prefect_server, base_checkpoint):
     ckpt = _copy_checkpoint(base_checkpoint, tmp_path / "dropout", config={"attention_dropout": 0.3})
     cfg = small_config(
-        tmp_path, ckpt, rollout={"num_rollout": 1}, eval={"eval_interval": None}, ci=ci_flags(ckpt)
+        tmp_path,
+        ckpt,
+        rollout={"num_rollout": 1},
+        eval={"eval_interval": None},
+        ci=ci_flags(ckpt),
+        debug={"allow_model_dropout": True},  # refused otherwise (tests/unit/test_model_dropout.py)
     )
     with pytest.raises(
         Exception, match=r"\[KL checker\] train/ppo_kl = .* violates \|x\| < 1e-9 at rollout 0 step 0"
@@ -105,6 +111,11 @@ def test_logprob_checker_catches_a_reference_model_that_differs(
         r"violates \|x\| < 1e-8 at rollout 0",
     ):
         _run(cfg)
+    first = diagnose(cfg.resolved_run_dir)[0]
+    assert first.title.startswith(
+        "actor and reference log-probs differ before any training: the reference is not the starting model "
+        "(its weights hash to "
+    )
 
 
 def test_weight_update_checker_catches_a_sync_that_drops_a_tensor(

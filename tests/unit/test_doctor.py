@@ -102,6 +102,46 @@ def test_a_first_step_kl_names_the_dropout_the_model_config_turns_on(tmp_path, t
     assert "attention_dropout = 0.3" in first.title
 
 
+def _reference_apart(tmp_path: Path, tokenizer: Path, hashes: dict[str, str] | None) -> list[Finding]:
+    """A fresh run whose reference log-probs differ from the actor's at rollout 0, with the trainer's record of
+    the starting and reference weights' hashes (`hashes`, none when None)."""
+    run = make_run(tmp_path, tokenizer, Plan())
+    lp = next(r for r in _records(run) if "rollout/log_probs" in r["metrics"])["metrics"]["rollout/log_probs"]
+    append_metrics(
+        run / "metrics.jsonl",
+        {"kind": "rollout", "rollout_id": 0, "metrics": {"rollout/ref_log_probs": lp + 0.02}},
+    )
+    if hashes is not None:
+        (run / "start_weights.json").write_text(json.dumps({**hashes, "rollout_id": 0}))
+    return diagnose(run)
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_reference_other_than_the_starting_model_is_named_first_by_its_hash(tmp_path, tokenizer):
+    first = _reference_apart(tmp_path, tokenizer, {"start": "a" * 64, "reference": "b" * 64})[0]
+    assert (first.severity, first.rule) == ("error", "first-step-kl")
+    assert first.title == (
+        "actor and reference log-probs differ before any training: the reference is not the starting model "
+        f"(its weights hash to {'b' * 12}, the starting model's to {'a' * 12})"
+    )
+    assert "start_weights.json: reference sha256 " + "b" * 64 + ", start sha256 " + "a" * 64 in first.evidence
+
+
+def test_a_reference_that_is_the_starting_model_leaves_a_forward_that_depends_on_the_rng(tmp_path, tokenizer):
+    first = _reference_apart(tmp_path, tokenizer, {"start": "a" * 64, "reference": "a" * 64})[0]
+    assert first.title == (
+        "actor and reference log-probs differ before any training: the trainer's forward is not deterministic "
+        "(dropout, batch-dependent kernels)"
+    )
+    assert first.evidence.endswith(f"; the reference and starting weights hash alike ({'a' * 12})")
+    assert first.knife.startswith(
+        f"rollflow replay {tmp_path / 'run'} --rollout-id 0 --task log-prob (it passes"
+    )
+
+
 # -- prompt tokens the run's tokenizer and template do not reproduce ------------------------------------------
 def test_prompt_tokens_from_another_tokenizer_are_named_with_the_first_differing_token(tmp_path, tokenizer):
     plus, minus = DIGITS["9"] + 1, DIGITS["9"] + 2  # '+' and '-' in the tiny-arith vocabulary
