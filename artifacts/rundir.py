@@ -21,11 +21,13 @@ from typing import IO, Any
 from artifacts.atomic import atomic_write_json, atomic_write_text
 
 INFO = "run.json"
+OUTCOME = "outcome.json"  # how the run's last process ended, and the root cause the console printed
 LOCK = ".lock"
 # what a run writes into its run dir (everything `--overwrite` removes; the lock stays)
 RECORDS = (
     "config.yaml",
     INFO,
+    OUTCOME,
     "metrics.jsonl",
     "faults.jsonl",
     "rollouts",
@@ -95,6 +97,41 @@ def read_info(run_dir: str | Path) -> RunInfo | None:
 
 def write_info(run_dir: str | Path, info: RunInfo) -> None:
     atomic_write_json(Path(run_dir) / INFO, asdict(info))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run's process ended: `status` (completed, stopped, cancelled, failed), and for a failure the root
+    cause as the console printed it (`error`: `Type: message`; `where`: `rollout N, stage S` when known;
+    `gate`: the check that failed a run whose rollouts all completed, e.g. `ci-doctor`)."""
+
+    status: str
+    error: str | None = None
+    where: str | None = None
+    gate: str | None = None
+
+
+def write_outcome(run_dir: str | Path, outcome: Outcome) -> None:
+    """Record how the run ended (replacing what an earlier process of the run recorded)."""
+    atomic_write_json(Path(run_dir) / OUTCOME, {**asdict(outcome), "ended_at": time.time()})
+
+
+def clear_outcome(run_dir: str | Path) -> None:
+    """Forget the recorded end of an earlier process of the run (a resumed run has not ended yet)."""
+    (Path(run_dir) / OUTCOME).unlink(missing_ok=True)
+
+
+def read_outcome(run_dir: str | Path) -> Outcome | None:
+    """The recorded end of the run at `run_dir`; None when it recorded none (still running, killed, or older)
+    or the file is not an outcome record."""
+    try:
+        data = json.loads((Path(run_dir) / OUTCOME).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("status"), str):
+        return None
+    fields = {k: data.get(k) for k in ("error", "where", "gate")}
+    return Outcome(data["status"], **{k: v if isinstance(v, str) else None for k, v in fields.items()})
 
 
 def new_info(name: str) -> RunInfo:

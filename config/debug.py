@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+from typing import Literal
 
 from pydantic import Field
 
@@ -95,6 +96,11 @@ class CIConfig(Section):
         None, description="Write grad norms to TPL ({role}, {rollout_id}, {step_id})."
     )
     ci_load_grad_norm: str | None = Field(None, description="Compare grad norms with TPL (rel = abs = 0.03).")
+    ci_doctor: Literal["gate", "advisory"] = Field(
+        "gate",
+        description="With --ci-test, the doctor runs on the run dir at the end: `gate` fails the run on an ERROR "
+        "finding (the finding is the run's failure), `advisory` only reports the findings.",
+    )
     ci_fault_drop_weight: str | None = Field(
         None,
         description="Fault injection: engines silently skip these tensors on every weight update: "

@@ -8,15 +8,18 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
+from prefect.states import Failed, State
 
+from artifacts.rundir import Outcome, clear_outcome, write_outcome
 from config import RunConfig
 from config.stages import STAGES
 from faults import FaultInjector
 from flows import run_page, runtime, stop
-from flows.failure import explain
+from flows.failure import describe, explain, stage_of
 from flows.prefect_private import retry_busy_server_quickly
 from flows.report import RunReport, observers
 from flows.stages import Stages, opaque_config, with_policy
@@ -98,19 +101,23 @@ async def rollout_flow(
 @flow(name="rollflow-run", flow_run_name=_run_name, log_prints=True)
 async def run_flow(
     cfg: RunConfig, refresh: list[str] | None = None, resume: bool = False, overwrite: bool = False
-) -> dict:
+) -> dict[str, Any] | State:
     """The whole run: own the run dir, start Ray actors, then one `rollout-<id>` child flow run per rollout id.
     `resume` continues the run in `cfg`'s run dir where it was cut; `overwrite` replaces another run's records.
 
     As it goes, the run's report (`flows.report`) feeds the observers (the console of `rollflow run`) and the run's
     page in the Prefect UI (`flows.run_page`); at the end, with --ci-test, `rollflow doctor` runs on the run dir
-    and its findings join both. Log lines go to `<run dir>/logs/run.log`, the actors' output to logs/actors.log."""
+    and its findings join both; with --ci-doctor gate (the default) an ERROR finding fails the run, the flow run
+    ending Failed with the finding as its message. How the run ended is recorded in `<run dir>/outcome.json` (the
+    root cause the console prints last). Log lines go to `<run dir>/logs/run.log`, the actors' output to
+    logs/actors.log."""
     retry_busy_server_quickly()
     this = str(flow_run.get_id())
     # a Prefect retry of this flow run (UI, `prefect flow-run retry`) continues the run like --resume
     retry_of = this if (flow_run.run_count or 1) > 1 else None
     owned = runtime.own(cfg, resume=resume, overwrite=overwrite, retry_of=retry_of, flow_run_id=this)
     cfg = owned.cfg
+    clear_outcome(cfg.resolved_run_dir)  # an earlier process's end is not this one's
     await runtime.crash_stale_flow_run(owned.previous_flow_run, current=this)
     runtime.record_flow_run(owned, this)
     faults = FaultInjector(
@@ -121,6 +128,7 @@ async def run_flow(
     report = RunReport.load(cfg, owned.info.run_id, owned.start, _end(cfg, owned.start))
     page = run_page.RunPage(report, uuid.UUID(str(flow_run.get_id()))) if run_page.enabled() else None
     loop = _RunLoop(cfg, owned, report, page, faults, refresh or [])
+    gate: str | None = None
     with runtime.run_log(cfg.resolved_run_dir), _listening(report), stop.stoppable(cfg, this):
         await _started(report, page)
         try:
@@ -129,19 +137,25 @@ async def run_flow(
                 weights = await loop.run()
             _dispose_gate(cfg, report)
             report.finish("completed" if report.done >= report.total else "stopped")
+            write_outcome(cfg.resolved_run_dir, Outcome(report.status))
         except BaseException as e:
             line = stop.stopped_line(report.done, report.total, cfg.resolved_run_dir)
             if line is None:
                 report.finish("failed", explain(e))
+                write_outcome(cfg.resolved_run_dir, Outcome("failed", describe(e), stage_of(e)))
             else:  # Ctrl-C, SIGTERM or a cancel from Prefect
                 report.finish("cancelled", line)
+                write_outcome(cfg.resolved_run_dir, Outcome("cancelled", line))
                 await _mark_interrupted(this, str(stop.stop_reason()))
             raise
         finally:
             faults.expire_unfired()
             close_run(cfg)  # trackers finished and plots/curves.png drawn, also when the run failed
+            gate = _doctor(report)  # while the run dir is still this run's
             owned.release()
             await _wrap_up(report, page)
+    if gate is not None:
+        return Failed(message=gate)
     return {
         "run_dir": str(cfg.resolved_run_dir),
         "weight_version": weights.version,
@@ -311,11 +325,29 @@ async def _mark_interrupted(flow_run_id: str, reason: str) -> None:
         )
 
 
+def _doctor(report: RunReport) -> str | None:
+    """With --ci-test: the doctor's findings into the report. With --ci-doctor gate, an ERROR finding fails a run
+    that otherwise ended well: it becomes the run's failure (report and outcome.json) and is returned as the
+    message the flow run fails with."""
+    cfg = report.cfg
+    if not cfg.ci.ci_test:
+        return None
+    _diagnose(report)
+    if cfg.ci.ci_doctor != "gate" or report.status not in ("completed", "stopped"):
+        return None
+    from flows.doctor import gate_failure
+
+    line = gate_failure(report.findings or [])
+    if line is not None:
+        report.finish("failed", line)
+        write_outcome(cfg.resolved_run_dir, Outcome("failed", line, gate="ci-doctor"))
+    return line
+
+
 async def _wrap_up(report: RunReport, page: run_page.RunPage | None) -> None:
-    """However the run ended: the doctor's findings (--ci-test), the run page's last update, the observers told.
-    A failure here is reported, never raised: it must not hide how the run itself ended."""
-    if report.cfg.ci.ci_test:
-        _diagnose(report)
+    """However the run ended: the run page's last update, the observers told (the doctor's findings, with
+    --ci-test, are in the report already). A failure here is reported, never raised: it must not hide how the run
+    itself ended."""
     if page is not None:
         try:
             await page.close()

@@ -6,7 +6,7 @@ rules automate the precision and sanity checklist of slime / miles / Relax's deb
 `signals` and `artifact_rules`; each rule's docstring says what it checks and why its bound holds).
 
 API (for a caller such as the end of a `--ci-test` run): `diagnose(run_dir) -> list[Finding]`,
-`format_findings(findings)`, `exit_code(findings)`.
+`format_findings(findings)`, `exit_code(findings)`, `gate_failure(findings)`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from flows.doctor import artifact_rules, signals
+from flows.doctor import artifact_rules, run_end, signals
 from flows.doctor.findings import SYMPTOM, Finding, Severity, exit_code, format_findings, ranked
 from flows.doctor.run_data import DoctorInputError, RunData
 
-__all__ = ["DoctorInputError", "Finding", "Severity", "diagnose", "exit_code", "format_findings"]
+__all__ = [
+    "DoctorInputError",
+    "Finding",
+    "Severity",
+    "diagnose",
+    "exit_code",
+    "format_findings",
+    "gate_failure",
+]
 
 Rule = Callable[[RunData], list[Finding]]
 
@@ -33,6 +41,8 @@ RULES: tuple[Rule, ...] = (
     signals.truncation,
     artifact_rules.checkpoints,
     artifact_rules.checker_failures,
+    run_end.failure,
+    run_end.faults,
     signals.spikes,
     signals.entropy,
     signals.length_drift,
@@ -64,3 +74,17 @@ def diagnose(run_dir: str | Path) -> list[Finding]:
     readable config.yaml or metrics.jsonl."""
     run = RunData(run_dir)
     return ranked([f for rule in RULES for f in _apply(rule, run)])
+
+
+def gate_failure(findings: list[Finding]) -> str | None:
+    """The line a `--ci-test` run fails with when the doctor found an error (`--ci-doctor gate`): the first
+    error's rule, title and evidence, and how many more there are; None when no finding is an error."""
+    errors = [f for f in ranked(findings) if f.severity == "error"]
+    if not errors:
+        return None
+    first, more = errors[0], len(errors) - 1
+    return (
+        f"the doctor found an ERROR [{first.rule}] {first.title} (evidence: {first.evidence})"
+        + (f"; {more} more error(s) in `rollflow doctor`" if more else "")
+        + " (--ci-doctor advisory reports without failing)"
+    )

@@ -1,4 +1,5 @@
-"""What `rollflow doctor` reads from a run directory: config.yaml, metrics.jsonl, recordings, log-probs.
+"""What `rollflow doctor` reads from a run directory: config.yaml, metrics.jsonl, recordings, log-probs, how the
+run ended (outcome.json: the root cause the console printed) and the injected faults (faults.jsonl).
 
 Metric series come from metrics.jsonl (every rollout); per-sample rules read the recordings of at most
 `MAX_EXAMINED` rollouts spread evenly over the run (the first and the last always among them), so the
@@ -15,6 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from artifacts.rundir import Outcome, read_outcome
 from artifacts.schema import Sample
 from artifacts.store import ArtifactError, RunPaths, read_metadata, read_metrics, read_rollout, read_table
 from config.location import relocate
@@ -68,7 +70,8 @@ def _load_records(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 class RunData:
     """A run directory, read lazily and at most once per artifact. Raises `DoctorInputError` at construction
-    when config.yaml or metrics.jsonl cannot be read; unreadable recordings are collected in `unreadable`."""
+    when config.yaml or metrics.jsonl cannot be read (a missing metrics.jsonl is no records when the run recorded
+    how it ended: it failed before logging any); unreadable recordings are collected in `unreadable`."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.dir = Path(run_dir)
@@ -77,7 +80,11 @@ class RunData:
             raise DoctorInputError(f"{self.dir}: no such directory")
         # paths that lay inside the run dir are read where the run is now (a moved or copied run)
         self.config = relocate(_load_config(self.paths.config), self.dir)
-        self.records, self.unusable_lines = _load_records(self.paths.metrics)
+        self.outcome: Outcome | None = read_outcome(self.dir)
+        self.records: list[dict[str, Any]] = []
+        self.unusable_lines = 0
+        if self.outcome is None or self.paths.metrics.exists():
+            self.records, self.unusable_lines = _load_records(self.paths.metrics)
         self.unreadable: dict[str, str] = {}  # path -> why (corrupt or unreadable artifacts met on the way)
         self._samples: dict[tuple[str, int], list[Sample] | None] = {}
 
@@ -130,6 +137,25 @@ class RunData:
             if r["kind"] == "step" and r.get("step") is not None:
                 first[r["rollout_id"]] = min(first.get(r["rollout_id"], int(r["step"])), int(r["step"]))
         return set(first.values())
+
+    @cached_property
+    def fault_events(self) -> list[dict[str, Any]]:
+        """The lines of faults.jsonl ({request_id, hook, action, status, process, context, error?}) in order;
+        [] when the run injected none. Lines that are not such a record are skipped."""
+        path = self.dir / "faults.jsonl"
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and isinstance(event.get("request_id"), str) and event.get("status"):
+                out.append(event)
+        return out
 
     # -- recordings ---------------------------------------------------------------------------------------
     @cached_property
