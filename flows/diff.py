@@ -6,11 +6,17 @@ records excluded), else the per-layer hashes of the checkpoint saved after it. O
 is identical does it report what one run has and the other lacks (rollouts, steps, records): a run
 that stopped early at a checker is compared on the rollouts it did finish, so the report names the
 first differing column rather than "rollout ids differ". Exit 0 only when everything is identical.
+
+Bookkeeping is set aside, and said to be: the check records are about checking the run, not about training it,
+and which checks run depends on flags and on where a process started (--ci-test, the first sync of a run but not
+of a resume), so a check that only one run recorded is no divergence. Checks both runs recorded are compared by
+name. A metric of training (`rollout/*`, `train/*`, `eval/*`) that only one run logged stays a divergence.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,6 +29,7 @@ from config import load_yaml
 from config.location import relocate
 
 _TIMING_KINDS = {"perf"}  # wall-clock figures differ run to run by nature
+_BOOKKEEPING_KINDS = {"check"}  # records about checking the run (see the module docstring)
 
 RecordKey = tuple[
     str, int
@@ -36,12 +43,16 @@ def _rollout_ids(run: Path) -> list[int]:
 def _metrics_by_rollout(run: Path) -> dict[int, dict[RecordKey, dict]]:
     """Every non-timing record of a run, by rollout id, keyed by (kind, step) for step records and
     (kind, n-th record of that kind) otherwise, so two runs are compared record by record even when
-    one of them logged fewer (one read of metrics.jsonl)."""
+    one of them logged fewer (one read of metrics.jsonl). A rollout's bookkeeping records are merged into one,
+    (kind, 0), compared by metric name (`_bookkeeping`)."""
     out: dict[int, dict[RecordKey, dict]] = {}
     for r in read_metrics(RunPaths(run).metrics, strict=True):
         if r["kind"] in _TIMING_KINDS:
             continue
         records = out.setdefault(r["rollout_id"], {})
+        if r["kind"] in _BOOKKEEPING_KINDS:
+            records.setdefault((r["kind"], 0), {"kind": r["kind"], "step": None}).update(r["metrics"])
+            continue
         if r["kind"] == "step" and r.get("step") is not None:
             key = ("step", int(r["step"]))
         else:
@@ -93,8 +104,33 @@ def _in_log_order(keys: set[RecordKey]) -> list[RecordKey]:
     return sorted(keys, key=lambda k: (_KIND_ORDER.get(k[0], len(_KIND_ORDER)), k))
 
 
+def _bookkeeping(rec_a: dict | None, rec_b: dict | None) -> tuple[dict, dict]:
+    """The metrics of a bookkeeping record that both runs logged, as two records to compare."""
+    a, b = rec_a or {}, rec_b or {}
+    common = a.keys() & b.keys()
+    return {k: a[k] for k in common}, {k: b[k] for k in common}
+
+
+def _set_aside(names: tuple[str, str], metrics: tuple[dict, dict]) -> list[str]:
+    """The bookkeeping metrics only one run logged, over the rollouts both logged records for:
+    `'check/weight_update_equal' only in RUN (rollout 0)`, one line per metric and run."""
+    where: dict[tuple[str, int], list[int]] = {}
+    for rid in sorted(set(metrics[0]) & set(metrics[1])):
+        recs = metrics[0][rid], metrics[1][rid]
+        for key in {k for r in recs for k in r if k[0] in _BOOKKEEPING_KINDS}:
+            mine = [set(r.get(key, {})) - {"kind", "step"} for r in recs]
+            for has in (0, 1):
+                for metric in mine[has] - mine[1 - has]:
+                    where.setdefault((metric, has), []).append(rid)
+    return [
+        f"{metric!r} only in {names[has]} (rollout{'s' if len(ids) > 1 else ''} {_ranges(ids)})"
+        for (metric, has), ids in sorted(where.items())
+    ]
+
+
 def _common_difference(a: Path, b: Path, rollouts: list[int], metrics_a: dict, metrics_b: dict) -> str | None:
-    """The first difference in what both runs have: rollouts both recorded, then records both logged."""
+    """The first difference in what both runs have: rollouts both recorded, then records both logged (the
+    bookkeeping records by the metrics both have)."""
     from safetensors.torch import load_file
 
     paths_a, paths_b = RunPaths(a), RunPaths(b)
@@ -106,8 +142,14 @@ def _common_difference(a: Path, b: Path, rollouts: list[int], metrics_a: dict, m
             if diff:
                 return f"rollout {rid} samples: {diff}"
         recs_a, recs_b = metrics_a.get(rid, {}), metrics_b.get(rid, {})
-        for key in _in_log_order(set(recs_a) & set(recs_b)):
-            diff = first_metric_difference([recs_a[key]], [recs_b[key]])
+        for key in _in_log_order(set(recs_a) | set(recs_b)):
+            if key[0] in _BOOKKEEPING_KINDS:
+                rec_a, rec_b = _bookkeeping(recs_a.get(key), recs_b.get(key))
+            elif key in recs_a and key in recs_b:
+                rec_a, rec_b = recs_a[key], recs_b[key]
+            else:  # reported by `_first_lacking` once everything both have is identical
+                continue
+            diff = first_metric_difference([rec_a], [rec_b])
             if diff:
                 return f"rollout {rid} metrics: {_describe_key(key)}: {diff.removeprefix('record 0: ')}"
         ckpt_a, ckpt_b = _checkpoint(a, rid), _checkpoint(b, rid)
@@ -142,22 +184,42 @@ def _first_lacking(
             )
         recs_a, recs_b = metrics[0].get(rid, {}), metrics[1].get(rid, {})
         for key in _in_log_order(set(recs_a) ^ set(recs_b)):
+            if key[0] in _BOOKKEEPING_KINDS:  # set aside by `_common_difference`
+                continue
             has, lacks = (names[0], names[1]) if key in recs_a else (names[1], names[0])
             return f"rollout {rid} metrics: {_describe_key(key)} only in {has}; {lacks} lacks it"
     return None
 
 
-def first_divergence(run_a: str | Path, run_b: str | Path) -> str | None:
-    """One line naming the first difference between two run directories, or None when identical.
+@dataclass(frozen=True)
+class Comparison:
+    """Two runs compared: the first divergence (None when identical) and the bookkeeping set aside on the way
+    (`'check/x' only in RUN (rollouts 0-2)` lines)."""
 
-    What both runs have is compared first (see the module docstring); only then what one lacks."""
+    divergence: str | None
+    set_aside: list[str]
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path) -> Comparison:
+    """The first divergence between two run directories and the bookkeeping set aside to find it.
+
+    What both runs have is compared first (see the module docstring); only then what one lacks. The set-aside
+    list covers every rollout both runs logged records for."""
     a, b = Path(run_a), Path(run_b)
     ids_a, ids_b = _rollout_ids(a), _rollout_ids(b)
     metrics_a, metrics_b = _metrics_by_rollout(a), _metrics_by_rollout(b)
     common = sorted(set(ids_a) & set(ids_b))
-    return _common_difference(a, b, common, metrics_a, metrics_b) or _first_lacking(
-        (str(run_a), str(run_b)), (ids_a, ids_b), (metrics_a, metrics_b)
+    names = (str(run_a), str(run_b))
+    divergence = _common_difference(a, b, common, metrics_a, metrics_b) or _first_lacking(
+        names, (ids_a, ids_b), (metrics_a, metrics_b)
     )
+    return Comparison(divergence, _set_aside(names, (metrics_a, metrics_b)))
+
+
+def first_divergence(run_a: str | Path, run_b: str | Path) -> str | None:
+    """One line naming the first difference between two run directories, or None when identical (bookkeeping
+    set aside: `compare_runs`)."""
+    return compare_runs(run_a, run_b).divergence
 
 
 def lacking_rollouts(run_a: str | Path, run_b: str | Path) -> str | None:
@@ -182,7 +244,7 @@ def diff_command(run_a: str, run_b: str) -> int:
             print(f"rollflow: error: {run} has no metrics.jsonl (did the run start?)", file=sys.stderr)
             return 2
     try:
-        diff = first_divergence(run_a, run_b)
+        comparison = compare_runs(run_a, run_b)
     except (
         ArtifactError,
         ValueError,
@@ -190,11 +252,19 @@ def diff_command(run_a: str, run_b: str) -> int:
     ) as e:  # a corrupt artifact or config.yaml: each names its file
         print(f"rollflow: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    diff = comparison.divergence
+    aside = (
+        [f"set aside (bookkeeping, not training): {'; '.join(comparison.set_aside)}"]
+        if comparison.set_aside
+        else []
+    )
     if diff is None:
-        print("identical")
+        print("\n".join(["identical", *aside]))
         return 0
     print(f"first divergence: {diff}")
     note = lacking_rollouts(run_a, run_b)
     if note and "lacks rollout" not in diff:
         print(f"also: {note}")
+    for line in aside:
+        print(line)
     return 1

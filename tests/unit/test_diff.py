@@ -88,3 +88,84 @@ def test_a_metric_that_differs_at_a_common_step_is_named(tmp_path, tokenizer):
         f"rollout 1 metrics: step 3: metric 'train/grad_norm': {default(1, 3)} vs "
         f"99.0 (abs diff {99.0 - default(1, 3):.3e})"
     )
+
+
+def _edit_records(run: Path, edit) -> None:
+    """Rewrite metrics.jsonl with `edit(record) -> list of records` applied to every record."""
+    import json
+
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    out = [json.dumps(new) for line in lines for new in edit(json.loads(line))]
+    (run / "metrics.jsonl").write_text("\n".join(out) + "\n")
+
+
+def test_check_records_only_one_run_has_are_set_aside_and_named(tmp_path, tokenizer, capsys):
+    default = Plan().grad_norm
+    a = make_run(tmp_path / "a", tokenizer, dataclasses.replace(Plan(), rollouts=3))
+    b = make_run(
+        tmp_path / "b",
+        tokenizer,
+        dataclasses.replace(Plan(), rollouts=3, grad_norm=lambda rid, s: 99.0 if s == 5 else default(rid, s)),
+    )
+
+    # planted as a resumed --ci-test run differs from a straight one: the straight run's first sync logged the
+    # weight-update check before rollout 0's checks; the other run logged no engines-in-sync check
+    def first_sync_check(r: dict) -> list[dict]:
+        if r["kind"] == "check" and r["rollout_id"] == 0:
+            return [{"kind": "check", "rollout_id": 0, "metrics": {"check/weight_update_equal": 1.0}}, r]
+        return [r]
+
+    def no_sync_check(r: dict) -> list[dict]:
+        if r["kind"] == "check":
+            r["metrics"].pop("check/engines_in_sync")
+        return [r]
+
+    _edit_records(a, first_sync_check)
+    _edit_records(b, no_sync_check)
+    assert first_divergence(a, b) == (
+        f"rollout 2 metrics: step 5: metric 'train/grad_norm': {default(2, 5)} vs 99.0 (abs diff "
+        f"{99.0 - default(2, 5):.3e})"
+    )
+    assert main(["diff", str(a), str(b)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"first divergence: {first_divergence(a, b)}",
+        f"set aside (bookkeeping, not training): 'check/engines_in_sync' only in {a} (rollouts 0-2); "
+        f"'check/weight_update_equal' only in {a} (rollout 0)",
+    ]
+    same = make_run(tmp_path / "same", tokenizer, dataclasses.replace(Plan(), rollouts=3))
+    _edit_records(same, no_sync_check)
+    assert main(["diff", str(a), str(same)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "identical",
+        f"set aside (bookkeeping, not training): 'check/engines_in_sync' only in {a} (rollouts 0-2); "
+        f"'check/weight_update_equal' only in {a} (rollout 0)",
+    ]
+
+
+def test_a_check_both_runs_logged_and_a_training_metric_only_one_logged_still_diverge(tmp_path, tokenizer):
+    a = make_run(tmp_path / "a", tokenizer, dataclasses.replace(Plan(), rollouts=2))
+    b = tmp_path / "b" / "run"
+    shutil.copytree(a, b)
+
+    def failed_check(r: dict) -> list[dict]:
+        if r["kind"] == "check" and r["rollout_id"] == 1:
+            r["metrics"]["check/engines_in_sync"] = 0.0
+        return [r]
+
+    _edit_records(b, failed_check)
+    assert (
+        first_divergence(a, b)
+        == "rollout 1 metrics: check record 0: metric 'check/engines_in_sync': 1.0 vs 0.0 (abs diff 1.000e+00)"
+    )
+    c = tmp_path / "c" / "run"
+    shutil.copytree(a, c)
+
+    # a run of a version before rollout/failed_count existed: a difference of training, not bookkeeping
+    def older_version(r: dict) -> list[dict]:
+        r["metrics"].pop("rollout/failed_count", None)
+        return [r]
+
+    _edit_records(c, older_version)
+    assert first_divergence(a, c) == (
+        "rollout 0 metrics: rollout record 0: metric 'rollout/failed_count' only in original"
+    )
