@@ -231,11 +231,21 @@ async def _replay(
     # sync / check: the trainer holds the weights after rollout N; engines receive them
     after = _iter_dir(original, rollout_id)
     await asyncio.gather(*[t.load.remote(str(after)) for t in trainers])
-    await actors.start_engines(cfg, str(before or base))
+    engines = await actors.start_engines(cfg, str(before or base))
+    started = await engines[0].weights_sha256.remote()
     weights = await s.sync(q, rollout_id)
     expected = weights_sha256(_load_weights(after))
     if weights.sha256 != expected:
         return f"engine weights after sync: sha {weights.sha256[:12]} vs checkpoint iter_{rollout_id:07d} {expected[:12]}"
+    # the pushed hash is the trainer's: the engine's own tells a transfer that did not apply
+    held = await engines[0].weights_sha256.remote()
+    if held != expected:
+        what = (
+            "stale: it still holds the weights it started from, a transfer that did not apply"
+            if held == started
+            else "a transfer that applied in part or wrongly"
+        )
+        return f"engine 0 after sync: sha {held[:12]} vs checkpoint iter_{rollout_id:07d} {expected[:12]} ({what})"
     if task == "check":  # the recorded run's log-prob statistics, as its check stage had them
         stats = {
             k: v

@@ -208,12 +208,27 @@ def out_of_sync_message(
     sha256: str,
     wrong: list[EngineWeights],
     trainer_hashes: dict[str, str] | None,
+    previous_sha256: str | None = None,
+    run_dir: str = "RUN_DIR",
 ) -> str:
     """Why engines fail the engines-in-sync check after rollout `rollout_id`'s sync to (`version`, `sha256`):
     per engine, the version it holds, both weights hashes, and the tensors whose content differs from the
-    trainer's (the first one, then all of them by layer), so the message names the broken part."""
+    trainer's (the first one, then all of them by layer), so the message names the broken part. An engine whose
+    weights still hash to `previous_sha256` (what the engines held before this sync) is named stale first."""
     parts = []
-    for e in wrong:
+    stale = [e for e in wrong if previous_sha256 and e.sha256 == previous_sha256 != sha256]
+    for e in stale:
+        parts.append(
+            f"engine {e.index}: stale: holds the weights of version {version - 1} (a transfer that did not apply"
+            + (f"; it reports version {e.version})" if e.version != version - 1 else ")")
+        )
+    confirm = (
+        f"; confirm: rollflow replay {run_dir} --rollout-id {rollout_id} --task sync pushes this rollout's weights "
+        "again and compares the engine's with them, the checkpoints of --save-interval 1 given"
+        if stale
+        else " (check the weight transfer: --check-weight-update-equal)"
+    )
+    for e in (e for e in wrong if e not in stale):
         what = [
             f"engine {e.index}: holds weight version {e.version}"
             + (
@@ -234,7 +249,7 @@ def out_of_sync_message(
         parts.append(" ".join(what))
     return (
         f"rollout {rollout_id}: engines {[e.index for e in wrong]} do not hold the trainer's weights after "
-        f"the sync: " + "; ".join(parts) + " (check the weight transfer: --check-weight-update-equal)"
+        f"the sync: " + "; ".join(parts) + confirm
     )
 
 

@@ -13,6 +13,9 @@ class WeightsRef(BaseModel):
     model_config = ConfigDict(frozen=True)
     version: int
     sha256: str
+    # the weights the engines held before the sync that made this version (None: not asked): an engine still
+    # holding them after the sync is stale, the transfer did not apply
+    previous_sha256: str | None = None
 
 
 class LogProbs(BaseModel):

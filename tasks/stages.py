@@ -325,6 +325,9 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
     first, and after the sync every tensor must equal the trainer's bitwise."""
     engines = actors.engines(cfg)
     version, ctx, what = rollout_id + 1, stage_context(rollout_id, "sync"), f"sync {rollout_id}"
+    # what the engines held before: the check tells an engine the transfer did not reach by it (a hash the
+    # engine has cached since the last check; not asked at the start-up sync, where nothing was synced yet)
+    held_before = engines[0].weights_sha256.remote() if rollout_id >= 0 and not verify_equal else None
     # an engine runs one caller's calls in order: snapshot and scramble, resume, then the transfer's loads
     before = [
         *([e.snapshot_and_scramble.remote() for e in engines] if verify_equal else []),
@@ -360,7 +363,8 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
         if bad:
             raise CheckFailed("; ".join(weight_update_failure(i, names) for i, names in bad.items()))
     actors.stage_end(cfg, "sync", ctx)
-    return WeightsRef(version=version, sha256=pushed.sha256)
+    previous = await held_before if held_before is not None else None
+    return WeightsRef(version=version, sha256=pushed.sha256, previous_sha256=previous)
 
 
 async def _pushed(before: list[Any], push: Any) -> Pushed:
@@ -451,7 +455,15 @@ async def _out_of_sync(
     )
     per_engine = dict(zip(mismatched, hashes[1:], strict=True))
     states = [EngineWeights(i, versions[i], shas[i], per_engine.get(i)) for i in wrong]
-    return out_of_sync_message(rollout_id, weights.version, weights.sha256, states, hashes[0])
+    return out_of_sync_message(
+        rollout_id,
+        weights.version,
+        weights.sha256,
+        states,
+        hashes[0],
+        weights.previous_sha256,
+        str(cfg.resolved_run_dir),
+    )
 
 
 async def _trainer_hashes(cfg: RunConfig) -> dict[str, str]:

@@ -111,3 +111,17 @@ def test_the_engines_in_sync_failure_names_both_hashes_and_the_first_differing_t
     stale = out_of_sync_message(3, 4, sha_t, [EngineWeights(1, 3, sha_t)], None)
     assert "engine 1: holds weight version 3 (expected 4: the sync did not reach it)" in stale
     assert "hash to" not in stale  # same content: only the version is wrong
+
+
+def test_an_engine_still_holding_the_weights_of_before_the_sync_is_named_stale():
+    before, trainer = "0" * 64, "1" * 64
+    message = out_of_sync_message(
+        4, 5, trainer, [EngineWeights(1, 5, before), EngineWeights(2, 5, "2" * 64)], None, before, "/runs/r"
+    )
+    assert message.startswith(
+        "rollout 4: engines [1, 2] do not hold the trainer's weights after the sync: engine 1: stale: holds the "
+        "weights of version 4 (a transfer that did not apply; it reports version 5); engine 2: holds weight "
+        f"version 5 as expected but its weights hash to {'2' * 64}, the trainer's to {trainer}; confirm: "
+        "rollflow replay /runs/r --rollout-id 4 --task sync pushes"
+    )
+    assert "--check-weight-update-equal" not in message  # it passes for a transfer that is dropped later
