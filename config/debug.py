@@ -62,6 +62,11 @@ class DebugConfig(Section):
         description="Compute the old-policy log-probs in a forward of their own, not in the first train step's "
         "forward (the default outside --ci-test); training is bitwise the same either way.",
     )
+    allow_model_dropout: bool = Field(
+        False,
+        description="Train a model whose config.json turns dropout on (refused otherwise: RL trainers run without "
+        "it); the torch trainer then takes its plain forward in every batch layout. The megatron backend refuses it.",
+    )
     load_forge_rollout_data: str | None = Field(
         None, description="Replay recordings while engines stay alive and weights keep syncing."
     )

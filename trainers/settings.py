@@ -69,6 +69,7 @@ class TrainerSettings:
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
+    allow_model_dropout: bool = False
 
 
 def trainer_settings(cfg: RunConfig) -> TrainerSettings:
@@ -131,4 +132,5 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         recompute_granularity=t.recompute_granularity,
         recompute_method=t.recompute_method,
         recompute_num_layers=t.recompute_num_layers,
+        allow_model_dropout=cfg.debug.allow_model_dropout,
     )

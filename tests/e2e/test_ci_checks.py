@@ -78,7 +78,12 @@ def test_clean_run_passes_every_checker(tmp_path, ray_session, prefect_server, b
 def test_kl_checker_catches_dropout_left_on(tmp_path, ray_session, prefect_server, base_checkpoint):
     ckpt = _copy_checkpoint(base_checkpoint, tmp_path / "dropout", config={"attention_dropout": 0.3})
     cfg = small_config(
-        tmp_path, ckpt, rollout={"num_rollout": 1}, eval={"eval_interval": None}, ci=ci_flags(ckpt)
+        tmp_path,
+        ckpt,
+        rollout={"num_rollout": 1},
+        eval={"eval_interval": None},
+        ci=ci_flags(ckpt),
+        debug={"allow_model_dropout": True},  # refused otherwise (tests/unit/test_model_dropout.py)
     )
     with pytest.raises(
         Exception, match=r"\[KL checker\] train/ppo_kl = .* violates \|x\| < 1e-9 at rollout 0 step 0"

@@ -128,7 +128,10 @@ BASE = {
         ({"model_type": "gpt2"}, "model_type 'gpt2'"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"use_sliding_window": True}, "sliding-window"),
-        ({"attention_dropout": 0.1}, "attention_dropout"),
+        (
+            {"attention_dropout": 0.1},
+            "attention_dropout = 0.1: the backend builds its models without dropout",
+        ),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type 'yarn'"),
         ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
         ({"model_type": "qwen3", "attention_bias": True}, "attention_bias"),  # a bias on o_proj too

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainers.dropout import describe, dropout_keys
+
 SUPPORTED = ("qwen2", "qwen3", "llama")
 
 
@@ -74,10 +76,11 @@ class ModelArch:
             raise ValueError(
                 "megatron backend: mlp_bias / attention_bias (biases on o_proj and the MLP) are not supported"
             )
-        if float(config.get("attention_dropout", 0.0)):
+        dropout = dropout_keys(config)
+        if dropout:  # build_config sets every dropout to 0: a model that drops out would train as another
             raise ValueError(
-                "megatron backend: attention_dropout must be 0 (the old-policy log-prob pass and the "
-                "first train step must see the same forward)"
+                f"megatron backend: {describe(dropout)}: the backend builds its models without dropout (the "
+                "old-policy log-prob pass and the first train step must see the same forward); set it to 0.0"
             )
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))

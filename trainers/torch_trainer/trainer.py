@@ -29,6 +29,7 @@ from trainers.base import Trainer
 from trainers.batching import MicroBatch
 from trainers.collectives import all_reduce_sum, init_method
 from trainers.core import TrainerCore, buckets
+from trainers.dropout import describe, dropout_keys
 from trainers.losses import linear_log_probs_and_entropy
 from trainers.settings import TrainerSettings
 from trainers.torch_trainer import shared_prompt
@@ -39,6 +40,7 @@ class TorchTrainer(TrainerCore):
     """Implements `trainers.base.Trainer` for HF causal LMs in plain torch (on the CPU)."""
 
     model: PreTrainedModel
+    _dropout = False  # whether the policy or reference model's config turns dropout on (allowed)
 
     def __init__(self, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int) -> None:
         super().__init__(settings, checkpoint, rank, world_size, torch.device("cpu"))
@@ -53,18 +55,21 @@ class TorchTrainer(TrainerCore):
             )
         torch.manual_seed(self.s.seed)
         self.model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32)
-        self.model.train()  # dropout is 0 in our models; train mode matches what the loss sees
+        self._check_dropout(self.model, self.checkpoint)
+        self.model.train()  # train mode matches what the loss sees (dropout too, where allowed)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.ref_model = None
         if self._wants_ref_model():
             ref = model_dir(self.s.ref_load) if self.s.ref_load else self.checkpoint
             self.ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
+            self._check_dropout(self.ref_model, ref)
             self.ref_model.train()
             self.ref_model.requires_grad_(False)
         self.params = [p for _, p in self.model.named_parameters()]
         self._recomputed = frozenset(self._set_recompute())
         self._plain_head = has_plain_output_layer(self.model)
-        self._shared_prompts = self._plain_head and shared_prompt.supports(self.model)
+        # the shared-prompt forward has no dropout: a model that drops out takes the plain forward in every layout
+        self._shared_prompts = self._plain_head and shared_prompt.supports(self.model) and not self._dropout
         self._build_optimizer()
         return {
             "rank": self.rank,
@@ -72,6 +77,17 @@ class TorchTrainer(TrainerCore):
             "pid": os.getpid(),
             "params": sum(p.numel() for p in self.params),
         }
+
+    def _check_dropout(self, model: PreTrainedModel, path: str | Path) -> None:
+        """Refuse a model whose config turns dropout on unless --allow-model-dropout; ValueError naming the key."""
+        found = dropout_keys(model.config.to_dict())
+        if found and not self.s.allow_model_dropout:
+            raise ValueError(
+                f"{path}/config.json: {describe(found)}: RL training runs without dropout (the old-policy "
+                "log-probs and the first train step would see different forwards); set it to 0.0, or pass "
+                "--allow-model-dropout to train with it"
+            )
+        self._dropout = self._dropout or bool(found)
 
     # -- forward -------------------------------------------------------------------------------
     def _response_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
@@ -259,8 +275,13 @@ def has_plain_output_layer(model: PreTrainedModel) -> bool:
     if not isinstance(head, torch.nn.Linear) or head.bias is not None or decoder is None or decoder is model:
         return False
     ids = torch.arange(min(8, head.out_features))[None]
-    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
-    return bool(torch.equal(head(hidden), model(input_ids=ids, use_cache=False).logits))
+    training = model.training
+    model.eval()  # the structure is probed, not the dropout (which would make two forwards differ)
+    try:
+        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+        return bool(torch.equal(head(hidden), model(input_ids=ids, use_cache=False).logits))
+    finally:
+        model.train(training)
 
 
 # mypy checks here that TorchTrainer (constructor included) satisfies the Trainer protocol
