@@ -33,7 +33,8 @@ def group_by_layer(names: Iterable[str]) -> dict[str, list[str]]:
 def _update(h: hashlib._Hash, t: torch.Tensor) -> None:
     h.update(str(tuple(t.shape)).encode())
     h.update(str(t.dtype).encode())
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    if t.numel():  # flattened first: a 0-dim tensor (an optimizer's step) cannot be viewed as bytes
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
 
 
 def layer_hashes(named: dict[str, torch.Tensor]) -> dict[str, str]:

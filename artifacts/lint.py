@@ -1,7 +1,8 @@
 """Checkpoint lint: is an HF safetensors checkpoint on disk complete and consistent with its config.json?
 
-Reads only the safetensors headers (plus, for tied embeddings, the bytes of the two tied tensors), so it
-is cheap on any size of model. What it checks, each problem naming the shard or tensor:
+Reads only the safetensors headers (plus, for tied embeddings, the bytes of the two tied tensors) of an HF model
+dir, so it is cheap on any size of model; a rollflow checkpoint's content is verified too (below). What it
+checks, each problem naming the shard or tensor:
 
 - every shard that ``model.safetensors.index.json`` lists exists, holds exactly the tensors listed for it
   (a tensor in the wrong shard, a tensor no shard holds, a tensor stored twice, a shard the index omits),
@@ -22,7 +23,9 @@ A directory is an HF model dir (``model.safetensors`` or an index), a rollflow `
 ``iter_N`` checkpoint in it is linted; the ``iter_N.tmp-*`` dirs of saves that died are named, not linted) or
 one ``iter_N`` dir. A rollflow checkpoint (a dir with ``meta.json``, or an ``iter_N`` dir beside
 ``latest_checkpointed_iteration.txt``) is also checked for every file a ``--load`` reads
-(``artifacts.checkpoints.load_problems``: meta, optimizer, scheduler, RNG, a Megatron checkpoint's shards).
+(``artifacts.checkpoints.load_problems``: meta, optimizer, scheduler, RNG, a Megatron checkpoint's shards), and
+its files are re-read and hashed against the content hashes its save recorded (``artifacts.content_hashes``), each
+changed tensor named; a checkpoint saved before those hashes existed is listed as unverified.
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ class LintReport:
 
     dirs: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)  # iter_N.tmp-* dirs of saves that died, not linted
+    unverified: list[str] = field(default_factory=list)  # rollflow checkpoints saved without content hashes
     files: int = 0
     tensors: int = 0
     problems: list[LintProblem] = field(default_factory=list)
@@ -219,14 +223,17 @@ def _model_dirs(path: Path) -> list[Path]:
     return iters
 
 
-def lint_checkpoint(path: str | Path) -> LintReport:
-    """Lint the checkpoint(s) at `path` (see the module docstring). Raises `CheckpointNotFound` when `path`
-    holds no checkpoint; every other problem is reported, none raised."""
+def lint_checkpoint(path: str | Path, verify_content: bool = True) -> LintReport:
+    """Lint the checkpoint(s) at `path` (see the module docstring); `verify_content` also re-hashes the tensors
+    of a rollflow checkpoint against its content hashes (`artifacts.content_hashes`). Raises `CheckpointNotFound`
+    when `path` holds no checkpoint; every other problem is reported, none raised."""
     root = Path(path)
     report = LintReport()
     for d in _model_dirs(root):
         prefix = "" if d == root or d == root.parent else f"{d.name}/"
         _lint_dir(d, prefix, report)
+        if verify_content and _is_rollflow_checkpoint(d):
+            _verify_content(d, prefix, report)
     if root.is_dir():
         report.unfinished = [p.name for p in unfinished_saves(root)]
     return report
@@ -253,6 +260,18 @@ def _lint_dir(d: Path, prefix: str, report: LintReport) -> None:
     report.files += len({t.file for t in tensors.values()})
     report.tensors += len(tensors)
     report.problems += [LintProblem(prefix + p.where, p.message) for p in problems]
+
+
+def _verify_content(d: Path, prefix: str, report: LintReport) -> None:
+    """The tensors whose bytes differ from their saved hashes, in files with no problem named already."""
+    from artifacts import content_hashes  # torch, only for a checkpoint of ours
+
+    named = {p.where for p in report.problems}
+    found = content_hashes.verify(d)
+    if found is None:
+        report.unverified.append(str(d))
+        return
+    report.problems += [LintProblem(prefix + f, m) for f, m in found if prefix + f not in named]
 
 
 def _read_config(d: Path, problems: list[LintProblem]) -> dict[str, Any] | None:

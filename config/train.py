@@ -179,6 +179,11 @@ class CheckpointConfig(Section):
     ci_check_model_hash: bool = Field(
         False, description="After --load, check the loaded weights against the checkpoint's per-layer hashes."
     )
+    no_verify_checkpoint: bool = Field(
+        False,
+        description="Skip the check of every tensor --load reads against the content hashes its --save recorded "
+        "(for a checkpoint too large to hash at each load).",
+    )
 
 
 def check_steps_per_rollout(t: TrainConfig, samples_per_rollout: int) -> None:

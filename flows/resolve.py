@@ -88,7 +88,7 @@ def check_paths(cfg: RunConfig) -> None:
         except FileNotFoundError as e:
             raise ValueError(f"--ref-load {e}") from None
     if cfg.checkpoint.load:
-        _check_checkpoint(cfg.checkpoint.load)
+        _check_checkpoint(cfg.checkpoint.load, verify_content=not cfg.checkpoint.no_verify_checkpoint)
     _check_recordings(cfg)
     _check_writable(cfg)
 
@@ -230,21 +230,27 @@ def check_labels(cfg: RunConfig, source: RolloutSource) -> None:
                 raise ValueError(f"{data_flag} {prompts.path} {unit} {p.row}: {key_flag} {key!r}: {why}")
 
 
-def _check_checkpoint(load: str) -> None:
+def _check_checkpoint(load: str, verify_content: bool = True) -> None:
     """--load: a missing or empty dir is fine (a first launch), an HF dir too; a checkpoint is linted as
-    `rollflow lint-ckpt` lints it (every file its load reads, the weights against config.json), the first
-    problem named with its file."""
+    `rollflow lint-ckpt` lints it (every file its load reads, the weights against config.json, with
+    `verify_content` every tensor against its saved content hash), the first problem named with its file. A
+    checkpoint saved without content hashes gets a one-line notice."""
+    from artifacts.content_hashes import unverified_notice
     from artifacts.lint import lint_checkpoint
+    from tasks.notify import notice
 
     if Path(load).exists() and not Path(load).is_dir():
         raise ValueError(f"--load {load}: not a directory (give a --save dir or one of its iter_N dirs)")
     path = latest_checkpoint(load)
     if path is None:
         return
-    problems = lint_checkpoint(path).problems
+    report = lint_checkpoint(path, verify_content)
+    problems = report.problems
     if problems:
         more = f" (and {len(problems) - 1} more: rollflow lint-ckpt {path})" if len(problems) > 1 else ""
         raise ValueError(f"--load {load}: {path / problems[0].where}: {problems[0].message}{more}")
+    if report.unverified:
+        notice(f"--load {unverified_notice(path)}")
 
 
 def _check_recordings(cfg: RunConfig) -> None:

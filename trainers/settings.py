@@ -54,6 +54,7 @@ class TrainerSettings:
     ref_load: str | None
     save_model_hash: bool
     check_model_hash: bool
+    verify_checkpoint: bool  # --load checks the tensors it reads against the hashes their --save recorded
     config_hash: str
     run_dir: str  # the rendezvous file store (one machine) lives under it
     # slime's batching, loss, advantage, optimizer and memory flags (config/train.py)
@@ -118,6 +119,7 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         ref_load=cfg.ref_load,
         save_model_hash=cfg.checkpoint.ci_save_model_hash,
         check_model_hash=cfg.checkpoint.ci_check_model_hash,
+        verify_checkpoint=not cfg.checkpoint.no_verify_checkpoint,
         config_hash=cfg.config_hash(),
         run_dir=str(cfg.resolved_run_dir),
         use_dynamic_batch_size=t.use_dynamic_batch_size,

@@ -31,6 +31,8 @@ def lint_ckpt_command(path: str) -> int:
         print(f"rollflow: error: {e}", file=sys.stderr)
         return 2
     checked = f"{len(report.dirs)} checkpoint(s), {report.files} file(s), {report.tensors} tensors"
+    if report.unverified:  # saved before content hashes: their headers were checked, not their bytes
+        checked += f"; {len(report.unverified)} saved without content hashes, not verified"
     if report.unfinished:  # the next run that saves there removes them
         checked += f"; ignored {len(report.unfinished)} unfinished save(s): {', '.join(report.unfinished)}"
     if not report.problems:

@@ -5,6 +5,7 @@ tokens, the pad token inside prompts). TP=2 and DP=2 worlds run in spawned proce
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -14,6 +15,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from artifacts.checkpoints import damage  # noqa: E402
+from artifacts.hashing import tensor_hashes  # noqa: E402
 from artifacts.lint import lint_checkpoint  # noqa: E402
 from config import DebugConfig, RunConfig  # noqa: E402
 from tests.helpers import fail_second_scheduler_step  # noqa: E402
@@ -212,6 +214,7 @@ def test_save_load_round_trip_resumes_bitwise(models, rollouts, tmp_path):
     lp0 = first.compute_log_probs(rollouts[0], str(tmp_path / "lp0.parquet"))
     first.train_step(rollouts[0], lp0)
     first.save(str(tmp_path), 0)
+    at_save = tensor_hashes(first.export_weights())
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "0"
     assert damage(tmp_path / "iter_0000000") is None  # a resume finds nothing wrong in a whole one
     assert lint_checkpoint(tmp_path / "iter_0000000").problems == []  # nor `--load` and `lint-ckpt`
@@ -241,6 +244,24 @@ def test_save_load_round_trip_resumes_bitwise(models, rollouts, tmp_path):
     hash_file.write_text(json.dumps({**hashes, "layer_0001": "0" * 64}))  # a planted corruption
     with pytest.raises(RuntimeError, match="layer_0001"):
         _trainer(MegatronTrainer, cfg, ckpt).load(str(tmp_path))
+
+    # content hashes: the HF export's tensors as the weights hash them, every item of the shards by its bytes
+    saved = tmp_path / "iter_0000000"
+    recorded = json.loads((saved / "tensor_hashes.json").read_text())["files"]
+    assert recorded["model.safetensors"]["tensors"] == at_save
+    shard = next(f for f in recorded if f.endswith(".distcp"))
+    key, (offset, length, want) = max(recorded[shard]["ranges"].items(), key=lambda kv: kv[1][1])
+    data = bytearray((saved / shard).read_bytes())
+    data[offset + length // 2] ^= 0x40  # a byte inside the largest stored tensor
+    (saved / shard).write_bytes(bytes(data))
+    got = hashlib.sha256(data[offset : offset + length]).hexdigest()
+    problem = f"{shard}: item {key}: saved sha256 {want[:12]}, read sha256 {got[:12]}"
+    with pytest.raises(ValueError) as e:
+        _trainer(MegatronTrainer, cfg, ckpt).load(str(tmp_path))
+    assert str(e.value) == (
+        f"--load {saved}: {problem} (the file changed after its save; --no-verify-checkpoint loads it anyway)"
+    )
+    assert [str(p) for p in lint_checkpoint(saved).problems] == [problem]
 
 
 def test_load_of_an_hf_dir_and_of_a_torch_backend_checkpoint(models, rollouts, tmp_path):

@@ -6,6 +6,8 @@ A checkpoint directory `iter_{id:07d}/` written by the Megatron backend holds
   and `metadata.json` (`{"sharded_backend": "torch_dist", ...}`); `dist_checkpointing.load` reads it back
   at any tensor-parallel size that divides the model;
 - the HF export (`model.safetensors` + `config.json`), what engines, `--ref-load` and replays read;
+- `tensor_hashes.json`: content hashes of the HF export's tensors and of every item stored in the shards
+  (`stored_ranges`), which `--load` and `lint-ckpt` verify (artifacts/content_hashes.py);
 - `meta.json` and, when asked, `model_hash_tp{t}_pp0_dp{d}_cp0.json` per rank.
 
 Writing: megatron's own `TorchDistSaveShardedStrategy` always goes through its async writer, which forks
@@ -127,6 +129,25 @@ def load(directory: Path, state: ShardedStateDict) -> dict[str, Any]:
 def load_common(directory: Path) -> dict[str, Any]:
     """The plain values of a distributed checkpoint (`common.pt`), without touching the shards."""
     return dist_checkpointing.load_common_state_dict(str(directory))
+
+
+# small files of a distributed checkpoint that a load reads whole: hashed as one range each
+_WHOLE = (".metadata", "common.pt", "metadata.json")
+
+
+def stored_ranges(directory: Path) -> dict[str, dict[str, tuple[int, int]]]:
+    """{file: {item: (offset, length)}} of the distributed checkpoint in `directory`: every item DCP stored in a
+    `*.distcp` shard (named by its sharded key and, for a shard of a tensor, its offset in the tensor, as DCP's
+    index records them) and each of its small files whole (`*`). The shards hold pickled torch tensors, so their
+    content is hashed as stored bytes per item, not per tensor value."""
+    storage = dcp.FileSystemReader(str(directory)).read_metadata().storage_data
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for index, info in storage.items():
+        key = index.fqn if index.offset is None else f"{index.fqn}@{list(index.offset)}"
+        out.setdefault(info.relative_path, {})[key] = (info.offset, info.length)
+    for name in _WHOLE:
+        out[name] = {"*": (0, (directory / name).stat().st_size)}
+    return out
 
 
 def is_dist_checkpoint(directory: Path) -> bool:

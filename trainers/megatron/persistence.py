@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
+from artifacts import content_hashes
 from artifacts.atomic import atomic_write_json
 from artifacts.checkpoints import resolve_checkpoint
 from trainers.megatron import checkpoint, convert
@@ -53,6 +54,8 @@ def save(trainer: MegatronTrainer, directory: str, rollout_id: int, *, snapshot:
     exported = trainer.export_weights()  # collective: the HF weights gathered on global rank 0
     if trainer.rank == 0:
         checkpoint.write_hf(tmp, exported, trainer.config_json)
+        if not snapshot:  # what --load and lint-ckpt verify the files' content against
+            content_hashes.record(tmp, {"model.safetensors": exported}, checkpoint.stored_ranges(tmp))
         atomic_write_json(tmp / "meta.json", trainer._checkpoint_meta(rollout_id, format="megatron"))
     dist.barrier()
     if trainer.rank == 0:
@@ -91,6 +94,8 @@ def load(trainer: MegatronTrainer, directory: str) -> int:
         trainer.applied, trainer.last_applied_rollout = {}, -1
         return -1
     path = resolve_checkpoint(directory)
+    if trainer.s.verify_checkpoint:
+        _verify_content(trainer, path)
     if checkpoint.is_dist_checkpoint(path):
         _load_dist(trainer, path)
     else:
@@ -98,6 +103,16 @@ def load(trainer: MegatronTrainer, directory: str) -> int:
     if trainer.s.check_model_hash:
         _check_model_hash(trainer, path)
     return trainer._restore_meta(path)
+
+
+def _verify_content(trainer: MegatronTrainer, path: Path) -> None:
+    """Collective: rank 0 re-hashes the checkpoint's files (megatron loads the shards itself, so the check reads
+    them once more) against the content hashes its save recorded; every rank raises the first difference."""
+    found = [content_hashes.verify(path) if trainer.rank == 0 else None]
+    dist.broadcast_object_list(found, src=0)
+    if found[0]:
+        file, problem = found[0][0]
+        raise ValueError(f"--load {path}: {file}: {problem} ({content_hashes.CHANGED})")
 
 
 def _load_dist(trainer: MegatronTrainer, path: Path) -> None:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from artifacts import content_hashes
 from artifacts.atomic import atomic_write_json
 from artifacts.checkpoints import model_dir, resolve_checkpoint
 from artifacts.hashing import layer_hashes, tensor_hashes, weights_sha256
@@ -220,11 +221,8 @@ class TorchTrainer(TrainerCore):
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         # clone() breaks the tied embedding/lm_head sharing that safetensors refuses to store
-        save_file(
-            {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()},
-            str(tmp / "model.safetensors"),
-            metadata={"format": "pt"},
-        )
+        weights = {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         self.model.config.save_pretrained(str(tmp))
         opt = {}
         names = [n for n, _ in self.model.named_parameters()]
@@ -234,7 +232,12 @@ class TorchTrainer(TrainerCore):
                     if value is not None:  # SGD without momentum keeps a None buffer
                         opt[f"{names[idx]}::{key}"] = torch.as_tensor(value).clone()
         save_file(opt, str(tmp / "optimizer.safetensors"))
-        save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        rng = {"torch_rng": torch.get_rng_state()}
+        save_file(rng, str(tmp / "rng.safetensors"))
+        if not snapshot:  # what --load and lint-ckpt verify the files' content against
+            content_hashes.record(
+                tmp, {"model.safetensors": weights, "optimizer.safetensors": opt, "rng.safetensors": rng}
+            )
         sched = self.scheduler.state_dict() if self.scheduler is not None else {}
         atomic_write_json(tmp / "scheduler.json", {k: v for k, v in sched.items() if k != "lr_lambdas"})
         for rank, layer_hash in enumerate(hashes):
@@ -246,11 +249,11 @@ class TorchTrainer(TrainerCore):
     def load(self, directory: str) -> int:
         """Restore the latest (or the given iter_ dir's) checkpoint; returns its rollout id."""
         path = resolve_checkpoint(directory)
-        self.model.load_state_dict(load_file(str(path / "model.safetensors")))
+        self.model.load_state_dict(self._read_verified(path, "model.safetensors"))
         if self.s.check_model_hash:
             own = f"model_hash_tp0_pp0_dp{self.rank}_cp0.json"
             self._check_model_hash(path, own, fallback="model_hash_tp0_pp0_dp0_cp0.json")
-        opt = load_file(str(path / "optimizer.safetensors"))
+        opt = self._read_verified(path, "optimizer.safetensors")
         if opt and self.optimizer is not None:
             names = [n for n, _ in self.model.named_parameters()]
             state: dict[int, dict[str, torch.Tensor]] = defaultdict(dict)
@@ -260,8 +263,16 @@ class TorchTrainer(TrainerCore):
             self._check_optimizer_fields(path, {f for fields in state.values() for f in fields})
             self._set_optimizer_state(dict(state))
         self._set_scheduler_state(json.loads((path / "scheduler.json").read_text()))
-        torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
+        torch.set_rng_state(self._read_verified(path, "rng.safetensors")["torch_rng"])
         return self._restore_meta(path)
+
+    def _read_verified(self, path: Path, file: str) -> dict[str, torch.Tensor]:
+        """The tensors of `path`/`file`, checked against the content hashes its save recorded (unless
+        --no-verify-checkpoint); a tensor that differs is a ValueError naming the file and the tensor."""
+        tensors = load_file(str(path / file))
+        if self.s.verify_checkpoint and (problem := content_hashes.verify_loaded(path, file, tensors)):
+            raise ValueError(f"--load {path}: {problem} ({content_hashes.CHANGED})")
+        return tensors
 
 
 @torch.no_grad()
