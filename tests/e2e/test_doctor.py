@@ -49,14 +49,7 @@ def test_diff_against_a_run_stopped_at_a_checker_names_the_first_differing_colum
 ):
     # planted: dropout left on (the KL checker stops the run at rollout 0) and another prompt order
     ckpt = _copy_checkpoint(base_checkpoint, tmp_path / "dropout", config={"attention_dropout": 0.3})
-    stopped = small_config(
-        tmp_path,
-        ckpt,
-        train={"lr": 2e-4},
-        rollout={"rollout_seed": 7},
-        ci=ci_flags(ckpt),
-        debug={"allow_model_dropout": True},  # refused otherwise
-    )
+    stopped = small_config(tmp_path, ckpt, train={"lr": 2e-4}, rollout={"rollout_seed": 7}, ci=ci_flags(ckpt))
     with pytest.raises(Exception, match=r"\[KL checker\] train/ppo_kl"):
         _run(stopped)
     diff = first_divergence(clean_run.resolved_run_dir, stopped.resolved_run_dir)
@@ -113,3 +106,8 @@ def test_engines_out_of_sync_name_both_hashes_and_the_first_differing_tensor(
     )
     engine_sha, trainer_sha = message.split("hash to ")[1].split(", the trainer's to ")
     assert len(engine_sha) == 64 and trainer_sha[:64] != engine_sha
+
+    # the run recorded how it failed: the doctor names the always-on check with the console's own line
+    first = diagnose(cfg.resolved_run_dir)[0]
+    assert (first.severity, first.rule) == ("error", "engines-in-sync")
+    assert first.evidence == f"CheckFailed: {message} (rollout 0, stage check)"
