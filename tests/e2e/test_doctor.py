@@ -49,7 +49,14 @@ def test_diff_against_a_run_stopped_at_a_checker_names_the_first_differing_colum
 ):
     # planted: dropout left on (the KL checker stops the run at rollout 0) and another prompt order
     ckpt = _copy_checkpoint(base_checkpoint, tmp_path / "dropout", config={"attention_dropout": 0.3})
-    stopped = small_config(tmp_path, ckpt, train={"lr": 2e-4}, rollout={"rollout_seed": 7}, ci=ci_flags(ckpt))
+    stopped = small_config(
+        tmp_path,
+        ckpt,
+        train={"lr": 2e-4},
+        rollout={"rollout_seed": 7},
+        ci=ci_flags(ckpt),
+        debug={"allow_model_dropout": True},  # refused otherwise
+    )
     with pytest.raises(Exception, match=r"\[KL checker\] train/ppo_kl"):
         _run(stopped)
     diff = first_divergence(clean_run.resolved_run_dir, stopped.resolved_run_dir)
