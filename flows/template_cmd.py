@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 from rollout.data import DataError, Keys, load_prompts, tokenizer_at
-from rollout.template import _probe_text, check_examples, format_check, resolve_stops
+from rollout.template import _probe_text, check_examples, engine_side_problem, format_check, resolve_stops
 
 
 def check_template_command(args: argparse.Namespace) -> int:
@@ -23,28 +25,31 @@ def check_template_command(args: argparse.Namespace) -> int:
     kwargs = args.apply_chat_template_kwargs
     try:
         stops = resolve_stops(tok, args.hf_checkpoint, args.rollout_stop, args.rollout_stop_token_ids, kwargs)
-        if args.prompt_data:
-            keys = Keys(
-                args.input_key,
-                args.label_key,
-                "metadata",
-                "tools",
-                True,
-                json.dumps(kwargs, sort_keys=True),
-                None,
-            )
-            prompts = load_prompts(args.prompt_data, tok, keys).prompts[: args.examples]
-            examples = [
-                (
-                    list(p.messages or []),
-                    p.label if isinstance(p.label, str) and p.label else _probe_text(tok),
-                )
-                for p in prompts
-            ]
-        else:
-            probe = _probe_text(tok)
-            examples = [([{"role": "user", "content": probe}], probe)]
+        keys = Keys(
+            args.input_key if args.prompt_data else "input",
+            args.label_key if args.prompt_data else None,
+            "metadata",
+            "tools",
+            True,
+            json.dumps(kwargs, sort_keys=True),
+            None,
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            data = args.prompt_data
+            if not data:  # the probe goes through the run's prompt pipeline too: the engine's side of it
+                data = str(Path(tmp) / "probe.jsonl")
+                Path(data).write_text(json.dumps({"input": _probe_text(tok)}) + "\n")
+            # the prompts as the run gives them to the engine (rendered and tokenized by rollout/data.py)
+            prompts = load_prompts(data, tok, keys).prompts[: args.examples]
+        examples = [
+            (list(p.messages or []), p.label if isinstance(p.label, str) and p.label else _probe_text(tok))
+            for p in prompts
+        ]
         checks = check_examples(tok, examples, stops, kwargs)
+        for p, c in zip(prompts, checks, strict=True):
+            problem = engine_side_problem(tok, p.text, list(p.tokens), c)
+            if problem:
+                c.problems.insert(0, problem)
     except (DataError, ValueError) as e:
         print(f"rollflow: error: {e}", file=sys.stderr)
         return 2

@@ -230,6 +230,35 @@ def check_examples(
     return [check_example(tokenizer, m, r, stops, chat_template_kwargs) for m, r in examples]
 
 
+def engine_side_problem(
+    tokenizer: Any, engine_text: str, engine_ids: list[int], check: TemplateCheck
+) -> str | None:
+    """Compare the prompt tokens the engine is given (`engine_ids`, rendered as `engine_text` by the run's prompt
+    pipeline) with the trainer's rendering and tokenization of the same messages (`check`); the first differing
+    token and which side differs (the rendered text: the template; the ids of the same text: the tokenizer), or
+    None when they agree."""
+    trainer_ids = check.prompt_ids
+    if engine_ids == trainer_ids:
+        return None
+    k = next(
+        (i for i, (a, b) in enumerate(zip(engine_ids, trainer_ids, strict=False)) if a != b),
+        min(len(engine_ids), len(trainer_ids)),
+    )
+
+    def at(ids: list[int]) -> str:
+        return f"{_tok(tokenizer, ids[k])} (id {ids[k]})" if k < len(ids) else "(end of prompt)"
+
+    cause = (
+        "same rendered text, other token ids: the tokenizer on the engine's side differs"
+        if engine_text == check.prompt_text
+        else "the rendered prompt text differs: the chat template (or its kwargs) on the engine's side differs"
+    )
+    return (
+        f"token {k}: the engine is given {at(engine_ids)} but the trainer's rendering and tokenization give "
+        f"{at(trainer_ids)} ({len(engine_ids)} vs {len(trainer_ids)} prompt tokens): {cause}"
+    )
+
+
 def format_check(tokenizer: Any, check: TemplateCheck) -> str:
     """A readable report of one example: both renders, the ids, the loss mask, the verdict."""
     masked = [
