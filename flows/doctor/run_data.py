@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import warnings
 from functools import cached_property
@@ -20,6 +21,7 @@ from artifacts.rundir import Outcome, read_outcome
 from artifacts.schema import Sample
 from artifacts.store import ArtifactError, RunPaths, read_metadata, read_metrics, read_rollout, read_table
 from config.location import relocate
+from flows.failure import STAGE_NOTE
 
 MAX_EXAMINED = 32
 
@@ -68,6 +70,29 @@ def _load_records(path: Path) -> tuple[list[dict[str, Any]], int]:
     return records, lines - len(records)
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:[a-z_]\w*\.)*([A-Z]\w*)(?::\s*(.*))?$")  # `pkg.mod.Name: message`
+
+
+def logged_failure(log: Path) -> Outcome | None:
+    """The last traceback's exception in a run's log (`Type: message`, module dropped), and the rollout and stage
+    the run's note under it names: the failure of a run that recorded no outcome.json (killed while failing, or
+    written by an older version). None when the log holds no traceback."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return None
+    after = lines[starts[-1] + 1 :]
+    found = next((m for line in after if line[:1].strip() and (m := _EXCEPTION_LINE.match(line))), None)
+    if found is None:
+        return None
+    name, message = found.groups()
+    note = next((line.removeprefix(STAGE_NOTE) for line in after if line.startswith(STAGE_NOTE)), None)
+    return Outcome("failed", f"{name}: {message}" if message else name, note)
+
+
 class RunData:
     """A run directory, read lazily and at most once per artifact. Raises `DoctorInputError` at construction
     when config.yaml or metrics.jsonl cannot be read (a missing metrics.jsonl is no records when the run recorded
@@ -81,6 +106,11 @@ class RunData:
         # paths that lay inside the run dir are read where the run is now (a moved or copied run)
         self.config = relocate(_load_config(self.paths.config), self.dir)
         self.outcome: Outcome | None = read_outcome(self.dir)
+        self.outcome_source = "outcome.json"
+        if (
+            self.outcome is None and not self.paths.metrics.exists()
+        ):  # the run ended before it recorded either
+            self.outcome, self.outcome_source = logged_failure(self.dir / "logs" / "run.log"), "logs/run.log"
         self.records: list[dict[str, Any]] = []
         self.unusable_lines = 0
         if self.outcome is None or self.paths.metrics.exists():

@@ -55,6 +55,8 @@ def failure(run: RunData) -> list[Finding]:
     found = _WHERE.search(o.where or "")
     rollout, stage = found.groups() if found else (None, None)
     evidence = error + (f" ({o.where})" if o.where else "")
+    if run.outcome_source != "outcome.json":  # no outcome recorded: the log's last traceback stands in for it
+        evidence += f" (the last traceback in {run.outcome_source}: the run recorded no outcome.json)"
     at = f" at rollout {rollout}, stage {stage}" if found else ""
     replay = _replay(run, rollout, stage)
     if kind == "CheckFailed" and IN_SYNC in message:

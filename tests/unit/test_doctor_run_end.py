@@ -66,7 +66,10 @@ def test_the_inject_guard_s_mismatch_is_named_with_its_message(tmp_path, tokeniz
         / "rollouts"
         / "rollout_000000.parquet"
     )
-    fresh = [dataclasses.replace(s, prompt_tokens=[*s.prompt_tokens[:-1], s.prompt_tokens[-1] + 1]) for s in recorded]
+    fresh = [
+        dataclasses.replace(s, prompt_tokens=[*s.prompt_tokens[:-1], s.prompt_tokens[-1] + 1])
+        for s in recorded
+    ]
     with pytest.raises(InjectionMismatch) as planted:
         check_injection(fresh, recorded, 0.9)
     run = _failed_run(tmp_path, tokenizer, f"InjectionMismatch: {planted.value}", "rollout 0, stage inject")
@@ -196,3 +199,36 @@ def test_the_gate_line_names_the_first_error_and_counts_the_rest():
         "`rollflow doctor` (--ci-doctor advisory reports without failing)"
     )
     assert gate_failure(findings[:1]) is None
+
+
+def test_a_run_that_recorded_no_outcome_is_named_from_its_log_s_last_traceback(tmp_path, tokenizer, capsys):
+    run = make_run(tmp_path, tokenizer, dataclasses.replace(Plan(), rollouts=1))
+    for p in (run / "rollouts").iterdir():
+        p.unlink()
+    (run / "metrics.jsonl").unlink()
+    (run / "logs").mkdir()
+    (run / "logs" / "run.log").write_text(
+        "05:05:57.016 | ERROR   | Flow run 'rollflow-run' - Encountered exception during execution\n"
+        "Traceback (most recent call last):\n"
+        '  File "trainers/core.py", line 10, in load\n'
+        "    raise KeyError(name)\n"
+        "KeyError: 'model.norm.weight'\n"
+        "\n"
+        "During handling of the above exception, another exception occurred:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        '  File "trainers/core.py", line 12, in load\n'
+        "    raise RuntimeError(...)\n"
+        "trainers.core.LoadError: --load /ckpt/iter_0000003: tensor model.norm.weight missing\n"
+        "05:05:57.038 | ERROR   | Flow run 'rollflow-run' - Finished in state Failed(...)\n"
+    )
+    assert main(["doctor", str(run)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (
+        "1. ERROR [run-failure] the run failed before its first rollout (starting the actors and their weights): "
+        "LoadError: --load /ckpt/iter_0000003: tensor model.norm.weight missing"
+    )
+    assert out[2] == (
+        "   evidence: LoadError: --load /ckpt/iter_0000003: tensor model.norm.weight missing (the last traceback in "
+        "logs/run.log: the run recorded no outcome.json)"
+    )
