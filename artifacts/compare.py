@@ -55,14 +55,17 @@ def first_table_difference(original: pa.Table, replayed: pa.Table, key: str = "s
     return None
 
 
-def first_metric_difference(original: list[dict], replayed: list[dict]) -> str | None:
-    """First metric that differs between two lists of metric dicts (e.g. one per optimizer step)."""
+def first_metric_difference(
+    original: list[dict], replayed: list[dict], names: tuple[str, str] = ("original", "replay")
+) -> str | None:
+    """First metric that differs between two lists of metric dicts (e.g. one per optimizer step); a metric only
+    one side has is named with that side's name from `names`."""
     if len(original) != len(replayed):
         return f"number of records differs: {len(original)} vs {len(replayed)}"
     for i, (ma, mb) in enumerate(zip(original, replayed, strict=True)):
         for k in sorted(set(ma) | set(mb)):
             if k not in ma or k not in mb:
-                return f"record {i}: metric {k!r} only in {'original' if k in ma else 'replay'}"
+                return f"record {i}: metric {k!r} only in {names[0] if k in ma else names[1]}"
             if not _same(ma[k], mb[k]):
                 diff = _max_abs_diff(ma[k], mb[k])
                 extra = f" (abs diff {diff:.3e})" if diff is not None else ""

@@ -149,7 +149,7 @@ def _common_difference(a: Path, b: Path, rollouts: list[int], metrics_a: dict, m
                 rec_a, rec_b = recs_a[key], recs_b[key]
             else:  # reported by `_first_lacking` once everything both have is identical
                 continue
-            diff = first_metric_difference([rec_a], [rec_b])
+            diff = first_metric_difference([rec_a], [rec_b], (str(a), str(b)))
             if diff:
                 return f"rollout {rid} metrics: {_describe_key(key)}: {diff.removeprefix('record 0: ')}"
         ckpt_a, ckpt_b = _checkpoint(a, rid), _checkpoint(b, rid)

@@ -166,6 +166,7 @@ def test_a_check_both_runs_logged_and_a_training_metric_only_one_logged_still_di
         return [r]
 
     _edit_records(c, older_version)
-    assert first_divergence(a, c) == (
-        "rollout 0 metrics: rollout record 0: metric 'rollout/failed_count' only in original"
+    assert (
+        first_divergence(a, c)
+        == f"rollout 0 metrics: rollout record 0: metric 'rollout/failed_count' only in {a}"
     )
