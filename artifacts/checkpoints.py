@@ -44,8 +44,9 @@ def damage(path: str | Path) -> str | None:
     """What is visibly damaged in the checkpoint dir `path`, as a machine crash leaves files that had not reached
     the disk (empty, or cut short); None if nothing is. Reads headers only: meta.json holds a rollout id, every
     JSON file parses, every safetensors file holds the bytes its header declares (`artifacts.lint`), and none of
-    these (nor a .pt file) is empty. A file that is whole but wrong is not detected: `--save` checkpoints are
-    flushed to the disk before they are named, and --ci-check-model-hash compares their weights."""
+    these (nor a .pt file) is empty. A file that is whole but wrong is not detected here: `--save` checkpoints are
+    flushed to the disk before they are named, and the trainer's load checks their tensors against the content
+    hashes their save recorded (artifacts/content_hashes.py)."""
     from artifacts.lint import read_safetensors_header
 
     root = Path(path)

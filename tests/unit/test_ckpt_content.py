@@ -4,6 +4,7 @@ saved before the content hashes loads with a one-line notice; an HF model dir is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from artifacts.content_hashes import HASHES_FILE
 from artifacts.hashing import tensor_hashes
 from artifacts.lint import lint_checkpoint, read_safetensors_header
 from flows.cli import main
+from flows.doctor import diagnose
 from flows.resolve import _check_checkpoint
+from tests.doctor_runs import Plan, make_run, tokenizer_dir
 from tests.unit.test_engine_trainer import _config, _rollout, _trainer, engine  # noqa: F401 (a fixture)
 
 CHANGED = "the file changed after its save; --no-verify-checkpoint loads it anyway"
@@ -68,8 +71,21 @@ def test_a_flipped_byte_in_a_tensor_is_named_by_load_and_lint(saved, base_checkp
     )
 
     capsys.readouterr()
+    dry = ["run", "--dry-run", "--run-dir", str(save.parent / "run"), "--hf-checkpoint", base_checkpoint]
+    assert main([*dry, "--load", str(save)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"rollflow: error: {e.value}"
     assert main(["lint-ckpt", str(save)]) == 1
     assert capsys.readouterr().out.splitlines()[0] == f"{save}: iter_0000000/{problem}"
+
+    # the doctor lints the run's latest saved checkpoint the same way
+    run = make_run(
+        save.parent / "doctor",
+        tokenizer_dir(save.parent / "tok"),
+        dataclasses.replace(Plan(), config={"checkpoint": {"save": str(save)}}),
+    )
+    first = diagnose(run)[0]
+    assert (first.severity, first.rule) == ("error", "checkpoint-lint")
+    assert first.title == f"checkpoint {ckpt} is inconsistent: {problem}"
 
     # the opt-out loads it as it is
     skip = _config(base_checkpoint, Path(cfg.run_dir)).model_copy(
