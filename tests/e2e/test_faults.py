@@ -160,3 +160,12 @@ def test_a_fault_that_is_not_survived_names_hook_action_and_rollout(
         Exception, match=r"fault hook boom: raise at engine_generate_start in engine-0 .*rollout_id 0"
     ):
         asyncio.run(run_flow(cfg))
+    # the doctor names the fault from what the run recorded (outcome.json, faults.jsonl)
+    from flows.doctor import diagnose
+
+    first = diagnose(cfg.resolved_run_dir)[0]
+    assert (first.severity, first.rule) == ("error", "fault")
+    assert first.title.startswith(
+        "an injected fault failed the run at rollout 0, stage generate: fault hook boom: raise at "
+        "engine_generate_start in engine-0 "
+    )
