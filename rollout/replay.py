@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 from artifacts.schema import Sample
@@ -84,7 +85,12 @@ def _by_index(samples: list[Sample], which: str) -> dict[int, Sample]:
     return out
 
 
-def check_injection(fresh: list[Sample], recorded: list[Sample], min_ratio: float) -> dict[str, Any]:
+def check_injection(
+    fresh: list[Sample],
+    recorded: list[Sample],
+    min_ratio: float,
+    encode: Callable[[list[str]], list[list[int]]] | None = None,
+) -> dict[str, Any]:
     """Guard an injected recording: ``fresh`` (generated now) against ``recorded`` (injected).
 
     Samples are paired by ``sample_index``; both sides must hold the same indices. Prompt tokens
@@ -93,7 +99,8 @@ def check_injection(fresh: list[Sample], recorded: list[Sample], min_ratio: floa
     ``response_match_ratio`` of the response tokens is averaged; unless ``mean > min_ratio`` (strict,
     as miles) ``InjectionMismatch`` is raised saying that the responses differ, naming the worst sample
     and its first differing token, with the likely causes in order (the order follows the evidence:
-    differing seeds or weight versions move their cause first).
+    differing seeds or weight versions move their cause first; with `encode`, the trainer's tokenization of
+    prompt texts, engine prompt tokens it does not reproduce move the template and tokenizer first).
     Returns ``{"mean_match_ratio", "min_match_ratio" (the worst sample), "num_samples"}``.
     ``min_ratio`` must be in [0, 1) (a strict bound of 1 could never pass); miles' default is 0.9.
     """
@@ -118,7 +125,9 @@ def check_injection(fresh: list[Sample], recorded: list[Sample], min_ratio: floa
     mean = math.fsum(ratios) / len(ratios)
     result = {"mean_match_ratio": mean, "min_match_ratio": min(ratios), "num_samples": len(ratios)}
     if not mean > min_ratio:
-        raise InjectionMismatch(_responses_differ(pairs, ratios, mean, min_ratio))
+        raise InjectionMismatch(
+            _responses_differ(pairs, ratios, mean, min_ratio, _retokenized(pairs, encode))
+        )
     return result
 
 
@@ -170,8 +179,34 @@ def _prompts_differ(wrong: list[tuple[Sample, Sample]], total: int) -> str:
     )
 
 
+def _retokenized(
+    pairs: list[tuple[Sample, Sample]], encode: Callable[[list[str]], list[list[int]]] | None
+) -> str:
+    """Where the prompt tokens the engines were given differ from the trainer's tokenization of the prompt text
+    (the first such sample and token, and how many), '' when they agree or `encode` is None."""
+    if encode is None:
+        return ""
+    fresh = [new for new, _ in pairs]
+    wrong = [
+        (s, list(ids))
+        for s, ids in zip(fresh, encode([s.prompt for s in fresh]), strict=True)
+        if list(ids) != s.prompt_tokens
+    ]
+    if not wrong:
+        return ""
+    s, ids = wrong[0]
+    return (
+        f"sample_index {s.sample_index} ({len(wrong)} of {len(fresh)} samples), engine vs trainer at "
+        f"{_first_difference(s.prompt_tokens, ids)}"
+    )
+
+
 def _responses_differ(
-    pairs: list[tuple[Sample, Sample]], ratios: list[float], mean: float, min_ratio: float
+    pairs: list[tuple[Sample, Sample]],
+    ratios: list[float],
+    mean: float,
+    min_ratio: float,
+    retokenized: str = "",
 ) -> str:
     """Response tokens differ while prompts agree: the ratio, the worst sample and its first differing token,
     and the causes ranked by the evidence the samples carry (seeds, weight versions)."""
@@ -202,7 +237,14 @@ def _responses_differ(
         "numerics differ from the recording's (engine backend, --num-threads, device): one flipped "
         "token changes the rest of a response"
     )
-    if seeds is not None:
+    template = (
+        "the engines conditioned on other prompt tokens than the trainer scores: the chat template or tokenizer "
+        f"on the engine's side differs ({retokenized}; confirm with rollflow check-template --hf-checkpoint "
+        "HF_DIR --prompt-data FILE)"
+    )
+    if retokenized:
+        ranked = [template, sampling, weights, origin, numerics]
+    elif seeds is not None:
         ranked = [sampling, weights, origin, numerics]
     elif new.weight_version > old.weight_version:
         ranked = [origin, weights, sampling, numerics]

@@ -12,6 +12,7 @@ from artifacts.schema import Sample
 from artifacts.slime_format import read_any, write_any
 from artifacts.store import DEFAULT_LIMITS, ArtifactRef, ReadLimits, RunPaths, read_rollout, write_rollout
 from config import RunConfig
+from rollout.data import tokenizer_at
 from rollout.replay import check_injection, subsample
 from tasks import actors
 from tasks.actors import stage_context
@@ -94,7 +95,13 @@ async def inject(cfg: RunConfig, rollout_id: int, fresh: ArtifactRef) -> Artifac
     assert d.ci_inject_rollout_data_path is not None
     path = recording_path(d.ci_inject_rollout_data_path, rollout_id, fallback_to_zero=False)
     recorded = read_any(path, trust_pickle=d.trust_pickle, limits=read_limits(cfg))
-    result = check_injection(read_rollout(fresh), recorded, d.ci_inject_rollout_data_min_match_ratio)
+    result = check_injection(
+        read_rollout(fresh),
+        recorded,
+        d.ci_inject_rollout_data_min_match_ratio,
+        # the trainer's view of the prompts, asked for only when the responses differ
+        lambda texts: tokenizer_at(str(cfg.hf_checkpoint))(texts, add_special_tokens=False)["input_ids"],
+    )
     ref = write_rollout(
         RunPaths(cfg.resolved_run_dir).rollout(rollout_id),
         _as_rollout(recorded, rollout_id),

@@ -189,3 +189,20 @@ def test_check_injection_ignores_everything_but_tokens() -> None:
     recorded = [_sample(0, [1, 2])]
     fresh = [dataclasses.replace(recorded[0], reward=1.0, response="other", seed=99)]
     assert check_injection(fresh, recorded, 0.9)["mean_match_ratio"] == 1.0
+
+
+def test_check_injection_names_the_template_first_when_the_engine_got_other_prompt_tokens() -> None:
+    recorded = [_sample(0, [5, 6, 7, 8]), _sample(1, [5, 6])]
+    fresh = [_sample(0, [5, 9, 9, 9]), _sample(1, [5, 6])]
+    with pytest.raises(InjectionMismatch) as info:  # the trainer's tokenization gives the engine's tokens
+        check_injection(fresh, recorded, 0.9, lambda texts: [s.prompt_tokens for s in fresh])
+    assert "(1) the engines probably hold wrong weights" in str(info.value)
+    # the planted fault: the engine side's tokenizer adds a token (id 2) that the trainer's does not
+    with pytest.raises(InjectionMismatch) as info:
+        check_injection(fresh, recorded, 0.9, lambda texts: [s.prompt_tokens[1:] for s in fresh])
+    assert (
+        "likely causes, most likely first: (1) the engines conditioned on other prompt tokens than the trainer "
+        "scores: the chat template or tokenizer on the engine's side differs (sample_index 0 (2 of 2 samples), "
+        "engine vs trainer at position 0: 2 vs 0; confirm with rollflow check-template --hf-checkpoint HF_DIR "
+        "--prompt-data FILE); (2) sampling differs"
+    ) in str(info.value)
