@@ -261,7 +261,11 @@ def logprob_gap(run: RunData) -> list[Finding]:
         f"trainer and engine log-probs agree at rollout {rollouts[0]} but not from rollout {first} on: the "
         "engines stop receiving the trainer's weights (the weight sync is broken or skipped)"
     )
-    knife = f"{check} (or --ci-test) compares every engine tensor with the trainer's after a sync, by layer"
+    knife = (
+        f"rollflow replay {run.dir} --rollout-id {first - 1} --task sync (with the checkpoints of --save-interval 1) "
+        f"pushes the weights after rollout {first - 1} again and compares the engine's own hash with them: it fails "
+        f"for a transfer that does not apply ({check} checks only the run's first sync)"
+    )
     return [Finding("error", title, evidence, knife, "logprob-gap", POINTED)]
 
 
