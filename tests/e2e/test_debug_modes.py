@@ -153,6 +153,12 @@ def test_injection_passes_on_a_healthy_run_and_names_the_ratio_when_weights_are_
     )
     with pytest.raises(Exception, match=r"(?s)on average.*threshold 0\.9.*wrong weights"):
         asyncio.run(run_flow(stale))
+    # the doctor names the guard from what the run recorded (outcome.json): a failure that leaves no check record
+    from flows.doctor import diagnose
+
+    first = diagnose(stale.resolved_run_dir)[0]
+    assert (first.severity, first.rule) == ("error", "inject-guard")
+    assert first.title.startswith("the inject match guard stopped the run at rollout 1, stage inject: ")
 
 
 def test_forge_replay_keeps_engines_syncing(tmp_path, ray_session, prefect_server, base_checkpoint):
