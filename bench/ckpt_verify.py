@@ -1,9 +1,9 @@
 """What verifying a checkpoint's content costs at `--load`: a recipe's model saved as a `--save` checkpoint (weights,
-AdamW moments, RNG; artifacts/content_hashes.py), then loaded by the torch trainer with and without the check of
-every tensor against its saved hash, and linted (the `--load` check before a run starts, and `lint-ckpt`) with
+AdamW moments, RNG; artifacts/content_hashes.py), then loaded by the trainer (torch, or Megatron on the CPU, whose
+load re-reads its files to check them) with and without the check of every tensor against its saved hash, and linted (the `--load` check before a run starts, and `lint-ckpt`) with
 and without re-hashing the files. Alternated, medians of --repeats; prints the checkpoint's size and each time.
 
-    python bench/ckpt_verify.py [--recipe tiny-arith|long-arith] [--repeats 5]
+    python bench/ckpt_verify.py [--recipe tiny-arith|long-arith] [--backend torch|megatron] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from artifacts.lint import lint_checkpoint  # noqa: E402
 from config import RunConfig  # noqa: E402
+from trainers.core import TrainerCore as Trainer  # noqa: E402
 from trainers.settings import trainer_settings  # noqa: E402
 from trainers.torch_trainer.trainer import TorchTrainer  # noqa: E402
 
@@ -36,9 +37,15 @@ def _recipe_checkpoint(recipe: str) -> str:
     return str(ensure_checkpoint())
 
 
-def _trainer(cfg: RunConfig, checkpoint: str, verify: bool) -> TorchTrainer:
+def _trainer(cfg: RunConfig, checkpoint: str, verify: bool) -> Trainer:
     settings = dataclasses.replace(trainer_settings(cfg), verify_checkpoint=verify)
-    trainer = TorchTrainer(settings, checkpoint, rank=0, world_size=1)
+    trainer: Trainer
+    if cfg.train.train_backend == "megatron":
+        from trainers.megatron.trainer import MegatronTrainer
+
+        trainer = MegatronTrainer(settings, checkpoint, 0, 1, device="cpu")
+    else:
+        trainer = TorchTrainer(settings, checkpoint, rank=0, world_size=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
@@ -56,10 +63,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", choices=["tiny-arith", "long-arith"], default="long-arith")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--backend", choices=["torch", "megatron"], default="torch")
     args = ap.parse_args()
     checkpoint = _recipe_checkpoint(args.recipe)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = RunConfig.model_validate({"hf_checkpoint": checkpoint, "run_dir": tmp})
+        cfg = RunConfig.model_validate(
+            {"hf_checkpoint": checkpoint, "run_dir": tmp, "train": {"train_backend": args.backend}}
+        )
         trainer = _trainer(cfg, checkpoint, True)
         assert trainer.optimizer is not None
         for p in trainer.params:  # one optimizer step gives the checkpoint its AdamW moments, as a run's has
@@ -68,7 +78,7 @@ def main() -> None:
         save = Path(tmp) / "save"
         trainer.save(str(save), 0)
         ckpt = save / "iter_0000000"
-        size = sum(f.stat().st_size for f in ckpt.iterdir() if f.suffix == ".safetensors")
+        size = sum(f.stat().st_size for f in ckpt.iterdir() if f.suffix in (".safetensors", ".distcp"))
         loaders = {v: _trainer(cfg, checkpoint, v) for v in (True, False)}
         times: dict[str, list[float]] = {k: [] for k in ("load", "load-unverified", "lint", "lint-headers")}
         for _ in range(args.repeats):  # alternated, so that the machine's drift falls on both sides
@@ -77,7 +87,9 @@ def main() -> None:
             times["lint"].append(_seconds(lambda: lint_checkpoint(save)))
             times["lint-headers"].append(_seconds(lambda: lint_checkpoint(save, verify_content=False)))
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"{args.recipe}: checkpoint {size / 2**20:.1f} MiB of safetensors (weights, AdamW state, RNG)")
+    print(
+        f"{args.recipe}, {args.backend} backend: checkpoint {size / 2**20:.1f} MiB (weights, AdamW state, RNG)"
+    )
     print(
         f"trainer load: {med['load'] * 1e3:.1f} ms verified, {med['load-unverified'] * 1e3:.1f} ms with "
         f"--no-verify-checkpoint (+{(med['load'] - med['load-unverified']) * 1e3:.1f} ms, "
