@@ -33,3 +33,23 @@ def test_an_engine_whose_transfer_does_not_apply_is_named_stale(
         "engine's with them, the checkpoints of --save-interval 1 given" in message
     )
     assert "hash to" not in message
+
+
+def test_replay_of_the_sync_fails_for_a_transfer_that_does_not_apply(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
+    import asyncio
+
+    from flows.replay import replay_flow
+    from tests.e2e.test_ci_checks import _run
+
+    cfg = small_config(tmp_path, base_checkpoint, rollout={"num_rollout": 1}, eval={"eval_interval": None})
+    _run(cfg)
+    run_dir = str(cfg.resolved_run_dir)
+    assert asyncio.run(replay_flow(run_dir, 0, "sync"))["identical"]
+    # the planted fault, in the replay only: the engine drops every tensor of the transfer
+    dropped = asyncio.run(replay_flow(run_dir, 0, "sync", {"ci.ci_fault_drop_weight": "*"}))
+    assert dropped["difference"].startswith("engine 0 after sync: sha ")
+    assert dropped["difference"].endswith(
+        "(stale: it still holds the weights it started from, a transfer that did not apply)"
+    )
