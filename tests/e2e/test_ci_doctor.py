@@ -1,7 +1,8 @@
 """`--ci-test` ends with the doctor, and by default (`--ci-doctor gate`) an ERROR finding fails the run: the flow
-run ends Failed with the finding as its message, the console's last line names it, and outcome.json records it;
-`--ci-doctor advisory` reports the same finding and lets the run pass. The planted bug: a reward that ignores the
-response (every sample scores 1.0), which no in-process checker catches but the doctor names."""
+run ends Failed with the finding as its message, the console's last line names it, and outcome.json records it
+(`--ci-doctor advisory`, which lets the run pass, is tested on a synthetic run in tests/unit/test_doctor_run_end.py).
+The planted bug: a reward that ignores the response (every sample scores 1.0), which no in-process checker catches
+but the doctor names."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ async def constant_reward(args: Any, sample: Any) -> float:
     return 1.0
 
 
-def _config(tmp_path, base_checkpoint, mode: str):
+def _config(tmp_path, base_checkpoint):
     return small_config(
         tmp_path,
         base_checkpoint,
@@ -35,20 +36,18 @@ def _config(tmp_path, base_checkpoint, mode: str):
         eval={"eval_interval": None},
         checkpoint={"save": None, "save_interval": None},
         reward={"custom_rm_path": "tests.e2e.test_ci_doctor.constant_reward"},
-        ci={**ci_flags(base_checkpoint), "ci_doctor": mode},
+        ci=ci_flags(base_checkpoint),  # --ci-doctor gate by default
     )
 
 
-def test_a_doctor_error_fails_a_ci_test_run_unless_advisory(
-    tmp_path, ray_session, prefect_server, base_checkpoint
-):
+def test_a_doctor_error_fails_a_ci_test_run(tmp_path, ray_session, prefect_server, base_checkpoint):
     from prefect.client.orchestration import get_client
     from prefect.exceptions import FailedRun
 
     from flows.failure import failure_line
     from flows.run import run_flow
 
-    gated = _config(tmp_path / "gate", base_checkpoint, "gate")
+    gated = _config(tmp_path, base_checkpoint)
     state = asyncio.run(run_flow(gated, return_state=True))
     assert state.is_failed()
     assert state.message.startswith(f"the doctor found an ERROR [constant-reward] {TITLE} (evidence: ")
@@ -68,8 +67,3 @@ def test_a_doctor_error_fails_a_ci_test_run_unless_advisory(
         state.message,
         "ci-doctor",
     )
-
-    advisory = _config(tmp_path / "advisory", base_checkpoint, "advisory")
-    result = asyncio.run(run_flow(advisory))
-    assert result["run_dir"] == str(advisory.resolved_run_dir)
-    assert read_outcome(advisory.resolved_run_dir).status == "completed"

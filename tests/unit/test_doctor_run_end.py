@@ -232,3 +232,29 @@ def test_a_run_that_recorded_no_outcome_is_named_from_its_log_s_last_traceback(t
         "   evidence: LoadError: --load /ckpt/iter_0000003: tensor model.norm.weight missing (the last traceback in "
         "logs/run.log: the run recorded no outcome.json)"
     )
+
+
+@pytest.mark.parametrize("mode", ["gate", "advisory"])
+def test_the_end_of_a_ci_test_run_fails_on_a_doctor_error_unless_advisory(tmp_path, tokenizer, mode):
+    from config import RunConfig, load_yaml
+    from flows.report import RunReport
+    from flows.run import _doctor
+
+    # planted: a reward that ignores the response (no checker catches it; the doctor does)
+    plan = dataclasses.replace(
+        Plan(), reward=lambda rid, g, j: 1.0, config={"ci": {"ci_test": True, "ci_doctor": mode}}
+    )
+    run = make_run(tmp_path, tokenizer, plan)
+    report = RunReport(RunConfig.model_validate(load_yaml(run / "config.yaml")), "r", 0, 12)
+    report.finish("completed")
+    write_outcome(run, Outcome("completed"))
+    line = _doctor(report)
+    assert report.findings and report.findings[0].rule == "constant-reward"
+    if mode == "advisory":
+        assert line is None and report.status == "completed" and read_outcome(run) == Outcome("completed")
+        return
+    assert line is not None and line.startswith(
+        "the doctor found an ERROR [constant-reward] every sample gets"
+    )
+    assert (report.status, report.failure) == ("failed", line)
+    assert read_outcome(run) == Outcome("failed", line, gate="ci-doctor")
