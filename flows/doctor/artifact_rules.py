@@ -78,11 +78,18 @@ def prompt_tokens(run: RunData) -> list[Finding]:
             else "the end"
         )
 
+    recording = run.cfg("debug.load_debug_rollout_data") or run.cfg("debug.load_forge_rollout_data")
+    title = (
+        "the recorded prompt tokens are not what the run's tokenizer makes of the prompt text: the recording was "
+        "tokenized with another tokenizer or chat template"
+        if recording
+        else "the engine was given other prompt tokens than the trainer's tokenizer makes of the prompt text: the "
+        "chat template or tokenizer on the engine's side differs from the trainer's"
+    )
     return [
         Finding(
             "error",
-            "the recorded prompt tokens are not what the run's tokenizer makes of the prompt text: "
-            "the recording was tokenized with another tokenizer or chat template",
+            title,
             f"{len(wrong)} of {len(keys)} distinct prompts in {len(run.examined_ids)} examined rollout(s); "
             f"first: rollout {rid} sample_index {index}, prompt token {pos}: recorded {token(recorded)}, "
             f"{hf} gives {token(expected)} ({len(recorded)} vs {len(expected)} tokens)",

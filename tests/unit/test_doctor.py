@@ -146,8 +146,18 @@ def test_a_reference_that_is_the_starting_model_leaves_a_forward_that_depends_on
 # -- prompt tokens the run's tokenizer and template do not reproduce ------------------------------------------
 def test_prompt_tokens_from_another_tokenizer_are_named_with_the_first_differing_token(tmp_path, tokenizer):
     plus, minus = DIGITS["9"] + 1, DIGITS["9"] + 2  # '+' and '-' in the tiny-arith vocabulary
-    first = _diagnose(tmp_path, tokenizer, prompt_tokens=lambda t: [minus if x == plus else x for x in t])[0]
+    # with the log-prob gap from the first rollout that such a run shows too: the tokens are named first
+    first = _diagnose(
+        tmp_path,
+        tokenizer,
+        prompt_tokens=lambda t: [minus if x == plus else x for x in t],
+        gap=lambda rid: -0.05,
+    )[0]
     assert (first.severity, first.rule) == ("error", "prompt-tokens")
+    assert first.title == (
+        "the engine was given other prompt tokens than the trainer's tokenizer makes of the prompt text: the chat "
+        "template or tokenizer on the engine's side differs from the trainer's"
+    )
     assert "recorded 15 ('-')" in first.evidence and "gives 14 ('+')" in first.evidence
     assert "prompt token 2" in first.evidence and "check-template" in first.knife
 

@@ -50,3 +50,19 @@ def test_a_template_that_differs_on_the_engine_side_is_named(byo, tmp_path, monk
         "rendering and tokenization give 'assistant' (id 285) (46 vs 44 prompt tokens): the rendered prompt text "
         "differs: the chat template (or its kwargs) on the engine's side differs"
     )
+
+
+def test_the_same_text_tokenized_otherwise_on_the_engine_side_names_the_tokenizer(byo):
+    from rollout.template import Stops, check_example, engine_side_problem
+
+    tok = tokenizer_at(byo["model"])
+    check = check_example(tok, [{"role": "user", "content": "What is 1 plus 2?"}], "3", Stops((0,), ()))
+    assert engine_side_problem(tok, check.prompt_text, list(check.prompt_ids), check) is None
+    # the planted fault: the engine side's tokenizer splits the first token in two
+    planted = [check.prompt_ids[0], *check.prompt_ids]
+    assert engine_side_problem(tok, check.prompt_text, planted, check) == (
+        f"token 1: the engine is given {tok.convert_ids_to_tokens(check.prompt_ids[0])!r} (id {check.prompt_ids[0]}) "
+        f"but the trainer's rendering and tokenization give {tok.convert_ids_to_tokens(check.prompt_ids[1])!r} "
+        f"(id {check.prompt_ids[1]}) ({len(planted)} vs {len(planted) - 1} prompt tokens): same rendered text, other "
+        "token ids: the tokenizer on the engine's side differs"
+    )
