@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 import torch
@@ -107,8 +108,16 @@ def test_planted_checkpoint_corruption_is_named_by_layer(
         eval={"eval_interval": None},
         checkpoint={"load": str(ckpt), "ci_check_model_hash": True},
     )
-    with pytest.raises(Exception, match=r"layer_0001"):
+    # the content hashes name the tensor before anything starts; without them the model hashes name its layer
+    with pytest.raises(
+        ValueError, match=rf"model\.safetensors: tensor {re.escape(name)}: saved sha256 \w{{12}}, "
+    ):
         _run(resumed)
+    unchecked = resumed.model_copy(
+        update={"checkpoint": resumed.checkpoint.model_copy(update={"no_verify_checkpoint": True})}
+    )
+    with pytest.raises(Exception, match=r"layer_0001"):
+        _run(unchecked)
 
 
 def test_dp1_two_micro_batches_equals_dp2_with_deterministic_collective(
