@@ -164,13 +164,16 @@ def _prompts_differ(wrong: list[tuple[Sample, Sample]], total: int) -> str:
         "the tokenizer or chat template changed since the recording (--hf-checkpoint, "
         "--apply-chat-template, --apply-chat-template-kwargs)"
     )
-    ranked = [tokenizer, data] if same_text else [data, tokenizer]
+    # the same non-empty label with another text: the same row, rendered otherwise (the template)
+    same_row = not same_text and bool(old.label) and new.label == old.label
+    ranked = [tokenizer, data] if same_text or same_row else [data, tokenizer]
     if new.rollout_id != old.rollout_id:
         ranked.insert(0, rollout)
     text = (
         "the prompt text is the same, only its token ids differ"
         if same_text
         else f"the prompt text differs too: {new.prompt[:60]!r} vs recorded {old.prompt[:60]!r}"
+        + (f" (the same label {old.label[:20]!r}: the same row rendered otherwise)" if same_row else "")
     )
     return (
         f"prompt tokens differ (responses were not compared): prompt tokens mismatch at sample_index "

@@ -206,3 +206,14 @@ def test_check_injection_names_the_template_first_when_the_engine_got_other_prom
         "engine vs trainer at position 0: 2 vs 0; confirm with rollflow check-template --hf-checkpoint HF_DIR "
         "--prompt-data FILE); (2) sampling differs"
     ) in str(info.value)
+
+
+def test_check_injection_names_the_template_first_when_the_same_row_renders_to_another_text() -> None:
+    recorded = [dataclasses.replace(_sample(0, [1]), label="7")]
+    rendered = [dataclasses.replace(recorded[0], prompt="<bot>p", prompt_tokens=[9, 2, 0, 3])]
+    with pytest.raises(InjectionMismatch) as info:
+        check_injection(rendered, recorded, min_ratio=0.0)
+    assert (
+        "the prompt text differs too: '<bot>p' vs recorded 'p' (the same label '7': the same row rendered "
+        "otherwise); likely causes, most likely first: (1) the tokenizer or chat template changed"
+    ) in str(info.value)
