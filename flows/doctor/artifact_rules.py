@@ -163,8 +163,14 @@ _CHECKS = {
 
 def checker_failures(run: RunData) -> list[Finding]:
     """The run's own checkers that recorded a failure in metrics.jsonl (a pass flag at 0, or --ci-test
-    violations). The checker's message (in the run's log) has the detail; the record only says where."""
+    violations). The checker's message (in the run's log) has the detail; the record only says where. Violations
+    of the rollout whose CheckFailed the run recorded as its failure are left to `run_end.failure`, which has the
+    message."""
     out = []
+    o = run.outcome
+    failed_at = (
+        o.where if o is not None and not o.gate and (o.error or "").startswith("CheckFailed") else None
+    )
     for r in run.records:
         if r["kind"] != "check":
             continue
@@ -175,6 +181,8 @@ def checker_failures(run: RunData) -> list[Finding]:
                 out.append(
                     Finding("error", title, f"{key} = {value} at rollout {rid}", knife, "checker", SYMPTOM)
                 )
+            elif failed_at is not None and failed_at.startswith(f"rollout {rid}, "):
+                continue
             elif key == "check/violations" and isinstance(value, int | float) and value > 0:
                 out.append(
                     Finding(

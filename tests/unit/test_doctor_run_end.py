@@ -258,3 +258,20 @@ def test_the_end_of_a_ci_test_run_fails_on_a_doctor_error_unless_advisory(tmp_pa
     )
     assert (report.status, report.failure) == ("failed", line)
     assert read_outcome(run) == Outcome("failed", line, gate="ci-doctor")
+
+
+def test_a_checker_failure_is_named_once_with_the_checker_s_line(tmp_path, tokenizer):
+    from artifacts.store import append_metrics
+
+    line = "[KL checker] train/ppo_kl = 0.0123 violates |x| < 1e-9 at rollout 4 step 8"
+    run = _failed_run(tmp_path, tokenizer, f"CheckFailed: {line}", "rollout 4, stage check")
+    append_metrics(
+        run / "metrics.jsonl", {"kind": "check", "rollout_id": 4, "metrics": {"check/violations": 1.0}}
+    )
+    checkers = [f for f in diagnose(run) if f.rule == "checker"]
+    assert [(f.title, f.knife) for f in checkers] == [
+        (
+            f"a checker stopped the run at rollout 4, stage check: {line}",
+            f"the checker's line names metric, value and tolerance; rollflow replay {run} --rollout-id 4 --task check",
+        )
+    ]
