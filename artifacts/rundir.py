@@ -30,6 +30,7 @@ RECORDS = (
     OUTCOME,
     "metrics.jsonl",
     "faults.jsonl",
+    "start_weights.json",
     "rollouts",
     "logprobs",
     "ft",

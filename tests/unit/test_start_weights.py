@@ -76,3 +76,13 @@ def test_a_forward_that_depends_on_the_rng_differs_on_a_second_pass_after_the_rn
     advance_rng()
     second = read_table(trainer.compute_log_probs(ref, str(tmp_path / "d1.parquet")))
     assert first.column("log_probs") != second.column("log_probs")
+
+
+def test_overwrite_removes_an_earlier_runs_start_weights(tmp_path):
+    from artifacts import rundir
+    from artifacts.store import RunPaths
+
+    recorded = RunPaths(tmp_path).start_weights
+    recorded.write_text('{"start": "a", "reference": "b", "rollout_id": 0}')
+    rundir.clear(tmp_path)  # another run's hashes would name the wrong reference
+    assert not recorded.exists()
