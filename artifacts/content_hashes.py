@@ -79,10 +79,10 @@ def verify_loaded(path: Path, file: str, tensors: dict[str, torch.Tensor]) -> st
     return mismatch(file, entry["tensors"], tensors)
 
 
-def verify(directory: str | Path) -> list[tuple[str, str]] | None:
-    """Re-hash every file `directory`/tensor_hashes.json names, reading it from disk: (file, problem) pairs,
-    one per tensor or range that differs from its saved hash (none when all match); None when the checkpoint
-    has no hashes."""
+def verify(directory: str | Path, only: tuple[str, ...] | None = None) -> list[tuple[str, str]] | None:
+    """Re-hash every file `directory`/tensor_hashes.json names (or those of them in `only`), reading it from disk:
+    (file, problem) pairs, one per tensor or range that differs from its saved hash (none when all match); None
+    when the checkpoint has no hashes."""
     from safetensors import safe_open
 
     root = Path(directory)
@@ -94,6 +94,8 @@ def verify(directory: str | Path) -> list[tuple[str, str]] | None:
         return None
     problems: list[tuple[str, str]] = []
     for name, entry in sorted(files.items()):
+        if only is not None and name not in only:
+            continue
         path = root / name
         if not path.is_file():
             problems.append((name, f"missing ({HASHES_FILE} holds its hashes)"))

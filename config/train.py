@@ -181,8 +181,8 @@ class CheckpointConfig(Section):
     )
     no_verify_checkpoint: bool = Field(
         False,
-        description="Skip the check of every tensor --load reads against the content hashes its --save recorded "
-        "(for a checkpoint too large to hash at each load).",
+        description="Skip the check of every tensor --load reads (and of --ref-load's weights) against the content "
+        "hashes its --save recorded (for a checkpoint too large to hash at each load).",
     )
 
 

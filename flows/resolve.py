@@ -84,9 +84,10 @@ def check_paths(cfg: RunConfig) -> None:
     _check_model_files(ckpt)
     if cfg.ref_load:
         try:
-            model_dir(cfg.ref_load)
+            ref = model_dir(cfg.ref_load)
         except FileNotFoundError as e:
             raise ValueError(f"--ref-load {e}") from None
+        _check_ref_content(cfg.ref_load, ref, verify=not cfg.checkpoint.no_verify_checkpoint)
     if cfg.checkpoint.load:
         _check_checkpoint(cfg.checkpoint.load, verify_content=not cfg.checkpoint.no_verify_checkpoint)
     _check_recordings(cfg)
@@ -228,6 +229,17 @@ def check_labels(cfg: RunConfig, source: RolloutSource) -> None:
             why = label_problem(rule, p.label)
             if why:
                 raise ValueError(f"{data_flag} {prompts.path} {unit} {p.row}: {key_flag} {key!r}: {why}")
+
+
+def _check_ref_content(ref_load: str, ref: Path, *, verify: bool) -> None:
+    """--ref-load of a --save dir: the weights of its checkpoint `ref` against the content hashes its save recorded
+    (an HF dir has none of ours and passes)."""
+    from artifacts.content_hashes import verify as verify_content
+
+    problems = verify_content(ref, only=("model.safetensors",)) if verify else None
+    if problems:
+        file, problem = problems[0]
+        raise ValueError(f"--ref-load {ref_load}: {ref / file}: {problem}")
 
 
 def _check_checkpoint(load: str, verify_content: bool = True) -> None:

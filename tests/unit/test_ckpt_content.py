@@ -14,9 +14,10 @@ import torch
 from artifacts.content_hashes import HASHES_FILE
 from artifacts.hashing import tensor_hashes
 from artifacts.lint import lint_checkpoint, read_safetensors_header
+from config import RunConfig
 from flows.cli import main
 from flows.doctor import diagnose
-from flows.resolve import _check_checkpoint
+from flows.resolve import _check_checkpoint, check_paths
 from tests.doctor_runs import Plan, make_run, tokenizer_dir
 from tests.unit.test_engine_trainer import _config, _rollout, _trainer, engine  # noqa: F401 (a fixture)
 
@@ -68,6 +69,14 @@ def test_a_flipped_byte_in_a_tensor_is_named_by_load_and_lint(saved, base_checkp
     assert (
         str(e.value)
         == f"--load {save}: {ckpt / 'model.safetensors'}: tensor {TENSOR}: {problem.split(': ', 2)[2]}"
+    )
+
+    ref = cfg.model_copy(update={"ref_load": str(save)})  # the reference model read from a --save dir
+    with pytest.raises(ValueError) as e_ref:
+        check_paths(ref)
+    assert (
+        str(e_ref.value)
+        == f"--ref-load {save}: {ckpt / 'model.safetensors'}: tensor {TENSOR}: " + (problem.split(": ", 2)[2])
     )
 
     capsys.readouterr()
@@ -126,6 +135,7 @@ def test_a_checkpoint_without_hashes_loads_with_a_notice(saved, base_checkpoint,
     assert "1 saved without content hashes, not verified" in capsys.readouterr().out
 
 
-def test_an_hf_model_dir_has_no_hashes_of_ours_and_passes(base_checkpoint):
+def test_an_hf_model_dir_has_no_hashes_of_ours_and_passes(base_checkpoint, tmp_path):
     report = lint_checkpoint(base_checkpoint)
     assert report.problems == [] and report.unverified == []
+    check_paths(RunConfig.model_validate({"hf_checkpoint": base_checkpoint, "ref_load": base_checkpoint}))
