@@ -310,8 +310,9 @@ def first_step_precision(run: RunData) -> list[Finding]:
                 f"{metric} is not 0 at the first step of rollout {rid}: {cause}",
                 f"{metric} = {v:.3g} at rollout {rid} step {step} (must be 0: |x| < 1e-9); "
                 f"{len(kl)} first step(s) with ppo_kl != 0 of {len(firsts)}",
-                f"rollflow replay {run.dir} --rollout-id {rid} --task log-prob (twice the same? then "
-                "the forward is deterministic); rollflow run --ci-test checks every first step",
+                f"rollflow replay {run.dir} --rollout-id {rid} --task log-prob (it also passes the rollout a "
+                "second time in one process, the RNG advanced: it differs for a forward that depends on the RNG, "
+                "such as a seeded dropout); rollflow run --ci-test checks every first step",
                 "first-step-kl",
                 DIRECT if dropout else POINTED,
             )

@@ -101,6 +101,10 @@ def test_a_first_step_kl_names_the_dropout_the_model_config_turns_on(tmp_path, t
     assert (first.severity, first.rule) == ("error", "first-step-kl")
     assert "train/ppo_kl is not 0 at the first step of rollout 0" in first.title
     assert "attention_dropout = 0.3" in first.title
+    assert (
+        "--task log-prob (it also passes the rollout a second time in one process, the RNG advanced"
+        in first.knife
+    )
 
 
 def _reference_apart(tmp_path: Path, tokenizer: Path, hashes: dict[str, str] | None) -> list[Finding]:
