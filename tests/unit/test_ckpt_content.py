@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,15 +32,24 @@ def flip_byte(file: Path, offset: int) -> None:
     file.write_bytes(bytes(data))
 
 
-@pytest.fixture
-def saved(engine, base_checkpoint, tmp_path):  # noqa: F811 (the fixture imported above)
+@pytest.fixture(scope="module")
+def trained(engine, base_checkpoint, tmp_path_factory):  # noqa: F811 (the fixture imported above)
     """A --save dir with the checkpoint of one trained rollout (weights, AdamW state with its step, RNG)."""
-    cfg = _config(base_checkpoint, tmp_path)
-    _, rollout = _rollout(engine, cfg, tmp_path)
+    tmp = tmp_path_factory.mktemp("trained")
+    cfg = _config(base_checkpoint, tmp)
+    _, rollout = _rollout(engine, cfg, tmp)
     trainer = _trainer(cfg, base_checkpoint)
-    trainer.train_step(rollout, trainer.compute_log_probs(rollout, str(tmp_path / "lp.parquet")))
-    trainer.save(str(tmp_path / "save"), 0)
-    return cfg, trainer, tmp_path / "save"
+    trainer.train_step(rollout, trainer.compute_log_probs(rollout, str(tmp / "lp.parquet")))
+    trainer.save(str(tmp / "save"), 0)
+    return cfg, trainer, tmp / "save"
+
+
+@pytest.fixture
+def saved(trained, tmp_path):
+    """A copy of `trained`'s --save dir for one test to damage."""
+    cfg, trainer, save = trained
+    shutil.copytree(save, tmp_path / "save")
+    return cfg.model_copy(update={"run_dir": str(tmp_path)}), trainer, tmp_path / "save"
 
 
 def test_a_flipped_byte_in_a_tensor_is_named_by_load_and_lint(saved, base_checkpoint, capsys):
