@@ -79,6 +79,11 @@ class CIConfig(Section):
     ci_disable_kl_checker: bool = Field(False, description="Skip the step-0 KL / clipfrac / kl_loss checks.")
     ci_disable_logprobs_checker: bool = Field(False, description="Skip the log-prob / entropy checks.")
     ci_disable_weight_update_checker: bool = Field(False, description="Skip the first-sync weight check.")
+    ci_disable_reexecution_checker: bool = Field(
+        False,
+        description="Skip re-executing each rollout's first micro-batch (log-prob pass and train step) from its "
+        "step-boundary snapshot and comparing it bit for bit with the run.",
+    )
     check_weight_update_equal: bool = Field(
         False,
         description="Scramble engine weights, sync once, require every tensor bitwise equal (also without --ci-test).",

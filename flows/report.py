@@ -29,6 +29,8 @@ PASS_IS_ONE = (
     "check/engines_in_sync",
     "check/weight_update_equal",
     "check/metric_gate",
+    "check/log_prob_deterministic",
+    "check/train_step_deterministic",
 )
 ETA_WINDOW = 20  # rollouts the ETA averages over: at least two eval intervals of the default run
 

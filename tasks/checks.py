@@ -20,13 +20,21 @@ class CheckFailed(AssertionError):
     """An invariant of the run does not hold."""
 
 
+# the --ci-test re-execution check's records, by the stage it re-executed (trainers/determinism.py)
+REEXECUTION_CHECKS = {
+    "log-prob": "check/log_prob_deterministic",
+    "train-step": "check/train_step_deterministic",
+}
+
+
 def retry_unless_check_failed(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect's `retry_condition_fn`: a checker failure is deterministic (the same inputs fail the same way),
-    so it is reported once instead of being retried (the inject guard's mismatch too); any other failure may be
-    retried."""
+    so it is reported once instead of being retried (the inject guard's mismatch and the re-execution check's
+    too); any other failure may be retried."""
     from rollout.replay import InjectionMismatch
+    from trainers.determinism import NotDeterministic
 
-    return not isinstance(state.data, CheckFailed | InjectionMismatch)
+    return not isinstance(state.data, CheckFailed | InjectionMismatch | NotDeterministic)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from tasks import actors
 from tasks.actors import stage_context
 from tasks.cache import RefCachePolicy
 from tasks.checks import (
+    REEXECUTION_CHECKS,
     CheckFailed,
     EngineWeights,
     Violation,
@@ -49,6 +50,7 @@ from tasks.recovery import guarded
 from tasks.refs import LogProbs, WeightsRef
 from tasks.trackers import eval_step
 from tasks.transfer import Pushed, trainer_weights, transfer_for
+from trainers.determinism import NotDeterministic
 
 
 def _paths(cfg: RunConfig) -> RunPaths:
@@ -302,18 +304,25 @@ async def train_step(
     while a fresh run with fresh actors trains for real."""
     ctx, trainers = stage_context(rollout_id, "train-step"), actors.trainers(cfg)
     steps = [t.train_step.remote(rollout, logprobs, cfg.train_data_template, ctx) for t in trainers]
-    per_rank_and_perf = await guarded(
-        cfg,
-        f"train-step {rollout_id}",
-        asyncio.gather(*steps, trainers[0].perf.remote()),
-        cfg.faults.train_timeout,
-        trainers=True,
-    )
+    try:
+        per_rank_and_perf = await guarded(
+            cfg,
+            f"train-step {rollout_id}",
+            asyncio.gather(*steps, trainers[0].perf.remote()),
+            cfg.faults.train_timeout,
+            trainers=True,
+        )
+    except NotDeterministic as e:
+        log_metrics(cfg, "check", rollout_id, {REEXECUTION_CHECKS[e.stage]: 0.0})
+        raise
     actors.stage_end(cfg, "train-step", ctx)
     metrics, perf = per_rank_and_perf[0], per_rank_and_perf[-1]
     for m in metrics:
         log_metrics(cfg, "step", rollout_id, m, step=int(m["train/step"]))
     log_metrics(cfg, "perf", rollout_id, perf)
+    if cfg.ci.ci_test and not cfg.ci.ci_disable_reexecution_checker:  # re-executed (trainers/determinism.py)
+        ran = ["train-step"] if cfg.train.use_rollout_logprobs else ["log-prob", "train-step"]
+        log_metrics(cfg, "check", rollout_id, {REEXECUTION_CHECKS[stage]: 1.0 for stage in ran})
     return metrics
 
 

@@ -58,6 +58,7 @@ from trainers.batching import (
 )
 from trainers.collectives import all_reduce_sum
 from trainers.custom_loss import build_batch, plugin_loss, resolve_loss
+from trainers.determinism import MicroRun, compare_log_probs, compare_train, micro_run
 from trainers.losses import entropy_from_logits, get_kl_estimator, log_probs_from_logits, policy_objective
 from trainers.lr_schedule import lr_lambda
 from trainers.rollout_stats import logprob_stats
@@ -163,6 +164,9 @@ class TrainerCore(abc.ABC):
         self._cached: _CachedRollout | None = None
         self._written_logprobs: tuple[str, list[dict]] | None = None
         self._fused: FusedStep | None = None  # left by compute_log_probs for the next train_step
+        # --ci-test's re-execution check (trainers/determinism.py): the rollout's first micro-batch as it ran
+        self._capture_first = False
+        self._first_run: MicroRun | None = None
         self._perf: dict[str, float] = {}  # seconds of the last rollout's stages on this rank (see perf())
         self.faults = FaultInjector([], "trainer", rank)  # the actor arms it with the run's fault hooks
         self.run_id = ""  # the run this trainer works for (set by the actor; recorded in checkpoints)
@@ -351,6 +355,7 @@ class TrainerCore(abc.ABC):
         policy_s = ref_s = 0.0
         self._fused = None
         fuse = self._fuses_first_step()
+        self._capture_first, self._first_run = fuse and self.s.ci_reexecute, None
         advantages = self._advantages(samples) if fuse else None
         use_rollout_lp = all(len(s.rollout_log_probs) == s.response_length for s in samples)
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float32))
@@ -439,7 +444,15 @@ class TrainerCore(abc.ABC):
         snapshot = self._snapshot()
         began = time.perf_counter()
         try:
+            again = None
+            if self.s.ci_reexecute:  # the weights are still the step boundary's: the snapshot's
+                self._reexecute_log_probs(samples, lp_rows)
+                again = self._reexecute_train(samples, lp_rows)
+                if fused is None:
+                    self._capture_first, self._first_run = True, None
             metrics = self._train_rollout(samples, lp_rows, dump_template, fused)
+            if again is not None:
+                self._compare_train(samples[0].rollout_id, again)
         except BaseException:
             self._restore(snapshot)  # a failed step leaves the weights as they were, so a retry is safe
             raise
@@ -612,6 +625,7 @@ class TrainerCore(abc.ABC):
                 per_token=self.s.per_token_loss,
             )
             loss.backward()
+            self._captured(batch, metrics)
             return metrics
         log_probs, entropy = outputs if outputs is not None else self._token_outputs(self.model, mb)
         ref = (
@@ -640,7 +654,64 @@ class TrainerCore(abc.ABC):
             per_token=self.s.per_token_loss,
         )
         loss.backward()
+        self._captured(batch, metrics)
         return metrics
+
+    def _captured(self, batch: list[Sample], metrics: dict[str, torch.Tensor]) -> None:
+        """Keep the rollout's first micro-batch's metrics and gradients for `_reexecute_train`."""
+        if self._capture_first:
+            self._capture_first = False
+            self._first_run = micro_run([s.sample_index for s in batch], metrics, self.params)
+
+    @torch.no_grad()
+    def _reexecute_log_probs(self, samples: list[Sample], lp_rows: list[dict]) -> None:
+        """--ci-test: the first micro-batch's old-policy log-probs once more on the step-boundary weights (the train
+        step has not moved them yet), bitwise against what the log-prob pass wrote."""
+        written: dict[int, Any] = {r["sample_index"]: r.get("log_probs") for r in lp_rows}
+        steps = self._my_micro_batches(samples)
+        if self.s.use_rollout_logprobs or not steps or not steps[0] or None in written.values():
+            return
+        positions = steps[0][0]
+        lp, _ = self._token_outputs(self.model, self._micro_batch(samples, positions))
+        rows = lp.tolist()
+        again = {
+            samples[p].sample_index: rows[i][: samples[p].response_length] for i, p in enumerate(positions)
+        }
+        compare_log_probs(samples[0].rollout_id, {i: written[i] for i in again}, again)
+
+    def _reexecute_train(self, samples: list[Sample], lp_rows: list[dict]) -> MicroRun | None:
+        """--ci-test: the rollout's first micro-batch's forward and backward on the step-boundary weights, before
+        the step runs it (or after the fused log-prob pass ran it: its gradients are put back). The RNG is not put
+        back, as a retry from the snapshot would not: an op that draws from it shows as a difference."""
+        steps = self._my_micro_batches(samples)
+        if not steps or not steps[0]:
+            return None
+        positions = steps[0][0]
+        old = self._old_log_probs(samples, lp_rows)
+        adv = self._shaped_advantages(samples, old) if self._kl_shaped() else self._advantages(samples)
+        use_rollout_lp = all(len(s.rollout_log_probs) == s.response_length for s in samples)
+        grads = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
+        self._capture_first = False
+        try:
+            batch = [samples[p] for p in positions]
+            metrics = self._micro_step(
+                batch, self._micro_batch(samples, positions), adv[positions], old, use_rollout_lp
+            )
+            return micro_run([s.sample_index for s in batch], metrics, self.params)
+        finally:
+            for p, g in zip(self.params, grads, strict=True):
+                p.grad = g
+
+    def _compare_train(self, rollout_id: int, again: MicroRun) -> None:
+        """The re-execution against the first micro-batch as the step ran it (trainers/determinism.py)."""
+        ran, self._first_run, self._capture_first = self._first_run, None, False
+        if ran is None:
+            return
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        labels = [names.get(id(p), f"parameter {i}") for i, p in enumerate(self.params)]
+        compare_train(rollout_id, ran, again, labels)
 
     def _dump_batch(
         self,

@@ -71,6 +71,7 @@ class TrainerSettings:
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
     allow_model_dropout: bool = False
+    ci_reexecute: bool = False  # --ci-test's re-execution check (trainers/determinism.py)
 
 
 def trainer_settings(cfg: RunConfig) -> TrainerSettings:
@@ -135,4 +136,5 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         recompute_method=t.recompute_method,
         recompute_num_layers=t.recompute_num_layers,
         allow_model_dropout=cfg.debug.allow_model_dropout,
+        ci_reexecute=ci.ci_test and not ci.ci_disable_reexecution_checker,
     )
