@@ -82,7 +82,8 @@ class CIConfig(Section):
     ci_disable_reexecution_checker: bool = Field(
         False,
         description="Skip re-executing each rollout's first micro-batch (log-prob pass and train step) from its "
-        "step-boundary snapshot and comparing it bit for bit with the run.",
+        "step-boundary snapshot and re-generating a few requests on the torch engine, each compared bit for bit "
+        "with the run.",
     )
     check_weight_update_equal: bool = Field(
         False,

@@ -11,6 +11,7 @@ import torch
 
 from artifacts.wire import WireWeights, from_wire, to_wire
 from engines.base import Engine, EngineAnswer, GenerateRequest, StaleWeights
+from engines.regenerate import regenerate_and_compare
 from engines.registry import get_engine_class
 from faults import FaultHookRequest, FaultInjector
 from faults.drop_weight import dropped_weights
@@ -56,6 +57,7 @@ class EngineActor:
         faults: list[FaultHookRequest] | None = None,
         run_dir: str | None = None,
         epoch: float | None = None,
+        regenerate: bool = False,
     ) -> None:
         torch.set_num_threads(num_threads)
         self.index = engine_index
@@ -67,6 +69,11 @@ class EngineActor:
             raise load_failure(checkpoint, e) from e
         self.faults = FaultInjector(faults or [], "engine", engine_index, run_dir, epoch)
         self.generate_calls = 0
+        # --ci-test re-generates a few requests of the first call on each weight version (engines/regenerate.py);
+        # an engine whose sampling depends on the batch layout (SGLang without deterministic inference) would
+        # report that as a difference
+        self.regenerate = regenerate and getattr(self.engine, "layout_invariant", False)
+        self._regenerated_version = -1
         self._receiving: set[str] | None = None  # names of a streamed sync's buckets so far
         freeze_heap()  # the model, torch and Ray live as long as the actor
 
@@ -87,7 +94,11 @@ class EngineActor:
         self.generate_calls += 1
         began = time.perf_counter()
         outputs = self.engine.generate(requests)
-        return EngineAnswer(outputs, time.perf_counter() - began)
+        seconds = time.perf_counter() - began
+        if self.regenerate and self._regenerated_version != held:
+            self._regenerated_version = held  # once a version: plug-ins call generate once a request
+            regenerate_and_compare(self.engine, requests, outputs, self.index, ctx)
+        return EngineAnswer(outputs, seconds)
 
     def update_weights(
         self, weights: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None

@@ -31,6 +31,7 @@ PASS_IS_ONE = (
     "check/metric_gate",
     "check/log_prob_deterministic",
     "check/train_step_deterministic",
+    "check/generate_deterministic",
 )
 ETA_WINDOW = 20  # rollouts the ETA averages over: at least two eval intervals of the default run
 

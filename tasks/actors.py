@@ -274,6 +274,7 @@ def _engine(cfg: RunConfig, i: int, where: placement.Placement, checkpoint: str 
         cfg.faults.requests(),
         str(cfg.resolved_run_dir),
         _epoch(cfg),
+        cfg.ci.ci_test and not cfg.ci.ci_disable_reexecution_checker,
     )
 
 

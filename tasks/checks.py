@@ -24,6 +24,7 @@ class CheckFailed(AssertionError):
 REEXECUTION_CHECKS = {
     "log-prob": "check/log_prob_deterministic",
     "train-step": "check/train_step_deterministic",
+    "generate": "check/generate_deterministic",  # engines/regenerate.py
 }
 
 
@@ -31,10 +32,11 @@ def retry_unless_check_failed(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect's `retry_condition_fn`: a checker failure is deterministic (the same inputs fail the same way),
     so it is reported once instead of being retried (the inject guard's mismatch and the re-execution check's
     too); any other failure may be retried."""
+    from engines.regenerate import NotReproduced
     from rollout.replay import InjectionMismatch
     from trainers.determinism import NotDeterministic
 
-    return not isinstance(state.data, CheckFailed | InjectionMismatch | NotDeterministic)
+    return not isinstance(state.data, CheckFailed | InjectionMismatch | NotDeterministic | NotReproduced)
 
 
 @dataclass(frozen=True)

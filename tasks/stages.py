@@ -22,6 +22,7 @@ from artifacts.hashing import differing_tensors
 from artifacts.store import ArtifactRef, RunPaths, read_rollout
 from config import RunConfig
 from engines.base import GenerateRequest
+from engines.regenerate import NotReproduced
 from rollout.data import prompts_for_rollout
 from rollout.dynamic import dynamic_sampling, logged_metrics
 from rollout.finish import Tally
@@ -198,15 +199,26 @@ async def generate(cfg: RunConfig, rollout_id: int, weights: WeightsRef, fresh: 
     write rollout_{id}.parquet (`fresh_{id}.parquet` when a recording will be injected in its place)."""
     ctx = stage_context(rollout_id, "generate")
     path = _rollout_path(cfg, rollout_id, fresh)
-    generated = await guarded(
-        cfg,
-        f"generate {rollout_id}",
-        _generate(cfg, train_requests(cfg, rollout_id), rollout_id, weights, path, ctx),
-        cfg.faults.rollout_timeout,
-        engines=True,
-        weights=weights,
-    )
+    try:
+        generated = await guarded(
+            cfg,
+            f"generate {rollout_id}",
+            _generate(cfg, train_requests(cfg, rollout_id), rollout_id, weights, path, ctx),
+            cfg.faults.rollout_timeout,
+            engines=True,
+            weights=weights,
+        )
+    except NotReproduced:
+        log_metrics(cfg, "check", rollout_id, {REEXECUTION_CHECKS["generate"]: 0.0})
+        raise
     actors.stage_end(cfg, "generate", ctx)
+    # the torch engine re-generated a few requests of each call (engines/regenerate.py; its engines only)
+    if (
+        cfg.ci.ci_test
+        and not cfg.ci.ci_disable_reexecution_checker
+        and cfg.rollout.rollout_backend == "torch"
+    ):
+        log_metrics(cfg, "check", rollout_id, {REEXECUTION_CHECKS["generate"]: 1.0})
     seconds, tally = generated.seconds, generated.tally
     log_metrics(
         cfg,

@@ -21,6 +21,9 @@ from engines.torch_engine.decoder import Decoder, FastDecoder, FastWeights, HFDe
 class TorchEngine:
     """Implements `engines.base.Engine` with a plain torch forward pass."""
 
+    # a request's tokens do not depend on the batch it is in (per-request seeded sampling)
+    layout_invariant = True
+
     def __init__(
         self, checkpoint: str | Path, *, num_threads: int = 1, max_batch_size: int = 256, device: str = "cpu"
     ) -> None:

@@ -66,6 +66,8 @@ def test_clean_run_passes_every_checker(tmp_path, ray_session, prefect_server, b
     # every rollout's first micro-batch re-executed from its snapshot gave the same bits (trainers/determinism.py)
     reexecuted = {"check/log_prob_deterministic": 1.0, "check/train_step_deterministic": 1.0}
     assert [c for c in checks if c == reexecuted] == [reexecuted] * cfg.rollout.num_rollout
+    regenerated = {"check/generate_deterministic": 1.0}  # and a few samples re-generated (engines/regenerate.py)
+    assert [c for c in checks if c == regenerated] == [regenerated] * cfg.rollout.num_rollout
     assert (tmp_path / "gn" / "actor_1_3.json").is_file()
     again = small_config(
         tmp_path / "again",
