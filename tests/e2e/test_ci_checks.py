@@ -66,7 +66,8 @@ def test_clean_run_passes_every_checker(tmp_path, ray_session, prefect_server, b
     # every rollout's first micro-batch re-executed from its snapshot gave the same bits (trainers/determinism.py)
     reexecuted = {"check/log_prob_deterministic": 1.0, "check/train_step_deterministic": 1.0}
     assert [c for c in checks if c == reexecuted] == [reexecuted] * cfg.rollout.num_rollout
-    regenerated = {"check/generate_deterministic": 1.0}  # and a few samples re-generated (engines/regenerate.py)
+    # and a few samples re-generated on the engines (engines/regenerate.py)
+    regenerated = {"check/generate_deterministic": 1.0}
     assert [c for c in checks if c == regenerated] == [regenerated] * cfg.rollout.num_rollout
     assert (tmp_path / "gn" / "actor_1_3.json").is_file()
     again = small_config(
@@ -87,13 +88,39 @@ def test_kl_checker_catches_dropout_left_on(tmp_path, ray_session, prefect_serve
         ckpt,
         rollout={"num_rollout": 1},
         eval={"eval_interval": None},
-        ci=ci_flags(ckpt),
+        # the re-execution check would stop the run first (dropout draws other masks): the KL checker is tested
+        ci={**ci_flags(ckpt), "ci_disable_reexecution_checker": True},
         debug={"allow_model_dropout": True},  # refused otherwise (tests/unit/test_model_dropout.py)
     )
     with pytest.raises(
         Exception, match=r"\[KL checker\] train/ppo_kl = .* violates \|x\| < 1e-9 at rollout 0 step 0"
     ):
         _run(cfg)
+
+
+def test_reexecution_catches_dropout_as_a_non_deterministic_log_prob_pass(
+    tmp_path, ray_session, prefect_server, base_checkpoint
+):
+    # planted: a model that drops out (allowed), so the same micro-batch on the same weights gives other bits
+    ckpt = _copy_checkpoint(base_checkpoint, tmp_path / "dropout", config={"attention_dropout": 0.3})
+    cfg = small_config(
+        tmp_path,
+        ckpt,
+        rollout={"num_rollout": 1},
+        eval={"eval_interval": None},
+        ci=ci_flags(ckpt),
+        debug={"allow_model_dropout": True},
+    )
+    with pytest.raises(
+        Exception,
+        match=r"^log-prob is not deterministic: re-executing rollout 0's first micro-batch from its step-boundary "
+        r"snapshot gave log-prob \S+ vs \S+ \(sample_index \d+, response token \d+\) on the same weights and inputs",
+    ):
+        _run(cfg)
+    checks = [
+        r["metrics"] for r in read_metrics(RunPaths(cfg.resolved_run_dir).metrics) if r["kind"] == "check"
+    ]
+    assert {"check/log_prob_deterministic": 0.0} in checks
 
 
 def test_logprob_checker_catches_a_reference_model_that_differs(

@@ -54,7 +54,7 @@ def test_diff_against_a_run_stopped_at_a_checker_names_the_first_differing_colum
         ckpt,
         train={"lr": 2e-4},
         rollout={"rollout_seed": 7},
-        ci=ci_flags(ckpt),
+        ci={**ci_flags(ckpt), "ci_disable_reexecution_checker": True},  # else it stops the run before KL
         debug={"allow_model_dropout": True},  # refused otherwise
     )
     with pytest.raises(Exception, match=r"\[KL checker\] train/ppo_kl"):
