@@ -4,7 +4,9 @@ recipe with and without `--ci-disable-reexecution-checker`, alternated, each in 
 home. Prints per variant the run's wall seconds and the summed perf/actor_train_time (the train step, which holds
 the check), medians of --repeats, and their ratios.
 
-    python bench/reexecution.py [--recipe tiny-arith|long-arith] [--num-rollout 3] [--repeats 2]
+    python bench/reexecution.py [--recipe tiny-arith|long-arith] [--num-rollout 3] [--repeats 2] [-- FLAGS...]
+
+(long-arith's model samples above --ci-entropy-max's default 0.7: pass `-- --ci-entropy-max 2`.)
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(recipe: str, num_rollout: int, run_dir: Path, home: Path, check: bool) -> tuple[float, float]:
+def _run(
+    recipe: str, num_rollout: int, run_dir: Path, home: Path, check: bool, flags: list[str]
+) -> tuple[float, float]:
     """(wall seconds, summed perf/actor_train_time) of one `rollflow run --ci-test`."""
     cmd = [sys.executable, "-m", "flows.cli", "run", "--recipe", recipe, "--ci-test"]
-    cmd += ["--num-rollout", str(num_rollout), "--run-dir", str(run_dir), "--overwrite"]
+    cmd += ["--num-rollout", str(num_rollout), "--run-dir", str(run_dir), "--overwrite", *flags]
     if not check:
         cmd.append("--ci-disable-reexecution-checker")
     env = {**os.environ, "PREFECT_HOME": str(home)}
@@ -46,16 +50,18 @@ def main() -> None:
     ap.add_argument("--recipe", choices=["tiny-arith", "long-arith"], default="tiny-arith")
     ap.add_argument("--num-rollout", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("flags", nargs="*", help="more `rollflow run` flags, after --")
     args = ap.parse_args()
     times: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "prefect"
-        _run(args.recipe, 1, Path(tmp) / "warm", home, False)  # migrates the Prefect home, fills caches
+        _run(
+            args.recipe, 1, Path(tmp) / "warm", home, False, args.flags
+        )  # migrates the Prefect home, fills caches
         for i in range(args.repeats):
             for check in (False, True):
-                times[check].append(
-                    _run(args.recipe, args.num_rollout, Path(tmp) / f"r{i}{check}", home, check)
-                )
+                run_dir = Path(tmp) / f"r{i}{check}"
+                times[check].append(_run(args.recipe, args.num_rollout, run_dir, home, check, args.flags))
     wall = {c: statistics.median(t[0] for t in times[c]) for c in times}
     train = {c: statistics.median(t[1] for t in times[c]) for c in times}
     print(f"{args.recipe}, --ci-test, {args.num_rollout} rollouts, medians of {args.repeats}:")
