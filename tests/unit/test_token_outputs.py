@@ -84,10 +84,12 @@ def _fast_and_plain(
     """(log-probs, entropy, gradients) of the torch trainer's token outputs and of the generic path, checked
     equal within float32 rounding (gradients within `rtol` too: other sums, other rounding)."""
     trainer = types.SimpleNamespace(
-        s=types.SimpleNamespace(temperature=temperature, entropy_coef=0.1),
+        s=types.SimpleNamespace(temperature=temperature, entropy_coef=0.1, recompute_granularity=None),
         device=torch.device("cpu"),
         _plain_head=True,
         _shared_prompts=True,
+        model=model,
+        _recomputed=frozenset(),
     )
     trainer._response_logits = lambda m, b: TorchTrainer._response_logits(trainer, m, b)  # type: ignore[arg-type]
 
