@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -286,12 +287,16 @@ _GENERIC_STEMS = frozenset(
 
 
 def _name_from_data(data: dict[str, Any]) -> dict[str, Any]:
-    """A run on --prompt-data with no --name is named after --wandb-group, else its data file (runs/<name> would
-    otherwise be the same dir for every data set)."""
+    """A run with no --name is named after --wandb-group, else its data file (runs/<name> would otherwise be the
+    same dir for every data set); on a recipe's own data, after the recipe."""
     prompts = data.get("data")
     path = prompts.get("prompt_data") if isinstance(prompts, dict) else getattr(prompts, "prompt_data", None)
-    if "name" in data or not isinstance(path, str) or not path:
+    if "name" in data:
         return data
+    if not isinstance(path, str) or not path:  # the recipe's own data: the recipe names the run
+        recipe = data.get("recipe")
+        known = typing.get_args(RunConfig.model_fields["recipe"].annotation)
+        return {**data, "name": recipe} if recipe in known else data  # an unknown one is refused by its field
     logging = data.get("logging")
     group = logging.get("wandb_group") if isinstance(logging, dict) else getattr(logging, "wandb_group", None)
     return {**data, "name": plain_name(group if isinstance(group, str) and group else _data_name(path))}

@@ -511,10 +511,13 @@ def test_gpu_counts_derive_dp_and_engines_as_slime_does():
         (["--prompt-data", "/root/gsm8k/train.parquet", "--wandb-group", "qwen2.5 gsm8k"], "qwen2.5-gsm8k"),
         (["--prompt-data", "/root/gsm8k/train.parquet", "--name", "mine"], "mine"),
         ([], "tiny-arith"),
+        (["--recipe", "long-arith"], "long-arith"),  # a recipe's own data: named after the recipe
+        (["--recipe", "long-arith", "--name", "mine"], "mine"),
     ],
 )
 def test_a_run_on_user_data_is_named_after_it(argv, name):
-    extra = ["--rm-type", "math", "--rollout-batch-size", "4", "--global-batch-size", "4"] if argv else []
+    given = argv and argv[0] == "--prompt-data"
+    extra = ["--rm-type", "math", "--rollout-batch-size", "4", "--global-batch-size", "4"] if given else []
     assert parse(*argv, *extra).name == name
 
 
