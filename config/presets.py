@@ -44,6 +44,8 @@ def apply_preset(data: dict[str, Any]) -> dict[str, Any]:
             given = held.model_dump(include=held.model_fields_set)
         else:
             continue  # not a mapping: the section's own validation says so
+        if given.get("num_steps_per_rollout") is not None:  # slime: the step count sets the global batch
+            values = {k: v for k, v in values.items() if k != "global_batch_size"}
         out[section] = {**{k: v for k, v in values.items() if k not in given}, **given}
     return out
 

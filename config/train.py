@@ -188,8 +188,7 @@ class CheckpointConfig(Section):
 
 def check_steps_per_rollout(t: TrainConfig, samples_per_rollout: int) -> None:
     """--num-steps-per-rollout N sets the global batch to samples_per_rollout // N; a --global-batch-size
-    that says otherwise is refused (slime's rule). Its default counts as not given: a parsed config cannot
-    tell the two apart."""
+    that says otherwise is refused (slime's rule; a recipe's preset leaves the global batch to the step count)."""
     n = t.num_steps_per_rollout
     if n is None:
         return
@@ -200,11 +199,7 @@ def check_steps_per_rollout(t: TrainConfig, samples_per_rollout: int) -> None:
         )
     derived = samples_per_rollout // n
     given = t.global_batch_size
-    if (
-        given is not None
-        and given != derived
-        and given != TrainConfig.model_fields["global_batch_size"].default
-    ):
+    if given is not None and given != derived:
         raise ValueError(
             f"--global-batch-size {given} disagrees with --num-steps-per-rollout {n}: "
             f"{samples_per_rollout} samples a rollout / {n} = {derived}; give one of the two"

@@ -96,13 +96,13 @@ def test_slimes_qwen3_script_runs_and_relaunches_on_the_megatron_backend(
 def test_slimes_qwen25_reproducibility_script_runs_with_paths_and_sizes_swapped(
     tmp_path, ray_session, prefect_server, base_checkpoint, capsys, monkeypatch, backend
 ):
-    # the script's --use-wandb, with no W&B account here: offline, as W&B's own variable says
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    # the script's --use-wandb, with no W&B account here: offline, by flag (W&B reads WANDB_MODE once per process,
+    # and an earlier test of the session may have read it first)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     local, was = _swapped("run-qwen2.5-0.5B-reproducibility.sh", tmp_path)
     assert was["--num-rollout"] == "100" and was["--num-layers"] == "24"  # sizes only
     argv = _sized(local, "--num-rollout", "1")  # one rollout: the other test runs two and a relaunch
     run_dir = tmp_path / "run"
-    _run([*argv, "--train-backend", backend], run_dir, capsys)
+    _run([*argv, "--wandb-mode", "offline", "--train-backend", backend], run_dir, capsys)
     assert sorted(set(_rollouts(run_dir, "step"))) == [0]
     assert _rollouts(run_dir, "eval") == [0, 1]  # --eval-interval 1
