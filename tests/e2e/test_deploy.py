@@ -1,12 +1,13 @@
 """Deployments against real Prefect servers, each way a Prefect user goes in.
 
-The README's deployment commands run as written, in order, from a checkout of their own (`rollflow server`, the
-work pool, `prefect deploy --all`, a real `prefect worker start`, a run and a replay of it through `prefect
-deployment run --watch`); beside them, on the same server, `rollflow serve --interval` whose schedule runs three
-times in a row and a replay of each kind, and a worker's run that fails after a rollout and is retried as the UI's
-Retry does it. The server and the worker are shared by the module's tests. On the test session's server:
-`rollflow serve` refusing a work pool's deployment of its name, and a served deployment run given a partial `cfg`
-that deep-merges over the served defaults, executed by Prefect's engine the way a worker or `serve` executes it."""
+The deployment commands of docs/how-to/deployments.md run as written, in order, from a checkout of their own
+(`rollflow server`, the work pool, `prefect deploy --all`, a real `prefect worker start`, a run and a replay of it
+through `prefect deployment run --watch`); beside them, on the same server, `rollflow serve --interval` whose
+schedule runs three times in a row and a replay of each kind, and a worker's run that fails after a rollout and is
+retried as the UI's Retry does it. The server and the worker are shared by the module's tests. On the test
+session's server: `rollflow serve` refusing a work pool's deployment of its name, and a served deployment run given
+a partial `cfg` that deep-merges over the served defaults, executed by Prefect's engine the way a worker or `serve`
+executes it."""
 
 from __future__ import annotations
 
@@ -40,17 +41,17 @@ from tests.helpers import wandb_records
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-README_PORT = "127.0.0.1:4200"  # the README's server address; the test's server takes a free port instead
+DEPLOY_PAGE = ROOT / "docs" / "how-to" / "deployments.md"  # the page whose commands this test runs
+README_PORT = "127.0.0.1:4200"  # the page's server address; the test's server takes a free port instead
 # what a checkout leaves out: run outputs and caches (a fresh clone has none of them)
 NOT_CHECKED_OUT = {".git", "runs", "wandb", "tensorboard_log", "build"}
 
 
 def readme_deploy_commands() -> list[str]:
-    """The README's deployment commands in the order written: the bash block of its "### Deployments" section that
+    """The documented deployment commands in the order written: the bash block of docs/how-to/deployments.md that
     deploys prefect.yaml, one command a line (a trailing backslash continues one), comments left as written."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Deployments", 1)[1].split("\n## ", 1)[0]
-    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "prefect deploy --all" in b]
+    page = DEPLOY_PAGE.read_text()
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "prefect deploy --all" in b]
     return [line for line in block.replace("\\\n", " ").splitlines() if shlex.split(line, comments=True)]
 
 
