@@ -329,16 +329,14 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
-# Set by `configure_prefect_env` unless already set. The event persister writes events to SQLite in
-# batches of 1000 or every 60 s instead of Prefect's 20 / 5 s: at 20 it wrote about once per rollout, and
-# whenever a write was in progress while the parent flow created the next `rollout-<id>` run, SQLite
-# refused that request ("database is locked", a 503) and Prefect's client waited 2 s (measured: one such
-# stall every 3-5 rollouts). Flow runs, logs and artifacts are not events and still reach the server at once;
-# the UI's event feed lags by up to 60 s, and the server writes the rest when it stops.
-# Task runs are events too: the task-run recorder writes them in one batch a second instead of one write per
-# state change (Prefect's batch size 1: about 20 writes per rollout, each a chance to collide with the creation
-# of the next `rollout-<id>` run; the parent had to wait for them before creating it, ~60 ms a rollout). The UI
-# shows a task run up to a second late; the run flow waits for its last rollout's task runs before it ends.
+# Set by `configure_prefect_env` unless already set. Every SQLite write of the server can collide with the
+# parent creating the next `rollout-<id>` run. SQLite then refuses it ("database is locked", a 503), and
+# Prefect's client waits 2 s. So events go to SQLite in batches of 1000 or every 60 s (Prefect: 20 / 5 s).
+# Flow runs, logs and artifacts are not events and still reach the server at once. The UI's event feed lags
+# by up to 60 s; the server writes the rest when it stops.
+# Task runs are events too: the task-run recorder writes them in one batch a second, not once per state
+# change (Prefect's batch size 1). The UI shows a task run up to a second late. The run flow waits for its
+# last rollout's task runs before it ends.
 PREFECT_ENV_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     # the client side of the same opt-out: Prefect's SDK printed a 4-line telemetry notice into the console of the
@@ -354,10 +352,9 @@ PREFECT_ENV_DEFAULTS = {
 
 
 # Set by `configure_prefect_env` too, unless already set, for the temporary server a run starts itself (no
-# PREFECT_API_URL; not for `rollflow server`): the automations services (triggers, and the actions they fire,
-# one setting) are off. Nobody can define an automation on a server that lives as long as one run, and their
-# consumers read every event the run sends (measured: a quarter of that server's CPU per rollout, on the two
-# cores the run's actors use).
+# PREFECT_API_URL; not for `rollflow server`): the automations services (triggers and their actions) are off.
+# Nobody can define an automation on a server that lives as long as one run. Their consumers would still read
+# every event the run sends, on the cores the actors use.
 EPHEMERAL_SERVER_DEFAULTS = {
     "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
 }
