@@ -24,15 +24,13 @@ import sys
 import time
 from typing import Any
 
-# The waits after a 503 "database is locked" (a server's SQLite refused a write: in WAL mode a transaction that
-# read before another one committed fails at once, SQLITE_BUSY_SNAPSHOT, whatever the busy timeout): each
-# conflict is gone milliseconds later, but Prefect's client, seeing no Retry-After header, waits 2, 4, 8, 16 s
-# -- a stall of the whole loop, rollout flow runs and task runs are created in line. Where several runs write to
-# one server, a request can meet another write at several attempts in a row, over a second or more; Prefect's
-# fourth wait (16 s) then stalled a rollout. So a request's busy answers are retried here, after these waits
-# (about 8 s in all, at most one attempt a second), before Prefect sees one; then Prefect's own back-off
-# (2, 4, 8, 16, 32 s) applies: a server that stays busy is not hammered, and a request still fails after about
-# 70 s of it (Prefect alone: 62 s).
+# The waits after a 503 "database is locked". In WAL mode a SQLite transaction that read before another one
+# committed fails at once (SQLITE_BUSY_SNAPSHOT), whatever the busy timeout. The conflict is gone milliseconds
+# later. But Prefect's client, seeing no Retry-After header, waits 2, 4, 8, 16 s. That stalls the whole loop:
+# rollout flow runs and task runs are created in line. With several runs on one server, a request can meet
+# writes at several attempts in a row. So busy answers are retried here first, after these waits (about 8 s in
+# all, at most one attempt a second). Then Prefect's own back-off (2, 4, 8, 16, 32 s) applies, so a server that
+# stays busy is not hammered. A request still fails after about 70 s (Prefect alone: 62 s).
 _BUSY_RETRY_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
 _async_sleep, _sync_sleep = asyncio.sleep, time.sleep  # module names: a test replaces them
 
