@@ -1,11 +1,10 @@
 """A run leaves nothing behind, however its driver ends (`kill -9` included).
 
 `rollflow run` starts Prefect's ephemeral server and a local Ray (GCS, raylet, agents, workers) as child
-processes. When the driver is killed they are orphaned and keep running (measured: the Prefect server and two
-Ray agents stayed alive). `start_reaper` forks a small watcher before any of them exist; it records the
-driver's process tree every half second, and once the driver is gone it sends SIGTERM, then SIGKILL after a
-grace period, to every process of that tree that is still alive (pids checked against their start time, so a
-reused pid is never hit).
+processes. When the driver is killed they are orphaned and keep running. `start_reaper` forks a small watcher
+before any of them exist. It records the driver's process tree every half second. Once the driver is gone, it
+sends SIGTERM, then SIGKILL after a grace period, to every process of that tree still alive. Pids are checked
+against their start time, so a reused pid is never hit.
 """
 
 from __future__ import annotations

@@ -55,9 +55,9 @@ def _run_name() -> str:
     return f"run/{flow_run.parameters['cfg'].name}"
 
 
-# Prefect's validation of the parameters (pydantic over the whole RunConfig, ~10 ms a flow run on a busy machine,
-# before the run starts) is skipped: the parent passes a validated RunConfig; the body validates what comes as
-# plain data (a run started through the API), as Prefect would have.
+# Prefect's validation of the parameters (pydantic over the whole RunConfig, before each flow run) is skipped:
+# the parent passes a validated RunConfig. The body validates what comes as plain data (a run started through
+# the API), as Prefect would have.
 @flow(name="rollout", flow_run_name="rollout-{rollout_id}", log_prints=True, validate_parameters=False)
 async def rollout_flow(
     cfg: RunConfig, rollout_id: int, weights: WeightsRef, session: str, refresh: list[str] | None = None

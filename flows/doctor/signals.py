@@ -439,11 +439,11 @@ def _spike(
 
 def spikes(run: RunData) -> list[Finding]:
     """train/grad_norm, train/ppo_kl and train/kl_loss against the median of the (up to 64) steps before: a
-    step at 10x that median or more is a spike. Judging each step by its recent past (8 steps at least)
-    keeps a run's start, where KL is large by nature, from counting, and heavy tails (a clean default run
-    peaks at about 4x its recent median) from firing. KL values under 1% of the clip range (eps_clip / 100)
-    are ignored: a policy that moved that little cannot destabilise PPO. ppo_kl skips every rollout's first
-    step (0 by construction)."""
+    step at 10x that median or more is a spike. Each step is judged by its recent past (8 steps at least). So a
+    run's start, where KL is large by nature, does not count, and heavy tails (a clean default run peaks at
+    about 4x its recent median) do not fire. KL values under 1% of the clip range (eps_clip / 100) are ignored:
+    a policy that moved that little cannot destabilise PPO. ppo_kl skips every rollout's first step (0 by
+    construction)."""
     firsts = run.first_steps()
     floor = float(run.cfg("train.eps_clip", 0.2)) / 100
     out = []
