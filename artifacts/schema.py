@@ -184,8 +184,7 @@ def samples_to_table(samples: Iterable[Sample]) -> pa.Table:
 _INT_FIELDS = ("rollout_id", "group_index", "sample_index", "response_length", "weight_version", "seed")
 _STR_FIELDS = ("prompt", "response", "label", "status")
 _JSON_SCALARS = (str, int, float, bool, type(None))
-# Below this many samples the per-sample checks cost less than the column-wise ones' fixed cost (measured on the
-# default recipe's samples: 64 samples 1.25 ms one by one, 1.4-1.55 ms column-wise; 512 samples 10.8 vs 7.8 ms).
+# Below this many samples the per-sample checks cost less than the column-wise ones' fixed cost (bench/HISTORY.md).
 COLUMN_WISE_FROM = 128
 
 
@@ -193,9 +192,8 @@ def validated_table(samples: Sequence[Sample]) -> pa.Table:
     """`samples` as a ``SAMPLE_SCHEMA`` table, each checked as `Sample.validate` checks it: a sample is refused
     exactly when `validate` refuses it, and the first such sample raises `validate`'s own ``ValueError``, prefixed
     with its position and ids. From `COLUMN_WISE_FROM` samples up the checks run column-wise (Python types per
-    column, the row invariants in Arrow: `_row_problem`), each sample's metadata serialised once; only when one
-    fails are the samples validated one by one, for the message (measured on 3,172 eval samples: validation and
-    conversion 68-87 -> 40-43 ms)."""
+    column, the row invariants in Arrow: `_row_problem`), each sample's metadata serialised once. Only when one
+    fails are the samples validated one by one, for the message."""
     table = None
     if len(samples) >= COLUMN_WISE_FROM:
         try:
@@ -311,8 +309,8 @@ def _check_rows(table: pa.Table) -> None:
 
 
 def _row_problem(table: pa.Table) -> str | None:
-    """The per-row invariants of `Sample.validate`, checked column-wise in Arrow (about 40x cheaper than
-    validating sample by sample): aligned per-token lists, 0/1 loss mask, known statuses, non-negative ids.
+    """The per-row invariants of `Sample.validate`, checked column-wise in Arrow (cheaper than sample by sample
+    for a large rollout): aligned per-token lists, 0/1 loss mask, known statuses, non-negative ids.
     What the first failure is (its column and row), or None when all hold."""
     import pyarrow.compute as pc
 

@@ -1,8 +1,8 @@
 """Named tensors as numpy arrays for Ray's object store.
 
 Ray stores numpy arrays zero-copy and reads them without unpickling, while a torch tensor is pickled
-byte by byte; on the weight-sync path that is the difference between ~12 ms and ~28 ms per sync of
-the tiny model. dtypes numpy lacks (bfloat16, float8) travel as their raw bits plus the dtype name.
+byte by byte, which the weight sync would pay every rollout. dtypes numpy lacks (bfloat16, float8) travel
+as their raw bits plus the dtype name.
 """
 
 from __future__ import annotations
