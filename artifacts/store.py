@@ -70,10 +70,9 @@ _PARQUET_OPTIONS: dict[str, Any] = {
     "write_page_checksum": True,  # page CRCs: a flipped byte fails at decode, naming the page
     "store_schema": True,  # ARROW:schema restores Arrow types (uint32, large_string, ...) on read
 }
-# Tables whose content (its canonical serialisation, `table_content_sha256`) is smaller are written uncompressed: a
-# tiny-arith rollout (64 samples, 15 KB of content) compresses from 8.4 to 7.3 KB, and zstd took 0.35 ms of a
-# ~35 ms RL step to do it, once for the rollout and once for its log-probs. Decided by the content's size, so that
-# equal tables still give equal bytes.
+# Tables whose content (its canonical serialisation, `table_content_sha256`) is smaller are written uncompressed:
+# zstd saves little on them and costs time on every RL step. Decided by the content's size, so that equal tables
+# still give equal bytes.
 _COMPRESS_FROM_BYTES = 64 << 10
 _UNCOMPRESSED_OPTIONS = {
     **{k: v for k, v in _PARQUET_OPTIONS.items() if k != "compression_level"},
