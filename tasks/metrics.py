@@ -44,10 +44,10 @@ def log_metrics(
     it (`rollout N: {...}`), hand it to the in-process listeners, then to the trackers the config turns on (their
     failure raises `TrackerError`, after the record is written).
 
-    `sync` fsyncs metrics.jsonl after the record (and so every record before it): the parent's records that mark
-    a point a resume starts from (a rollout's `perf/step_time`, the end-of-run gate) sync; a stage's records need
-    not (about 1 ms each, more on a busy disk): should the machine lose them, their rollout has no mark and a
-    resume runs it again."""
+    `sync` fsyncs metrics.jsonl after the record (and so every record before it). The parent's records that mark
+    a point a resume starts from (a rollout's `perf/step_time`, the end-of-run gate) sync. A stage's records need
+    not, sparing an fsync each: should the machine lose them, their rollout has no mark and a resume runs it
+    again."""
     record: dict[str, Any] = {"kind": kind}
     run_id = run_id_of(cfg)
     if run_id is not None:
@@ -66,8 +66,8 @@ def log_metrics(
 def close_run(cfg: RunConfig) -> Path | None:
     """End of a run, also of a failed one: finish its trackers (their files complete on disk), then draw the
     run's curves into `<run dir>/plots/curves.png`. Returns the plot's path, or None when there was nothing
-    to draw or drawing failed; neither a tracker nor the plot changes the run's outcome here (both report
-    on stderr), since this runs in the run's `finally`."""
+    to draw or drawing failed. This runs in the run's `finally`, so neither a tracker nor the plot changes the
+    run's outcome here (both report on stderr)."""
     finish_trackers(cfg)
     run_dir = cfg.resolved_run_dir
     if not RunPaths(run_dir).metrics.is_file():
