@@ -141,9 +141,9 @@ def ensure_ray(cfg: RunConfig) -> None:
 
 def _local_ray_in_own_session() -> None:
     """A local Ray's processes (GCS, raylet, workers) start in a session of their own. Ray starts them in the
-    driver's process group, where a signal sent to the whole group (`timeout`, `kill -- -PGID`) would kill them
-    under the run, which then could not stop its actors; Ray already blocks Ctrl-C's SIGINT in them. They still
-    end with the run (its stop, Ray's shutdown at exit, the reaper: flows/reaper.py). Relies on Ray starting them
+    driver's process group, where a signal to the whole group (`timeout`, `kill -- -PGID`) would kill them under
+    the run. The run then could not stop its actors. Ray already blocks Ctrl-C's SIGINT in them. They still end
+    with the run (its stop, Ray's shutdown at exit, the reaper: flows/reaper.py). Relies on Ray starting them
     through `ray._private.services.ConsolePopen` (tests/unit/test_procs.py)."""
     from ray._private import services
 
