@@ -216,10 +216,10 @@ class Scorer:
 
     async def score(self, requests: list[RewardRequest]) -> list[Scored]:
         """Rewards in request order; async functions run concurrently. A plain function's values are taken as
-        it returns them: only awaitables get a task each (64 tasks cost ~0.25 ms, a tenth of a tiny-arith
-        rollout's scoring and write). With a timeout, a call that has not returned after `timeout` seconds
-        fails its sample (`RewardTimeout`) and is abandoned, with a warning naming the reward and the sample;
-        the other samples score as they would without it."""
+        it returns them: only awaitables get a task each, since a task per sample costs more than the scoring.
+        With a timeout, a call that has not returned after `timeout` seconds fails its sample (`RewardTimeout`)
+        and is abandoned, with a warning naming the reward and the sample. The other samples score as they
+        would without it."""
         if self.builtin:
             return await self._builtin_scores(requests)
         if self._in_thread:
@@ -299,17 +299,17 @@ class Scorer:
         ]
 
     async def _in_order(self, requests: list[RewardRequest]) -> list[Any]:
-        """The sync reward's values for `requests`, called one after another (as inline, so a stateful reward
-        sees the same calls in the same order) on a worker thread; a call past the timeout fails its sample and
-        a fresh worker goes on with the next sample.
+        """The sync reward's values for `requests`, called one after another on a worker thread (as inline, so a
+        stateful reward sees the same calls in the same order). A call past the timeout fails its sample, and a
+        fresh worker goes on with the next sample.
 
         Why a thread: Python cannot kill one, but a hung reward almost always waits (a judge that never
-        answers, a lock, a sleep) and so holds no GIL, and the abandoned daemon thread blocks neither this
-        actor's next calls nor its exit. A process per reward (verl's PRIME manager) would also stop a reward
-        stuck in C code that holds the GIL, but it costs a spawn per restart, pickling of every sample, and
-        the module-level state (clients, caches) a reward keeps between calls; the stage timeout
-        (`--rollout-timeout`) still bounds that rare case, and `--rm-timeout none` calls the reward inline on
-        the actor's main thread (for a reward that sets signal.alarm itself)."""
+        answers, a lock, a sleep) and so holds no GIL. The abandoned daemon thread blocks neither this actor's
+        next calls nor its exit. A process per reward (verl's PRIME manager) would also stop a reward stuck in
+        C code that holds the GIL. But it costs a spawn per restart, the pickling of every sample, and the
+        module-level state (clients, caches) a reward keeps between calls. The stage timeout
+        (`--rollout-timeout`) still bounds that rare case. `--rm-timeout none` calls the reward inline on the
+        actor's main thread (for a reward that sets signal.alarm itself)."""
         assert self.timeout is not None
         loop, start = asyncio.get_running_loop(), 0
         values: list[Any] = [None] * len(requests)
