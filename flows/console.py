@@ -1,11 +1,11 @@
 """The console of `rollflow run`: a presentation layer over the run's records, metrics.jsonl untouched.
 
-Quiet (the default): a header, one concise line per rollout (every k-th of a long run, and every rollout that
-evaluated: at most about `MAX_ROLLOUT_LINES`), notices (resuming, a retried stage), a progress bar under the lines
-when stdout is a terminal, and a summary table at the end. Prefect's run logs (task states, the `rollout N:
-{...}` records) go to the Prefect UI and `<run dir>/logs/run.log` instead of the console; the actors' output to
-`<run dir>/logs/actors.log`. `--verbose`: today's full console (Prefect's log lines, the actors' output) plus
-the summary table.
+Quiet (the default): a header, one concise line per rollout, notices (resuming, a retried stage), a progress
+bar under the lines when stdout is a terminal, and a summary table at the end. A long run prints every k-th
+rollout and every rollout that evaluated: at most about `MAX_ROLLOUT_LINES`. Prefect's run logs (task states,
+the `rollout N: {...}` records) go to the Prefect UI and `<run dir>/logs/run.log`, not the console. The actors'
+output goes to `<run dir>/logs/actors.log`. `--verbose`: the full console (Prefect's log lines, the actors'
+output) plus the summary table.
 
 Everything here writes to the stream it was given, never through `print`: inside a flow run Prefect may have
 replaced `print` with its logger (log_prints).
