@@ -1,10 +1,10 @@
 """Every bad input and hostile file of tests/bad_inputs.py, run through `rollflow` in this process with the
 points where work would start replaced by a refusal: prints each case with its exit code, the seconds to its
-refusal and the one line it was refused with, then how many were refused before any work. `--readme` also writes
-the table (without the seconds, which vary by machine) and its counts into README.md, whose table
-tests/unit/test_bad_inputs.py checks row by row against what each case prints.
+refusal and the one line it was refused with, then how many were refused before any work. `--page` also writes
+the table (without the seconds, which vary by machine) and its counts as docs/reference/bad-inputs.md, whose
+table tests/unit/test_bad_inputs.py checks row by row against what each case prints.
 
-    python bench/bad_inputs.py [--readme]
+    python bench/bad_inputs.py [--page]
 """
 
 from __future__ import annotations
@@ -26,18 +26,19 @@ configure_ray_env()
 
 def main() -> None:
     import argparse
-    import re
     import time
 
     import deployments.serve
     import flows.cli
     import flows.reaper
-    from tests.bad_inputs import CASES, TABLE_HEADER, readme_rows, table_row
+    from tests.bad_inputs import CASES, PAGE, render_page, table_row
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--readme", action="store_true", help="write the table and its counts into README.md")
+    parser.add_argument(
+        "--page", action="store_true", help="write the table and its counts as docs/reference/bad-inputs.md"
+    )
     args = parser.parse_args()
 
     def refuse(*_: object, **__: object) -> None:
@@ -67,20 +68,9 @@ def main() -> None:
         cells = rows[-1].split(" | ")
         print(" | ".join([*cells[:3], f"{seconds:.2f}", *cells[3:]]), flush=True)
     print(f"\n{refused} of {len(CASES)} refused before any work with one line naming the flag or file")
-    if args.readme:
-        readme = ROOT / "README.md"
-        text = readme.read_text()
-        old = "\n".join(TABLE_HEADER + readme_rows(text))
-        hostile = sum(c.kind == "hostile file" for c in CASES)
-        text = text.replace(old, "\n".join(TABLE_HEADER + rows))
-        text = re.sub(
-            r"lists the \d+ cases tried \(\d+ bad\nconfigurations, \d+ hostile files",
-            f"lists the {len(CASES)} cases tried ({len(CASES) - hostile} bad\nconfigurations, {hostile} hostile files",
-            text,
-        )
-        text = re.sub(r"<summary>The \d+ bad inputs", f"<summary>The {len(CASES)} bad inputs", text)
-        readme.write_text(text)
-        print(f"README.md: table of {len(CASES)} cases written", file=sys.stderr)
+    if args.page:
+        PAGE.write_text(render_page(rows))
+        print(f"{PAGE.relative_to(ROOT)}: table of {len(CASES)} cases written", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-from pathlib import Path
 
 import pytest
 
-from tests.bad_inputs import CASES, Case, readme_rows, table_row
+from tests.bad_inputs import CASES, PAGE, Case, page_rows, render_page, table_row
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+TABLE = PAGE.read_text()
 
 
 class WouldStartWork(AssertionError):
@@ -47,13 +46,12 @@ def test_refused_before_work_with_one_line(case, tmp_path, monkeypatch, base_che
     assert "Traceback" not in output, output
     last = [line for line in output.splitlines() if line.strip()][-1]
     assert last.startswith("rollflow") and case.needle in last, output
-    # the README's table is what the cases print (regenerate it with `python bench/bad_inputs.py --readme`)
-    assert readme_rows(README)[CASES.index(case)] == table_row(case, code, last, tmp_path)
+    # the page's table is what the cases print (regenerate it with `python bench/bad_inputs.py --page`)
+    assert page_rows(TABLE)[CASES.index(case)] == table_row(case, code, last, tmp_path)
 
 
-def test_the_readme_table_lists_every_case_in_order():
-    rows = readme_rows(README)
+def test_the_page_lists_every_case_in_order_under_its_counts():
+    rows = page_rows(TABLE)
     assert [r.split(" | ")[:2] for r in rows] == [[f"| {c.kind}", c.what] for c in CASES]
-    assert (
-        f"<summary>The {len(CASES)} bad inputs" in README and f"lists the {len(CASES)} cases tried" in README
-    )
+    # the text around the table is the generator's, with counts of today's CASES
+    assert render_page(rows) == TABLE, "regenerate with `python bench/bad_inputs.py --page`"
