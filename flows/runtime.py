@@ -1,7 +1,10 @@
-"""What the run flow needs besides the algorithm: owning the run dir (lock, identity, resume point, records a
-resume must not duplicate; a deployment run's own dir; a retry's own run), the run's log file, the Prefect/SQLite
-accommodations (`settle`, `Publisher`), the per-rollout metrics table, marking a dead run's flow run Crashed, and
-the watchdog that ends a run whose Prefect API stopped answering."""
+"""What the run flow needs besides the algorithm:
+- owning the run dir: lock, identity, resume point, records a resume must not duplicate, a deployment run's
+  own dir, a retry's own run;
+- the run's log file;
+- the Prefect/SQLite accommodations (`settle`, `Publisher`) and the per-rollout metrics table;
+- marking a dead run's flow run Crashed;
+- the watchdog that ends a run whose Prefect API stopped answering."""
 
 from __future__ import annotations
 
@@ -60,11 +63,11 @@ def choose_run_dir(cfg: RunConfig) -> RunConfig:
 
 
 def deployment_run_dir(cfg: RunConfig, flow_run_id: str, *, resume: bool) -> RunConfig:
-    """A deployment's run (scheduled, or started from the UI or the API) writes to a run dir of its own,
-    `runs/<name>-<last 8 hex of its flow run id>`, so that the next run of the same deployment does not meet its
-    records; its retries are the same flow run and find it again. Unchanged when the config names a run dir, when
-    the run resumes (the deployment continues one run: `resume` with the config's run dir, `runs/<name>` by
-    default) and outside a deployment (`rollflow run` picks its own, `choose_run_dir`)."""
+    """A deployment's run (scheduled, or started from the UI or the API) writes to a run dir of its own:
+    `runs/<name>-<last 8 hex of its flow run id>`. So the next run of the same deployment does not meet its
+    records, and its retries (the same flow run) find it again. Unchanged when the config names a run dir,
+    when the run resumes (the deployment continues one run: `resume` with the config's run dir, `runs/<name>`
+    by default), and outside a deployment (`rollflow run` picks its own, `choose_run_dir`)."""
     from prefect.runtime import deployment
 
     if deployment.id is None or cfg.run_dir is not None or resume:
@@ -74,16 +77,16 @@ def deployment_run_dir(cfg: RunConfig, flow_run_id: str, *, resume: bool) -> Run
     return cfg.model_copy(update={"run_dir": f"runs/{cfg.name}-{flow_run_id.replace('-', '')[-8:]}"})
 
 
-# run dir -> its lock, taken by `check_ownership` before Prefect and Ray start and held until this process's run
-# flow takes it over (`own`): the CLI runs that flow in its own process
+# run dir -> its lock, taken by `check_ownership` before Prefect and Ray start. Held until this process's run
+# flow takes it over (`own`): the CLI runs that flow in its own process.
 _HELD: dict[Path, IO[str]] = {}
 
 
 def check_ownership(cfg: RunConfig, *, resume: bool, overwrite: bool) -> None:
-    """The ownership rules of `own`, checked before Prefect and Ray start (by the CLI), with the run dir's lock
-    taken and kept for the run flow this process runs next, which takes it over (`own`): a second run into the
-    same dir is refused at once, in one line naming the dir and the process that holds it (`rundir.RunDirBusy`).
-    Creates the run dir and its lock file, nothing else."""
+    """The ownership rules of `own`, checked by the CLI before Prefect and Ray start. The run dir's lock is
+    taken and kept for the run flow this process runs next, which takes it over (`own`). A second run into the
+    same dir is refused at once, in one line naming the dir and the process that holds it
+    (`rundir.RunDirBusy`). Creates the run dir and its lock file, nothing else."""
     run_dir = cfg.resolved_run_dir
     if resume and not run_dir.exists():
         raise ValueError(f"--resume {run_dir}: no such run dir")
@@ -107,12 +110,14 @@ def own(
 ) -> OwnedRun:
     """Resolve `cfg`, lock its run dir and decide where the run starts; nothing is written before the config
     resolved. A run dir that holds another run's records is refused unless the run resumes it (`resume`, or
-    `--load` of that run's own checkpoint) or `overwrite` clears it. `retry_of`: this process is a Prefect retry of
-    that parent flow run (the UI's Retry, `prefect flow-run retry`): it resumes the run dir only if that flow run
-    recorded it, starts afresh where nothing was recorded yet, and refuses the records of any other flow run.
-    `flow_run_id`: the parent flow run, whose run dir is its own when it is a deployment's (`deployment_run_dir`,
-    decided on the resolved config: a deployment's served `cfg` may name one). The lock `check_ownership` took
-    for the same dir in this process is taken over, not taken again."""
+    `--load` of that run's own checkpoint) or `overwrite` clears it.
+
+    `retry_of`: this process is a Prefect retry of that parent flow run (the UI's Retry, `prefect flow-run
+    retry`). It resumes the run dir only if that flow run recorded it, and starts afresh where nothing was
+    recorded yet. It refuses the records of any other flow run. `flow_run_id`: the parent flow run. A
+    deployment's run gets a run dir of its own (`deployment_run_dir`), decided on the resolved config: a
+    deployment's served `cfg` may name one. The lock `check_ownership` took for the same dir in this process
+    is taken over, not taken again."""
     cfg, _ = resolve(cfg)
     if flow_run_id is not None:
         cfg = deployment_run_dir(cfg, flow_run_id, resume=resume)
@@ -148,9 +153,9 @@ def own(
 
 
 def _retry_resumes(run_dir: Path, flow_run_id: str, overwrite: bool) -> bool:
-    """Whether a retry of the parent flow run `flow_run_id` resumes `run_dir`: yes when that flow run recorded it,
-    no when nothing is recorded there yet (its first attempt failed before) or when the run replaces another run's
-    records (`overwrite`); ValueError for another run's records otherwise."""
+    """Whether a retry of the parent flow run `flow_run_id` resumes `run_dir`. Yes when that flow run recorded
+    it. No when nothing is recorded there yet (its first attempt failed before), or when the run replaces
+    another run's records (`overwrite`). ValueError for another run's records otherwise."""
     previous = rundir.read_info(run_dir)
     if previous is None or not rundir.has_records(run_dir):
         return False
@@ -201,8 +206,8 @@ def _start_point(cfg: RunConfig, lock: IO[str], *, resume: bool, overwrite: bool
 
 
 def _remove_unfinished_saves(cfg: RunConfig) -> None:
-    """Remove, and log, the iter_N.tmp-* dirs that the saves of a process that died left in this run's snapshot
-    dir and --save dir: the run owns both now, so no save of its own is under way there."""
+    """Remove, and log, the iter_N.tmp-* dirs that a process that died mid-save left in this run's snapshot
+    dir and --save dir. The run owns both now, so no save of its own is under way there."""
     from trainers.actor import snapshot_dir
 
     dirs = [snapshot_dir(cfg.resolved_run_dir)] + ([Path(cfg.checkpoint.save)] if cfg.checkpoint.save else [])
@@ -212,10 +217,11 @@ def _remove_unfinished_saves(cfg: RunConfig) -> None:
 
 
 def _state_before(cfg: RunConfig, start: int) -> tuple[Path | None, str | None]:
-    """The trainer state after rollout `start - 1` (None for start 0: the run's starting weights): the
-    step-boundary snapshot of that rollout, else a --save checkpoint of it, each only if nothing in it is damaged
-    (`damage`); with the damage of a state passed over, if any. When every state of that rollout is damaged, the
-    error names the latest whole state before it and the command that continues the run from there."""
+    """The trainer state after rollout `start - 1`, and the damage of a state passed over, if any. None for
+    start 0 (the run's starting weights). The step-boundary snapshot of that rollout comes first, else a
+    --save checkpoint of it, each only if nothing in it is damaged (`damage`). When every state of that
+    rollout is damaged, the error names the latest whole state before it and the command that continues the
+    run there."""
     if start == 0:
         return None, None
     from trainers.actor import snapshot_dir
@@ -251,7 +257,7 @@ def _state_before(cfg: RunConfig, start: int) -> tuple[Path | None, str | None]:
 
 def _latest_whole_before(dirs: list[Path], rollout_id: int) -> Path | None:
     """The latest snapshot or checkpoint in `dirs` (an iter_NNNNNNN dir) of a rollout before `rollout_id` with
-    nothing damaged; the newest are checked first, a snapshot before a checkpoint of the same rollout."""
+    nothing damaged. The newest are checked first, a snapshot before a checkpoint of the same rollout."""
     limit = f"iter_{rollout_id:07d}"
     older = [p for d in dirs for p in d.glob("iter_" + "[0-9]" * 7) if p.name < limit]
     return next((p for p in sorted(older, key=lambda p: p.name, reverse=True) if damage(p) is None), None)
@@ -309,10 +315,10 @@ async def crash_stale_flow_run(flow_run_id: str | None, current: str | None = No
 
 
 def yield_to_actors(cfg: RunConfig) -> None:
-    """Once the run's actors are up: this process (the run's orchestrator, and any thread it starts later) and the
-    temporary Prefect server it started run --orchestrator-niceness lower in CPU priority than the actors. Ray's
-    processes keep the priority they started with: Ray was started before (`tasks.actors.ensure_ray`), and a
-    replaced actor is started by Ray's raylet, not by this process. Nothing with the default of 0."""
+    """Once the run's actors are up, lower this process (the run's orchestrator) and the temporary Prefect
+    server it started by --orchestrator-niceness, below the actors. Threads it starts later inherit that.
+    Ray's processes keep the priority they started with: Ray was started before (`tasks.actors.ensure_ray`),
+    and Ray's raylet, not this process, starts a replaced actor. Nothing with the default of 0."""
     from flows.prefect_private import temporary_server_pids
     from procs import lower_priority
 
@@ -322,8 +328,8 @@ def yield_to_actors(cfg: RunConfig) -> None:
 def start_prefect_beside_ray(cfg: RunConfig) -> None:
     """Start Prefect's temporary server (in a thread) while this thread starts Ray (`tasks.actors.ensure_ray`);
     return once both are up, or raise the first error. Each takes seconds of process start-up, mostly in
-    processes of their own: left to the flow, Prefect starts its server at the flow's first request and the flow
-    starts Ray once it runs, one after the other. With PREFECT_API_URL set (a `rollflow server`) only Ray
+    processes of their own. Left to the flow, they would start one after the other: Prefect's server at the
+    flow's first request, Ray once the flow runs. With PREFECT_API_URL set (a `rollflow server`) only Ray
     starts. Ray stays in the calling thread: `ray.init` sets its SIGTERM handler only from the main thread."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
@@ -351,10 +357,11 @@ def start_api_watchdog(
     on_cancel: Callable[[], None] | None = None,
 ) -> threading.Event:
     """A thread that ends this process, with a message, once the Prefect API has not answered for `timeout`
-    seconds (Prefect's client would retry for minutes; the run cannot record anything meanwhile). It reads the
-    flow run `flow_run_id` (`/health` without one) about once a second, and calls `on_cancel` once when that flow
-    run is Cancelling (the UI's Cancel, `prefect flow-run cancel`: for a run no runner watches). Set the returned
-    event to stop it. The reaper (flows/reaper.py) then stops the run's other processes."""
+    seconds. Prefect's client would retry for minutes, and the run cannot record anything meanwhile. The
+    thread reads the flow run `flow_run_id` (`/health` without one) about once a second. It calls `on_cancel`
+    once when that flow run is Cancelling (the UI's Cancel, `prefect flow-run cancel`), for a run no runner
+    watches. Set the returned event to stop it. The reaper (flows/reaper.py) then stops the run's other
+    processes."""
     import httpx
 
     stop = threading.Event()
@@ -437,9 +444,9 @@ async def settle(
     """Wait until the server has recorded `task_runs` task runs of the given flow run (or the one task
     run `task_run_id`), each in a final state; False if that took longer than `timeout` seconds.
 
-    Task runs reach the server as events that its task-run recorder writes to SQLite in batches, once a
-    second (`flows.cli.PREFECT_ENV_DEFAULTS`), in the order they happened: the parent waits here once, for its
-    last rollout, so that a run's task runs are all recorded when its flow run ends (a read every 20 ms).
+    Task runs reach the server as events. Its task-run recorder writes them to SQLite once a second
+    (`flows.cli.PREFECT_ENV_DEFAULTS`), in the order they happened. The parent waits here once, for its last
+    rollout, so that a run's task runs are all recorded when its flow run ends. It polls every 20 ms.
     """
     import anyio
     from prefect.client.orchestration import get_client
@@ -461,12 +468,12 @@ async def settle(
 
 
 class Publisher:
-    """The Prefect artifacts of each finished rollout -- its metrics table on its `rollout-<id>` flow run
-    (`publish_metrics_table`) and the run page's update (`flows.run_page`) -- posted by a background task, one
-    rollout after the other, `POST_DELAY` seconds after the rollout ended: these are requests to the Prefect server
-    (no actor work), and made at once they would meet the next rollout's flow run creation in the server's SQLite,
-    which the loop waits for. A failure to post is raised at the next rollout's end (`rollout_done`) or by `drain`,
-    which posts what is due without waiting."""
+    """The Prefect artifacts of each finished rollout: its metrics table on its `rollout-<id>` flow run
+    (`publish_metrics_table`) and the run page's update (`flows.run_page`). A background task posts them, one
+    rollout after the other, `POST_DELAY` seconds after the rollout ended. They are requests to the Prefect
+    server (no actor work). Made at once, they would meet the next rollout's flow run creation in the server's
+    SQLite, which the loop waits for. A failure to post is raised at the next rollout's end (`rollout_done`)
+    or by `drain`, which posts what is due without waiting."""
 
     POST_DELAY = 0.2  # seconds: the next rollout's flow run is created and running by then
 
@@ -508,10 +515,10 @@ class Publisher:
 async def publish_metrics_table(
     cfg: RunConfig, rollout_id: int, flow_run_id: uuid.UUID | None, records: list[dict[str, Any]]
 ) -> None:
-    """One Prefect table artifact per rollout with every metric its flow run logged (of the run's `records`):
-    rollout, step, perf and check records, and the evals it ran (eval E runs after rollout E - 1, so its row is
-    in that rollout's table, at slime's `eval/step`, the rollout id). Attached to the rollout's `rollout-<id>`
-    flow run. The parent's `Publisher` posts it in the background."""
+    """One Prefect table artifact per rollout, on its `rollout-<id>` flow run, with every metric that flow run
+    logged (of the run's `records`): rollout, step, perf and check records, and the evals it ran. Eval E runs
+    after rollout E - 1, so its row is in that rollout's table, at slime's `eval/step` (the rollout id). The
+    parent's `Publisher` posts it in the background."""
     from prefect.artifacts import TableArtifact
 
     rows = [
@@ -531,9 +538,9 @@ async def publish_metrics_table(
 
 @contextlib.contextmanager
 def run_log(run_dir: Path) -> Iterator[Path]:
-    """While inside: every log line of this process that reaches the root logger (Prefect's flow and task run
-    lines, the `rollout N: {...}` records, tracebacks, warnings) is appended to `<run dir>/logs/run.log`, in
-    Prefect's console format, whatever the console shows."""
+    """While inside, every log line of this process that reaches the root logger is appended to
+    `<run dir>/logs/run.log`, in Prefect's console format, whatever the console shows. That covers Prefect's
+    flow and task run lines, the `rollout N: {...}` records, tracebacks and warnings."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
     path = run_dir / "logs" / "run.log"
