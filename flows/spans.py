@@ -13,9 +13,9 @@ What each side records (Ray 2.60, Prefect 3.9, both read on one host's wall cloc
   (`RAY_task_events_report_interval_ms`): the calls of an actor's last moments before `ray.kill` are lost
   unless that interval is shorter than the time from them to the kill.
 - A task run's `start_time` / `end_time` are the timestamps of its Running and final states, taken by the
-  process that ran it (Prefect's task engine runs tasks client-side); its name is the task's name and
-  "-<first 3 characters of its dynamic key>" (`generate-0`, `log-prob-1`), its `task_key` the function's
-  name and a source hash (`log_prob-...`), so the stage is the run's name without that suffix (`stage_of`).
+  process that ran it (Prefect's task engine runs tasks client-side). Its name is the task's name and
+  "-<first 3 characters of its dynamic key>" (`generate-0`, `log-prob-1`). Its `task_key` is the function's
+  name and a source hash (`log_prob-...`). So the stage is the run's name without that suffix (`stage_of`).
 
 `attribute` is pure (calls and task runs in, a `SpanReport` out); `read_run_spans` reads a run's flow and task
 runs from Prefect; `measure` does both for a run that `flows.run.run_flow` just ran in this Ray session.
@@ -108,11 +108,13 @@ class RunSpans:
 
 @dataclass
 class StageRow:
-    """One stage's calls: how many were attributed to it; of those, the ones outside every task run their
-    method may run in (by more than the tolerance), split into `early` (head starts: the call began outside
-    every such task run, before one that starts later) and `late` (it began in one and outlasted it, or came
-    after the last); the worst excess in ms (`attribute`; `math.inf` when no task run of the method's stages
-    exists at all); and the methods of the calls outside, counted."""
+    """One stage's calls, as `attribute` counts them.
+    - `calls`: how many were attributed to the stage.
+    - `early` and `late`: those outside every task run their method may run in, by more than the tolerance.
+      Early is a head start: the call began outside every such task run, before one that starts later. Late:
+      it began in one and outlasted it, or came after the last.
+    - `worst_ms`: the worst excess; `math.inf` when no task run of the method's stages exists at all.
+    - `offenders`: the methods of the calls outside, counted."""
 
     calls: int = 0
     early: int = 0
@@ -128,8 +130,8 @@ class StageRow:
 @dataclass
 class OtherRow:
     """The calls of methods that no stage stands for (start-up, recovery, shut-down), and of the start-up's
-    weight queries outside every rollout: how many, and how many ran inside a rollout's flow run outside all
-    of its task runs ("between tasks", violations: work the timeline shows in no task), by method."""
+    weight queries outside every rollout, by method. `between_tasks` counts the violations: calls inside a
+    rollout's flow run but outside all of its task runs, work the timeline shows in no task."""
 
     calls: int = 0
     between_tasks: int = 0
@@ -222,13 +224,16 @@ def attribute(calls: Iterable[Call], spans: RunSpans, tolerance_ms: float = 5.0)
     """Each call attributed to a stage (`METHOD_STAGES`) or to the rest, and checked against the task runs.
 
     A stage call is inside when a task run of one of its method's stages holds it to within `tolerance_ms`
-    (the two clocks are read by different processes), and goes to the stage of the one holding it with the
-    least excess. Otherwise, unless its method is allowed at START_UP and it overlaps no rollout flow run (then
-    it is the start-up's), it is outside: early when it began outside every such task run and before one of
-    them starts (a head start; its excess runs to that task run's start, its stage is that run's), else late
-    (its excess and stage are those of the nearest such task run it began in, or of the nearest one). A call
-    of any other method is the rest's, and between tasks when it overlaps a rollout flow run while no task run
-    holds it."""
+    (different processes read the two clocks). It goes to the stage of the task run holding it with the least
+    excess. A call of a method allowed at START_UP that overlaps no rollout flow run is the start-up's. Any
+    other stage call is outside:
+    - early when it began outside every such task run and before one of them starts (a head start): its excess
+      runs to that task run's start, and its stage is that run's;
+    - else late: its excess and stage are those of the nearest such task run it began in, or of the nearest
+      one.
+
+    A call of any other method is the rest's. It is between tasks when it overlaps a rollout flow run while no
+    task run holds it."""
     tol = tolerance_ms / 1000
     stages = {s: StageRow() for s in STAGES}
     other = OtherRow()
