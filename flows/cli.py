@@ -361,11 +361,11 @@ EPHEMERAL_SERVER_DEFAULTS = {
 
 
 def configure_prefect_env(*, serving: bool = False) -> None:
-    """Settings that make the embedded Prefect (and Ray) usable on a small machine: each of
-    `PREFECT_ENV_DEFAULTS` that the environment does not already set, and, unless `serving` (`rollflow server`)
-    or PREFECT_API_URL names a server, each of `EPHEMERAL_SERVER_DEFAULTS` and Prefect's API auth for the
-    temporary server this process starts (`temporary_server_auth`). Set before Prefect is imported: it reads
-    them then. (Ray's token authentication stays on: tasks/actors.ensure_ray.)"""
+    """Settings that make the embedded Prefect (and Ray) usable on a small machine. Sets each of
+    `PREFECT_ENV_DEFAULTS` that the environment does not already set. Unless `serving` (`rollflow server`) or
+    PREFECT_API_URL names a server, also sets each of `EPHEMERAL_SERVER_DEFAULTS` and Prefect's API auth for
+    the temporary server this process starts (`temporary_server_auth`). Call before Prefect is imported: it
+    reads them then. (Ray's token authentication stays on: tasks/actors.ensure_ray.)"""
     defaults = dict(PREFECT_ENV_DEFAULTS)
     if not serving and not os.environ.get("PREFECT_API_URL"):
         defaults.update(EPHEMERAL_SERVER_DEFAULTS)
@@ -375,10 +375,10 @@ def configure_prefect_env(*, serving: bool = False) -> None:
 
 
 def temporary_server_auth() -> dict[str, str]:
-    """The temporary Prefect server a run starts listens on 127.0.0.1, where any local user could reach it: it
-    asks for Prefect's API auth string (PREFECT_SERVER_API_AUTH_STRING), which this process's clients send
-    (PREFECT_API_AUTH_STRING) and the processes it starts inherit. A random one per process,
-    unless the environment sets one of them (the other follows it)."""
+    """The temporary Prefect server a run starts listens on 127.0.0.1, where any local user could reach it. So
+    it asks for Prefect's API auth string (PREFECT_SERVER_API_AUTH_STRING). This process's clients send it
+    (PREFECT_API_AUTH_STRING), and the processes it starts inherit it. A random one per process, unless the
+    environment sets one of them (the other follows it)."""
     import secrets
 
     given = os.environ.get("PREFECT_SERVER_API_AUTH_STRING") or os.environ.get("PREFECT_API_AUTH_STRING")
@@ -387,11 +387,13 @@ def temporary_server_auth() -> dict[str, str]:
 
 
 def configure_ray_env(ray_address: str | None = None) -> None:
-    """Ray's environment for a run, set before `ray` is imported (Ray reads it at import time): token
-    authentication on (Ray 2.60's default, kept on: its GCS, raylet and workers listen on every interface, so the
-    token is what keeps other hosts out) with a fresh random token for a local Ray (its processes and workers
-    inherit it; a joined cluster uses the user's token), and gloo on loopback. `RAY_AUTH_MODE=disabled` set by
-    the user is respected as their explicit choice; their own GLOO_SOCKET_IFNAME too."""
+    """Ray's environment for a run, set before `ray` is imported (Ray reads it at import time).
+    - Token authentication on (Ray 2.60's default): Ray's GCS, raylet and workers listen on every interface,
+      so the token is what keeps other hosts out. A local Ray gets a fresh random token, which its processes
+      and workers inherit; a joined cluster uses the user's token.
+    - gloo on loopback.
+    `RAY_AUTH_MODE=disabled` set by the user is respected as their explicit choice; their own
+    GLOO_SOCKET_IFNAME too."""
     import secrets
 
     if os.environ.get("RAY_AUTH_MODE", "token").lower() != "disabled":
@@ -542,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _resumed_config(args) if args.resume else build_config(args)
         notes = _notices(cfg)  # of the flags as given: resolving fills in the rest
+        precision = _precision_notice(cfg)  # before resolving turns auto into what it chose
         refresh = [s for s in args.refresh.split(",") if s]
         check_stages(refresh, "--refresh")
         if args.dry_run:
@@ -565,6 +568,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollflow: error: {e}", file=sys.stderr)
         return 2
     _print_notices(notes)  # once the run is sure to start: a refused one prints only its error
+    if precision:
+        print(f"rollflow: {precision}", file=sys.stderr)
     from flows.reaper import start_reaper
 
     start_reaper()  # before Prefect's server and Ray exist: they end with this process, however it ends
@@ -612,6 +617,12 @@ def _notices(cfg: RunConfig) -> list[str]:
     from config.slime_compat import notices
 
     return notices(cfg)
+
+
+def _precision_notice(cfg: RunConfig) -> str | None:
+    from flows.resolve import precision_notice
+
+    return precision_notice(cfg)
 
 
 def _print_notices(lines: list[str]) -> None:

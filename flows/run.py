@@ -27,6 +27,7 @@ from procs import freeze_heap, preload_arrow
 from tasks import actors, notify
 from tasks.checks import metric_gate, raise_if_any
 from tasks.lifecycle import start_actors, stop_actors
+from tasks.memory import run_memory
 from tasks.metrics import close_run, log_metrics
 from tasks.refs import LogProbs, WeightsRef
 from tasks.stages import injects, save_checkpoint, sync
@@ -105,12 +106,12 @@ async def run_flow(
     """The whole run: own the run dir, start Ray actors, then one `rollout-<id>` child flow run per rollout id.
     `resume` continues the run in `cfg`'s run dir where it was cut; `overwrite` replaces another run's records.
 
-    As it goes, the run's report (`flows.report`) feeds the observers (the console of `rollflow run`) and the run's
-    page in the Prefect UI (`flows.run_page`); at the end, with --ci-test, `rollflow doctor` runs on the run dir
-    and its findings join both; with --ci-doctor gate (the default) an ERROR finding fails the run, the flow run
-    ending Failed with the finding as its message. How the run ended is recorded in `<run dir>/outcome.json` (the
-    root cause the console prints last). Log lines go to `<run dir>/logs/run.log`, the actors' output to
-    logs/actors.log."""
+    As it goes, the run's report (`flows.report`) feeds the observers (the console of `rollflow run`) and the
+    run's page in the Prefect UI (`flows.run_page`). At the end, with --ci-test, `rollflow doctor` runs on the
+    run dir and its findings join both. With --ci-doctor gate (the default) an ERROR finding fails the run:
+    the flow run ends Failed with the finding as its message. How the run ended is recorded in
+    `<run dir>/outcome.json` (the root cause the console prints last). Log lines go to
+    `<run dir>/logs/run.log`, the actors' output to logs/actors.log."""
     retry_busy_server_quickly()
     this = str(flow_run.get_id())
     # a Prefect retry of this flow run (UI, `prefect flow-run retry`) continues the run like --resume
@@ -264,6 +265,7 @@ class _RunLoop:
         if not cfg.rollout_only and (_save_due(cfg, rollout_id) or (cfg.checkpoint.save and last)):
             await with_policy(cfg, save_checkpoint)(opaque_config(cfg), rollout_id)
         seconds = time.perf_counter() - began
+        log_metrics(cfg, "perf", rollout_id, await run_memory(cfg))
         runtime.log_step_time(cfg, rollout_id, seconds)
         report.rollout_done(rollout_id, seconds)
         self.publisher.rollout_done(rollout_id, child)
