@@ -1,10 +1,14 @@
 """The stages of one rollout, as Prefect tasks: generate, save-rollout, log-prob, train-step, sync, check (and
-eval). Each resolves refs, calls the run's actors, writes artifacts and returns refs. Every actor call a stage
-stands for is made and awaited inside its own task run, so the task's span in the Prefect UI holds its work; a
-retried task asks its actors again, and they check the state the retry depends on (an engine generates only on
-the weight version the call names, the rollout actor checks the version of every output, a trainer refuses a
-log-prob pass for a rollout whose step it applied). Retry policy and `--refresh` are applied by
-`flows.stages.Stages`, the one place that configures these tasks."""
+eval). Each resolves refs, calls the run's actors, writes artifacts and returns refs.
+
+Every actor call a stage stands for is made and awaited inside its own task run. So the task's span in the
+Prefect UI holds its work. A retried task asks its actors again, and they check the state the retry depends
+on:
+- an engine generates only on the weight version the call names;
+- the rollout actor checks the version of every output;
+- a trainer refuses a log-prob pass for a rollout whose step it applied.
+
+`flows.stages.Stages`, the one place that configures these tasks, applies the retry policy and `--refresh`."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from artifacts.atomic import atomic_write_text
 from artifacts.hashing import differing_tensors
 from artifacts.store import ArtifactRef, RunPaths, read_rollout
 from config import RunConfig
+from config.precision import logprob_abs_tol
 from engines.base import GenerateRequest
 from engines.regenerate import NotReproduced
 from rollout.data import prompts_for_rollout
@@ -507,7 +512,11 @@ def _ci_violations(
         )
     if ci.ci_test and not ci.ci_disable_logprobs_checker and not cfg.rollout_only:
         out += logprob_checker(
-            stats, rollout_id, rollout_id == 0, ci.ci_logprobs_checker_abs_tol, ci.ci_entropy_max
+            stats,
+            rollout_id,
+            rollout_id == 0,
+            logprob_abs_tol(cfg.train.precision, ci.ci_logprobs_checker_abs_tol),
+            ci.ci_entropy_max,
         )
     if ci.ci_save_grad_norm or ci.ci_load_grad_norm:
         out += grad_norm_checker(cfg, steps, rollout_id)
