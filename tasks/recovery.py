@@ -1,15 +1,15 @@
-"""Surviving a dead or hung actor: every stage awaits its actor calls through `guarded`, which bounds them by
-the stage's timeout and, when an actor died or hung, replaces the actors involved before the stage fails, so
-that Prefect's retry of the stage runs on healthy actors holding the right weights.
+"""Surviving a dead or hung actor. Every stage awaits its actor calls through `guarded`, which bounds them by
+the stage's timeout. When an actor died or hung, it replaces the actors involved before the stage fails. So
+Prefect's retry of the stage runs on healthy actors holding the right weights.
 
 - An engine is re-created under its name and given the trainer's current weights as the version the stage
-  expects (checked by sha256): since sampling is seeded per sample, the retried stage produces the same
-  samples, and the run stays bitwise identical to a fault-free one.
-- The trainers are re-created together (one dead rank breaks the gloo group) from their latest step-boundary
-  snapshot (trainers/actor.py), or from the run's starting weights before the first train-step; the
+  expects (checked by sha256). Sampling is seeded per sample, so the retried stage produces the same samples,
+  and the run stays bitwise identical to a fault-free one.
+- The trainers are re-created together (one dead rank breaks the gloo group). They load their latest
+  step-boundary snapshot (trainers/actor.py), or the run's starting weights before the first train-step. The
   apply-once guard travels in the snapshot, so a retried train-step of an applied rollout returns its metrics.
-  A rollout's snapshot is written by its train step before the step's task ends; trainers that die before it
-  is written fail that task, come back at the rollout before, and the retried task applies the step again.
+  A rollout's train step writes its snapshot before the step's task ends. Trainers that die before that fail
+  the task and come back at the rollout before; the retried task applies the step again.
 - The rollout actor (it scores and writes what the engines generate) keeps nothing between calls: Ray restarts
   a dead one by itself, and one that hangs is re-created; the retried stage sends it the engines' answers again.
 - A fault that raised inside a live actor (an exception, not a death) needs no replacement: the retry runs
