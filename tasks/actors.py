@@ -369,9 +369,9 @@ async def start_trainers(cfg: RunConfig, checkpoint: str) -> list[Any]:
 
 async def start_run_actors(cfg: RunConfig, trainer_checkpoint: str) -> tuple[list[Any], list[Any]]:
     """The run's engines (with its rollout actor) and its trainers built from `trainer_checkpoint`, each side
-    only where the mode has it: (engines, trainers). The two sides start at the same time (each is seconds of
-    process start, imports and model loading, most of a short run's wall time), except with --colocate, where the
-    engines start first, so that they size their memory before the trainers take theirs on the same devices.
+    only where the mode has it: (engines, trainers). The two sides start at the same time: each is seconds of
+    process start, imports and model loading, most of a short run's wall time. With --colocate the engines
+    start first, so that they size their memory before the trainers take theirs on the same devices.
     If one side fails, the other is cancelled and the first error raised; the actors already created stay
     registered for `stop_actors`."""
     await _placement(cfg)  # one group for both sides, made before either asks for it

@@ -1,7 +1,7 @@
-"""The run's slots as one placement group, slime's pattern (`slime/ray/placement_group.py`): one PACK group of
-one bundle per slot, its bundles ordered by node so that consecutive trainer ranks share a node, trainer actors
-and engine actors scheduled into their bundles with fractional requests (so a trainer and an engine fit one
-slot together under --colocate).
+"""The run's slots as one placement group, slime's pattern (`slime/ray/placement_group.py`). It is one PACK
+group of one bundle per slot. Its bundles are ordered by node, so that consecutive trainer ranks share a node.
+Trainer and engine actors are scheduled into their bundles with fractional requests, so a trainer and an
+engine fit one slot together under --colocate.
 
 `layout` is the pure part (from the config alone); `place` creates the group in Ray and reads back which node
 holds each bundle. The actors of a run, and every replacement of one (tasks/recovery.py), go to the bundles
