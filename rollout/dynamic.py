@@ -11,14 +11,14 @@ draw is generated whole and judged in draw order (slime judges groups as they fi
 depends only on the seeds, the rollout id and the weights, and a replay or resume keeps the same ones.
 
 Which prompts: draw ``k`` of rollout ``r`` takes the ``O`` prompts (``O`` = --over-sampling-batch-size) at
-positions ``S_r + k*O ...`` of the data's visiting order (file order, or --rollout-shuffle's per-epoch
-permutation), ``S_r = r * ceil(B/O) * O`` (``B`` = --rollout-batch-size): the draws a rollout always makes do not
-overlap the next rollout's, and a draw beyond those takes the next rollout's prompts again (with other seeds).
-Candidate group ``c`` of a rollout samples with the seeds of sample indices ``c*n ... c*n + n-1`` (``n`` =
---n-samples-per-prompt), so with ``O = B`` and a filter that keeps everything the rollout is the plain one. The
-kept groups are renumbered 0..B-1 in draw order; each sample's metadata records its draw and candidate group, and
-the file's metadata the counts that save-rollout logs (``rollout/dynamic_sampling/*``, slime's
-``rollout/dynamic_filter/drop_<reason>``).
+positions ``S_r + k*O ...`` of the data's visiting order. That order is the file's, or --rollout-shuffle's
+per-epoch permutation. ``S_r = r * ceil(B/O) * O`` (``B`` = --rollout-batch-size). So the draws a rollout
+always makes do not overlap the next rollout's. A draw beyond those takes the next rollout's prompts again
+(with other seeds). Candidate group ``c`` of a rollout samples with the seeds of sample indices ``c*n ... c*n
++ n-1`` (``n`` = --n-samples-per-prompt). So with ``O = B`` and a filter that keeps everything, the rollout is
+the plain one. The kept groups are renumbered 0..B-1 in draw order. Each sample's metadata records its draw
+and candidate group. The file's metadata holds the counts that save-rollout logs
+(``rollout/dynamic_sampling/*``, slime's ``rollout/dynamic_filter/drop_<reason>``).
 """
 
 from __future__ import annotations

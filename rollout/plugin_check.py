@@ -1,7 +1,7 @@
-"""`rollflow run --dry-run`'s plug-in checks: each of slime's plug-ins that needs no engine is called on probe
-samples of the run's own data (rollout/reward_check.py: the first row answered by its label, scored by the run's
-reward) through the function the run calls it with, so a plug-in that raises or returns the wrong type is named in
-one line before anything starts:
+"""`rollflow run --dry-run`'s plug-in checks. Each of slime's plug-ins that needs no engine is called on probe
+samples of the run's own data (rollout/reward_check.py: the first row answered by its label, scored by the
+run's reward). It is called through the function the run calls it with. So a plug-in that raises or returns
+the wrong type is named in one line before anything starts:
 
 - --dynamic-sampling-filter-path: `rollout.dynamic.judge` on one group of --n-samples-per-prompt samples;
 - --buffer-filter-path: `rollout.plugins.DataSource.get_samples` with a buffer of two such groups, one asked for.

@@ -93,14 +93,14 @@ def check_injection(
 ) -> dict[str, Any]:
     """Guard an injected recording: ``fresh`` (generated now) against ``recorded`` (injected).
 
-    Samples are paired by ``sample_index``; both sides must hold the same indices. Prompt tokens
-    must be identical (else ``InjectionMismatch`` saying that the prompts differ, naming the first
-    differing sample index and token, with the likely causes in order). Then the per-sample
-    ``response_match_ratio`` of the response tokens is averaged; unless ``mean > min_ratio`` (strict,
-    as miles) ``InjectionMismatch`` is raised saying that the responses differ, naming the worst sample
-    and its first differing token, with the likely causes in order (the order follows the evidence:
-    differing seeds or weight versions move their cause first; with `encode`, the trainer's tokenization of
-    prompt texts, engine prompt tokens it does not reproduce move the template and tokenizer first).
+    Samples are paired by ``sample_index``; both sides must hold the same indices. Prompt tokens must be
+    identical. Else ``InjectionMismatch`` says that the prompts differ, naming the first differing sample
+    index and token, with the likely causes in order. Then the per-sample ``response_match_ratio`` of the
+    response tokens is averaged. Unless ``mean > min_ratio`` (strict, as miles), ``InjectionMismatch`` says
+    that the responses differ, naming the worst sample and its first differing token, with the likely causes
+    in order. The order follows the evidence: differing seeds or weight versions move their cause first.
+    `encode` is the trainer's tokenization of prompt texts; engine prompt tokens it does not reproduce move
+    the template and tokenizer first.
     Returns ``{"mean_match_ratio", "min_match_ratio" (the worst sample), "num_samples"}``.
     ``min_ratio`` must be in [0, 1) (a strict bound of 1 could never pass); miles' default is 0.9.
     """

@@ -5,8 +5,8 @@ token stop every response; `--rollout-stop-token-ids` adds ids; a `--rollout-sto
 token of the tokenizer becomes a stop id, a longer one is matched on the decoded text after generation
 (the response is cut after the token that completes it).
 
-The check (`rollflow check-template`, and once at the start of every run) renders a few prompts the way
-the engine gets them and the full prompt + response turn the way a trainer scores a conversation, and
+The check runs as `rollflow check-template`, and once at the start of every run. It renders a few prompts the
+way the engine gets them, and the full prompt + response turn the way a trainer scores a conversation. It
 reports the first token where the two disagree, the loss mask of the assistant turn, whether the turn's
 end-of-turn token is a stop id, and whether `add_generation_prompt` changes the render.
 """
