@@ -136,10 +136,11 @@ def remove_unfinished_saves(directory: str | Path) -> list[Path]:
 
 
 def load_problems(path: str | Path) -> list[tuple[str, str]]:
-    """What a load of the checkpoint dir `path` would fail on, as (file, problem) pairs (none when it would
-    not): a file its format's load reads that is missing, empty, not JSON or not a readable safetensors file
-    (meta.json with an integer rollout id and step; model, optimizer, scheduler and RNG of the torch format;
-    metadata, common.pt and shards of a Megatron distributed checkpoint). Reads headers only."""
+    """What a load of the checkpoint dir `path` would fail on, as (file, problem) pairs; none when it would
+    not. A problem is a file its format's load reads that is missing, empty, not JSON or not a readable
+    safetensors file. Those files are meta.json (with an integer rollout id and step); the model, optimizer,
+    scheduler and RNG of the torch format; the metadata, common.pt and shards of a Megatron distributed
+    checkpoint. Reads headers only."""
     from artifacts.lint import read_safetensors_header
 
     root = Path(path)

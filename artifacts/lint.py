@@ -23,9 +23,9 @@ A directory is an HF model dir (``model.safetensors`` or an index), a rollflow `
 ``iter_N`` checkpoint in it is linted; the ``iter_N.tmp-*`` dirs of saves that died are named, not linted) or
 one ``iter_N`` dir. A rollflow checkpoint (a dir with ``meta.json``, or an ``iter_N`` dir beside
 ``latest_checkpointed_iteration.txt``) is also checked for every file a ``--load`` reads
-(``artifacts.checkpoints.load_problems``: meta, optimizer, scheduler, RNG, a Megatron checkpoint's shards), and
-its files are re-read and hashed against the content hashes its save recorded (``artifacts.content_hashes``), each
-changed tensor named; a checkpoint saved before those hashes existed is listed as unverified.
+(``artifacts.checkpoints.load_problems``: meta, optimizer, scheduler, RNG, a Megatron checkpoint's shards).
+Its files are re-read and hashed against the content hashes its save recorded (``artifacts.content_hashes``),
+each changed tensor named. A checkpoint saved before those hashes existed is listed as unverified.
 """
 
 from __future__ import annotations
