@@ -6,9 +6,9 @@ Each served flow run executes in its own subprocess, which starts its own Ray ac
 `cfg` gets the served config for the rest (`deployments/params.py`). Schedules need a real server
 (`rollflow server` + PREFECT_API_URL); Prefect's ephemeral server cannot run them.
 
-The served deployments' names end in `served` and prefect.yaml's, which a work pool's workers run, in `worker`:
-one name on one server is one deployment, and serving a work pool's deployment would take it from the pool
-(Prefect empties its path and pull steps, and the pool's workers then fail to load its flow).
+The served deployments' names end in `served`; prefect.yaml's, which a work pool's workers run, end in
+`worker`. One name on one server is one deployment. Serving a work pool's deployment would take it from the
+pool: Prefect empties its path and pull steps, and the pool's workers then fail to load its flow.
 """
 
 from __future__ import annotations

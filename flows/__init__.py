@@ -1,9 +1,10 @@
 """Prefect flows, run configuration and the `rollflow` CLI.
 
-Every flow is a module of this package, so this runs before anything a flow imports starts Ray, whoever started
-the flow run: a process that did not set Ray's environment itself (the flow run a Prefect worker starts from
-prefect.yaml) gets token authentication with Ray's own token file, and gloo on loopback. `rollflow run` and
-`rollflow serve` set a run's own token before (flows.cli.configure_ray_env); a user's own settings stay."""
+Every flow is a module of this package. So this runs before anything a flow imports starts Ray, whoever
+started the flow run. A process that did not set Ray's environment itself (the flow run a Prefect worker
+starts from prefect.yaml) gets token authentication with Ray's own token file, and gloo on loopback.
+`rollflow run` and `rollflow serve` set a run's own token before (flows.cli.configure_ray_env). A user's own
+settings stay."""
 
 import os
 

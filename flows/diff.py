@@ -1,16 +1,17 @@
 """`rollflow diff RUN_A RUN_B`: the first divergence between two runs.
 
-First everything both runs have, in rollout id order: for each rollout both recorded, its samples
-(first column / sample), else the metric records both logged for it (matched by kind and step; timing
-records excluded), else the per-layer hashes of the checkpoint saved after it. Only when all of that
-is identical does it report what one run has and the other lacks (rollouts, steps, records): a run
-that stopped early at a checker is compared on the rollouts it did finish, so the report names the
-first differing column rather than "rollout ids differ". Exit 0 only when everything is identical.
+First everything both runs have, in rollout id order. For each rollout both recorded: its samples (first
+column / sample), else the metric records both logged for it (matched by kind and step; timing records
+excluded), else the per-layer hashes of the checkpoint saved after it. Only when all of that is identical does
+it report what one run has and the other lacks (rollouts, steps, records). So a run that stopped early at a
+checker is compared on the rollouts it did finish, and the report names the first differing column rather than
+"rollout ids differ". Exit 0 only when everything is identical.
 
-Bookkeeping is set aside, and said to be: the check records are about checking the run, not about training it,
-and which checks run depends on flags and on where a process started (--ci-test, the first sync of a run but not
-of a resume), so a check that only one run recorded is no divergence. Checks both runs recorded are compared by
-name. A metric of training (`rollout/*`, `train/*`, `eval/*`) that only one run logged stays a divergence.
+Bookkeeping is set aside, and the report says so. The check records are about checking the run, not about
+training it. Which checks run depends on flags and on where a process started (--ci-test, the first sync of a
+run but not of a resume). So a check that only one run recorded is no divergence. Checks both runs recorded
+are compared by name. A metric of training (`rollout/*`, `train/*`, `eval/*`) that only one run logged stays a
+divergence.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""What a run has done so far, for the console and the Prefect UI: its metric records (those an earlier process
-of the same run wrote are read once from metrics.jsonl; each new one arrives from `log_metrics` through
-`tasks.notify`), the rollouts' wall times, the evals, the checks, and how the run ended.
+"""What a run has done so far, for the console and the Prefect UI: its metric records, the rollouts' wall
+times, the evals, the checks, and how the run ended. Records an earlier process of the same run wrote are read
+once from metrics.jsonl; each new one arrives from `log_metrics` through `tasks.notify`.
 
 Bookkeeping only: apart from that first read it does no I/O, so the console and the UI artifacts can ask it
 for their numbers after every rollout at no cost. Observers (the console of `rollflow run`, a benchmark) register
