@@ -92,8 +92,11 @@ class CIConfig(Section):
     check_weight_update_skip_list: str | None = Field(
         None, description="Comma-separated weight names the weight-update check ignores."
     )
-    ci_logprobs_checker_abs_tol: float = Field(
-        0.03, gt=0.0, description="Trainer vs engine log-prob tolerance."
+    ci_logprobs_checker_abs_tol: float | None = Field(
+        None,
+        gt=0.0,
+        description="Trainer vs engine log-prob tolerance (of the rollout means); None = the run's precision's: "
+        "0.03 for fp32 (miles'), wider for bf16 (config/precision.py).",
     )
     ci_entropy_max: float = Field(0.7, gt=0.0, description="Upper bound of rollout/entropy (miles: 0.7).")
     ci_metric_checker_key: str | None = Field(None, description="Eval metric the accuracy gate reads.")

@@ -32,7 +32,7 @@ FLAGS: dict[str, tuple[Status, str]] = {
     "--attention-dropout": (_SAME, "0.0 only: the trainers never drop out"),
     "--hidden-dropout": (_SAME, "0.0 only: the trainers never drop out"),
     "--accumulate-allreduce-grads-in-fp32": (_SAME, "the trainers' gradients are float32 always"),
-    "--attention-softmax-in-fp32": (_SAME, "the trainers' attention is float32 always"),
+    "--attention-softmax-in-fp32": (_SAME, "the trainers' attention softmax is float32 always"),
     "--attention-backend": ("notice", "a kernel choice: the trainers' attention is fixed"),
     "--expert-model-parallel-size": (_SAME, "1 only: dense models"),
     "--expert-tensor-parallel-size": (_SAME, "1 only: dense models"),
@@ -119,6 +119,9 @@ REFUSED: dict[str, str] = {
     "--offload": "rollflow's engines release their memory while the trainers work, always; leave it out",
     "--offload-train": "rollflow's trainers keep their state in place; leave it out",
     "--offload-rollout": "rollflow's engines release their memory while the trainers work, always; leave it out",
+    "--fp16": "rollflow's engines and trainers run bfloat16 or float32 (--precision): float16 training needs "
+    "loss scaling, which the trainers do not have, and CPUs have no float16 arithmetic; use --bf16 "
+    "(--precision bf16) or --precision auto",
     "--partial-rollout": _PARTIAL,
     "--mask-offpolicy-in-partial-rollout": _PARTIAL,
 }

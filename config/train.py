@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from config.backends import TRAINERS
 from config.base import SEED_MAX, Section
+from config.precision import Precision
 
 # the trainer choices are the registry's keys (an unregistered backend is refused at parse time)
 TrainBackend = Literal[tuple(TRAINERS)]  # type: ignore[valid-type]
@@ -145,6 +146,42 @@ class TrainConfig(Section):
         "deterministic_mode; errors out on an op with no deterministic kernel. On the CPU our kernels are "
         "already run-to-run deterministic, so this is a check, not a change of results.",
     )
+
+    precision: Precision = Field(
+        "fp32",
+        description="Numeric precision of the engines and the trainer: bf16 = bfloat16 engine weights and KV "
+        "cache, the trainer's forward under CPU autocast to bfloat16 with float32 master weights, optimizer "
+        "state, log-probs and loss; fp32 = float32 everywhere; auto = bf16 where the CPU has AVX-512 BF16 or "
+        "AMX-BF16, else fp32, resolved once at start (logged; config.yaml holds the resolved value). The megatron "
+        "trainer runs fp32 only.",
+    )
+    bf16: bool = Field(False, description="Megatron's --bf16: the same as --precision bf16.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _megatron_bf16(cls, data: Any) -> Any:
+        """Megatron's --bf16 sets --precision bf16 (given with another --precision, `_bf16_agrees` refuses it)."""
+        if not isinstance(data, dict) or not data.get("bf16") or data.get("precision", "auto") != "auto":
+            return data
+        return {**data, "precision": "bf16"}
+
+    @field_validator("precision")
+    @classmethod
+    def _precision_the_trainer_runs(cls, value: str, info: ValidationInfo) -> str:
+        if value == "bf16" and info.data.get("train_backend") == "megatron":
+            raise ValueError(
+                "bf16 (or --bf16) with --train-backend megatron: rollflow's megatron trainer runs float32 only; "
+                "use --precision fp32 or auto (auto gives fp32 with it), or the torch trainer for bf16"
+            )
+        return value
+
+    @field_validator("bf16")
+    @classmethod
+    def _bf16_agrees(cls, value: bool, info: ValidationInfo) -> bool:
+        given = info.data.get("precision")
+        if value and given is not None and given != "bf16":
+            raise ValueError(f"--bf16 is --precision bf16, but --precision {given} is given too: give one")
+        return value
 
     @model_validator(mode="after")
     def _check_slime_flags(self) -> TrainConfig:

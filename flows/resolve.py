@@ -10,6 +10,7 @@ from typing import Any
 
 from artifacts.checkpoints import latest_checkpoint, model_dir
 from config import RunConfig, dump_yaml
+from config.precision import precision_line, read_cpu_flags, resolve_precision
 from deployments.params import apply_served_defaults
 from recipes.registry import get_recipe
 from rollout.data import DataError
@@ -333,6 +334,7 @@ def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tup
     require_trackers(cfg.logging)  # a missing W&B / TensorBoard package is refused here, naming the extra
     given = cfg.hf_checkpoint is not None
     cfg = apply_recipe(cfg, build=build)
+    cfg = with_precision(cfg)
     if build or given:
         check_paths(cfg)
     check_model_args(cfg)
@@ -358,6 +360,26 @@ def resolve(cfg: RunConfig, *, build: bool = True, tokenizer: Any = None) -> tup
         if why:
             raise ValueError(why)
     return cfg, source
+
+
+def with_precision(cfg: RunConfig, flags: frozenset[str] | None = None) -> RunConfig:
+    """`cfg` with --precision auto resolved (config/precision.py) over `flags` (default: this CPU's), once, before
+    anything starts: config.yaml, the engines and the trainers see bf16 or fp32."""
+    if cfg.train.precision != "auto":
+        return cfg
+    value, _ = resolve_precision(
+        "auto", read_cpu_flags() if flags is None else flags, cfg.train.train_backend
+    )
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"precision": value})})
+
+
+def precision_notice(cfg: RunConfig, flags: frozenset[str] | None = None) -> str | None:
+    """The start-up line naming the precision a run takes and why (`precision: bf16 (CPU has avx512_bf16)`), for a
+    run that asks for anything but the default fp32 (whose runs print what they always did)."""
+    if cfg.train.precision == "fp32":
+        return None
+    flags = read_cpu_flags() if flags is None else flags
+    return precision_line(*resolve_precision(cfg.train.precision, flags, cfg.train.train_backend))
 
 
 def check_template_of(source: RolloutSource, examples: int = 3) -> None:
