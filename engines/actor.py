@@ -15,7 +15,7 @@ from engines.regenerate import regenerate_and_compare
 from engines.registry import get_engine_class
 from faults import FaultHookRequest, FaultInjector
 from faults.drop_weight import dropped_weights
-from procs import freeze_heap
+from procs import freeze_heap, memory_gib
 
 
 class ModelLoadError(RuntimeError):
@@ -163,6 +163,10 @@ class EngineActor:
 
     def health(self) -> dict[str, Any]:
         return {**self.engine.health(), "index": self.index, "generate_calls": self.generate_calls}
+
+    def memory(self) -> dict[str, float]:
+        """This process's resident memory now and at its peak, GiB (procs.memory_gib)."""
+        return memory_gib()
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -23,6 +23,7 @@ from typing import IO, Any
 from config import RunConfig
 from flows.report import RolloutStats, RunReport, observe
 from tasks import notify
+from tasks.memory import peaks
 
 MAX_ROLLOUT_LINES = 40  # a long run prints every k-th rollout so that the console stays short
 MAX_EVAL_ROWS = 12  # rows of the summary's eval table (first, last and best always among them)
@@ -182,6 +183,17 @@ def _doctor_lines(report: RunReport) -> list[str]:
     return [f"{i}. {f.severity.upper()} [{f.rule}] {f.title}" for i, f in enumerate(report.findings, start=1)]
 
 
+def memory_line(records: list[dict[str, Any]]) -> str | None:
+    """Each process's peak resident memory (tasks/memory.py), GiB: "driver 1.20, engine-0 3.10, ... (sum 9.40)";
+    None when the run recorded none."""
+    top = peaks(records)
+    total = top.pop("total", None)
+    if not top:
+        return None
+    each = ", ".join(f"{name} {value:.2f}" for name, value in top.items())
+    return f"{each} GiB" + (f" (sum {total:.2f})" if total is not None else "")
+
+
 def summary(report: RunReport, wall: float) -> list[str]:
     """The summary table printed when a run ends: outcome, eval table and curve, best eval, wall time, checks
     (when any ran), the doctor's findings (with --ci-test), the root cause of a failure, and the run dir."""
@@ -229,6 +241,8 @@ def summary(report: RunReport, wall: float) -> list[str]:
             rows.append(("curve", [f"{name} {sparkline(values)}"]))
     if report.checks():
         rows.append(("checks", _checks_lines(report)))
+    if peak := memory_line(report.records):
+        rows.append(("peak memory", [peak]))
     if report.findings is not None or report.doctor_error:
         rows.append(("doctor", _doctor_lines(report)))
     if report.failure:

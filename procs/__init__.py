@@ -63,3 +63,34 @@ def threads(pid: int) -> list[int]:
         return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
     except FileNotFoundError:
         return [pid]
+
+
+_GIB = float(1 << 30)
+
+
+def memory_gib(status: str | None = None) -> dict[str, float]:
+    """{"rss": resident memory now, "peak": the highest resident memory over the process's life}, in GiB, from
+    `status` (the text of /proc/<pid>/status: VmRSS and VmHWM, in kB) or this process's own status. Where there
+    is no /proc, the peak comes from getrusage (ru_maxrss, kB on Linux, bytes on macOS) and rss is the peak."""
+    if status is None:
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                status = f.read()
+        except OSError:
+            import resource
+            import sys
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            gib = peak / _GIB if sys.platform == "darwin" else peak * 1024 / _GIB
+            return {"rss": gib, "peak": gib}
+    kib: dict[str, int] = {}
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            number, unit = value.split()
+            if unit != "kB":
+                raise ValueError(f"/proc status line {line!r}: expected a size in kB")
+            kib[key] = int(number)
+    if set(kib) != {"VmRSS", "VmHWM"}:
+        raise ValueError(f"/proc status without VmRSS and VmHWM (found {sorted(kib)})")
+    return {"rss": kib["VmRSS"] * 1024 / _GIB, "peak": kib["VmHWM"] * 1024 / _GIB}

@@ -14,7 +14,7 @@ import ray
 
 from engines.base import EngineAnswer
 from faults import FaultHookRequest, FaultInjector
-from procs import freeze_heap, preload_arrow
+from procs import freeze_heap, memory_gib, preload_arrow
 from rollout.finish import Tally, check_versions, finish_rollout, in_entry_order
 from rollout.requests import split_for_engines
 
@@ -43,6 +43,10 @@ class RolloutActor:
 
     def health(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "cwd": os.getcwd()}
+
+    def memory(self) -> dict[str, float]:
+        """This process's resident memory now and at its peak, GiB (procs.memory_gib)."""
+        return memory_gib()
 
     def prepare(self, cfg: RunConfig) -> None:
         """Load what scoring `cfg`'s rollouts needs (tokenizer, stops, the reward functions: a `--custom-rm-path`

@@ -13,7 +13,7 @@ from artifacts.hashing import tensor_hashes
 from artifacts.store import ArtifactRef
 from artifacts.wire import WireWeights, to_wire
 from faults import FaultHookRequest, FaultInjector
-from procs import freeze_heap, preload_arrow
+from procs import freeze_heap, memory_gib, preload_arrow
 from trainers.base import Trainer
 from trainers.collectives import use_interface_for
 from trainers.registry import get_trainer_class
@@ -122,6 +122,10 @@ class TrainerActor:
 
     def perf(self) -> dict[str, float]:
         return self.trainer.perf()
+
+    def memory(self) -> dict[str, float]:
+        """This process's resident memory now and at its peak, GiB (procs.memory_gib)."""
+        return memory_gib()
 
     def stream_weights(self, bucket_bytes: int, ctx: dict[str, Any] | None = None) -> Iterator[WireWeights]:
         """The backend's `iter_weights` as a Ray streaming generator (call it with num_returns="streaming"): rank

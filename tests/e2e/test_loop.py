@@ -106,6 +106,16 @@ def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_s
     kinds = {r["kind"] for r in records}
     assert {"rollout", "perf", "step", "check", "eval"} <= kinds
     assert set(result["evals"]) == {0, 1, 2}
+    # every process of the run reported its memory at the end of each rollout
+    for rid in range(2):
+        memory = {
+            k: v
+            for r in records
+            if r["kind"] == "perf" and r["rollout_id"] == rid
+            for k, v in r["metrics"].items()
+        }
+        for process in ("driver", "rollout", "engine-0", "trainer-0"):
+            assert 0 < memory[f"perf/mem_rss_gb/{process}"] <= memory[f"perf/mem_peak_gb/{process}"]
 
     # a second run into the same run dir is refused unless it resumes the run or replaces it; with --overwrite it
     # computes every stage itself (caches are scoped to a run) and, being deterministic, lands on the same weights
