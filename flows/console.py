@@ -120,9 +120,11 @@ def header(cfg: RunConfig, verbose: bool) -> str:
     r = cfg.rollout
     every = f", eval every {cfg.eval.eval_interval}" if cfg.eval.eval_interval else ""
     hint = "" if verbose else " (--verbose: every log line)"
+    # float32 is what every run did before --precision: only another precision is named
+    precision = f", precision {cfg.train.precision}" if cfg.train.precision != "fp32" else ""
     return (
         f"rollflow run {cfg.name}: {r.num_rollout} rollouts x {r.rollout_batch_size} prompts x "
-        f"{r.n_samples_per_prompt} samples{every} -> {cfg.resolved_run_dir}; starting Prefect, Ray and the "
+        f"{r.n_samples_per_prompt} samples{every}{precision} -> {cfg.resolved_run_dir}; starting Prefect, Ray and the "
         f"actors{hint}"
     )
 
