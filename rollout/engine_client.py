@@ -23,10 +23,10 @@ context.
 
 Every call is made on the weights the rollout names (an engine holding another version refuses), from the
 rollout actor, on the engine of the sample's prompt group. Calls made at the same time go to the engine as one
-batch. Seeds: the n-th call made for a sample is seeded from the sample's seed and n (the first with the sample's
-seed itself, so a plug-in that generates once samples what rollflow's own generation samples), unless the
-payload gives `sampling_params["sampling_seed"]`; so a replay generates the same tokens. A sync rollout function
-runs on a worker thread and waits for a coroutine with `run(coro)`.
+batch. Seeds: the n-th call made for a sample is seeded from the sample's seed and n, unless the payload gives
+`sampling_params["sampling_seed"]`. So a replay generates the same tokens. The first call uses the sample's
+seed itself, so a plug-in that generates once samples what rollflow's own generation samples. A sync rollout
+function runs on a worker thread and waits for a coroutine with `run(coro)`.
 """
 
 from __future__ import annotations

@@ -202,12 +202,14 @@ async def _call_generate(
 
 
 class DataSource:
-    """slime's data source for a rollout function: the rollout's prompt groups, each `n_samples_per_prompt`
-    pending samples, handed out in order (`get_samples`), and slime's buffer of groups given back (`add_samples`),
-    which `get_samples` serves first through --buffer-filter-path, slime's
-    `buffer_filter(args, rollout_id, buffer, num_samples) -> groups` (it removes what it takes from `buffer`; the
-    default takes the first ones). The buffer lives as long as the rollout: rollflow hands a rollout function only
-    its own rollout's groups, and every one of them must come back (slime keeps a buffer across rollouts)."""
+    """slime's data source for a rollout function.
+    - `get_samples` hands out the rollout's prompt groups in order, each `n_samples_per_prompt` pending
+      samples.
+    - `add_samples` takes groups back into slime's buffer. `get_samples` serves the buffer first, through
+      --buffer-filter-path: slime's `buffer_filter(args, rollout_id, buffer, num_samples) -> groups`. It
+      removes what it takes from `buffer`; the default takes the first ones.
+    The buffer lives as long as the rollout (slime keeps one across rollouts). rollflow hands a rollout
+    function only its own rollout's groups, and every one of them must come back."""
 
     def __init__(
         self,

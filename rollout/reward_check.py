@@ -1,6 +1,6 @@
-"""`rollflow run --dry-run`'s reward check: the run's reward called on a few rows of its data, each answered by
-its own label written the way the rule reads an answer (`rewards.probe_response`), so that a reward that
-raises, or returns NaN, text or None, is named in seconds rather than after the engines and trainers start.
+"""`rollflow run --dry-run`'s reward check: the run's reward called on a few rows of its data. Each row is
+answered by its own label, written the way the rule reads an answer (`rewards.probe_response`). So a reward
+that raises, or returns NaN, text or None, is named in seconds, not after the engines and trainers start.
 With `--group-rm` a custom reward is called once, on a group of --n-samples-per-prompt samples of the first row,
 as the run calls it (`rollout.scoring.score_samples`). `probe_group` gives the same kind of scored group to the
 dry run's plug-in checks (rollout/plugin_check.py)."""

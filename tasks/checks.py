@@ -221,10 +221,11 @@ def out_of_sync_message(
     previous_sha256: str | None = None,
     run_dir: str = "RUN_DIR",
 ) -> str:
-    """Why engines fail the engines-in-sync check after rollout `rollout_id`'s sync to (`version`, `sha256`):
-    per engine, the version it holds, both weights hashes, and the tensors whose content differs from the
-    trainer's (the first one, then all of them by layer), so the message names the broken part. An engine whose
-    weights still hash to `previous_sha256` (what the engines held before this sync) is named stale first."""
+    """Why engines fail the engines-in-sync check after rollout `rollout_id`'s sync to (`version`, `sha256`).
+    Per engine: the version it holds, both weights hashes, and the tensors whose content differs from the
+    trainer's (the first one, then all of them by layer). So the message names the broken part. An engine
+    whose weights still hash to `previous_sha256` (what the engines held before this sync) is named stale
+    first."""
     parts = []
     stale = [e for e in wrong if previous_sha256 and e.sha256 == previous_sha256 != sha256]
     for e in stale:

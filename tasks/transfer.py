@@ -4,9 +4,9 @@ engine backend) pair (slime keeps the same choice in `update_weight_from_{tensor
 - `FullTransfer`: rank 0 exports every weight as one object in Ray's object store; every engine fetches it and
   loads it in one call. The embedded torch pair's path: the tiny models it runs cost one round trip.
 - `StreamedTransfer`: every trainer rank runs `stream_weights` in step (a backend whose weights live in shards
-  gathers them there); rank 0 yields HF-named buckets of about `bucket_bytes` as they are ready and each engine
-  loads them as they come, then commits the version once every weight arrived. No process holds two full copies:
-  rank 0 holds its shard plus one bucket, an engine its model plus one bucket.
+  gathers them there). Rank 0 yields HF-named buckets of about `bucket_bytes` as they are ready. Each engine
+  loads them as they come, then commits the version once every weight arrived. No process holds two full
+  copies: rank 0 holds its shard plus one bucket, an engine its model plus one bucket.
 
 Both return what was pushed: the weights' sha256 (artifacts.hashing.weights_sha256) and the per-tensor hashes,
 which the weight-update checker and the engines-in-sync check compare against without moving weights again.
