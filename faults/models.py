@@ -1,9 +1,9 @@
 """The fault hook request model (miles' `FaultHookRequest`, adapted to rollflow's processes).
 
-A request names a hook, an action (a union on `kind`), an optional target and optional filters.
-- target: `{"engine": i}` or `{"trainer_rank": r}`; none = every process that owns the hook.
-- filters, on the context the hook is reached in: `rollout_id`, `attempt` (the Prefect task's retry number
-  from 0), `weight_version`. The context's `stage` is logged, not filtered on.
+A request names a hook, an action (a union on `kind`), an optional target and optional filters. The target is
+`{"engine": i}` or `{"trainer_rank": r}`; none means every process that owns the hook. The filters apply to
+the context the hook is reached in: `rollout_id`, `attempt` (the Prefect task's retry number from 0) and
+`weight_version`. The context's `stage` is logged, not filtered on.
 `delay_ms` schedules the action after the hook is reached; `lifetime_seconds` drops a request that has not
 fired that long after the run started. Each request fires at most once in the whole run, restarts included.
 """
