@@ -218,11 +218,11 @@ def parse_announcement(value: Any) -> tuple[str, Path]:
 
 
 def serve_beside_prefect(api_port: int, files_port: int, root: str | Path) -> None:
-    """For `rollflow server`, just before it execs Prefect's server on `api_port`: bind the file server of `root`
-    on `files_port` (OSError when it cannot) and fork the process that runs it. That process starts serving once
-    this one has exec'd (a pipe that the exec closes tells it; an exec that never happens, as in a test that fakes
-    it, leaves it idle), records the server in `VARIABLE` once the API answers, and ends when Prefect's server ends
-    (a pipe whose write end this process keeps open across the exec)."""
+    """For `rollflow server`, just before it execs Prefect's server on `api_port`: bind the file server of
+    `root` on `files_port` (OSError when it cannot) and fork the process that runs it. That process starts
+    serving once this one has exec'd: a pipe that the exec closes tells it. An exec that never happens, as in
+    a test that fakes it, leaves it idle. It records the server in `VARIABLE` once the API answers. It ends
+    when Prefect's server ends: this process keeps a pipe's write end open across the exec."""
     if files_port == api_port:
         raise ValueError(f"the file server needs a port of its own, not Prefect's ({api_port})")
     server = FileServer(root, files_port)

@@ -11,10 +11,11 @@ fails when Prefect changes what these rely on.
 - `route_sigterm`: every flow run, nested ones included, installs `prefect.utilities.engine.
   _prefect_sigterm_handler` for SIGTERM (over any other handler), and a runner's cancel is acknowledged only while
   that function is the installed handler; both look it up as a module global.
-- `intend_cancel`, `clear_cancel_intent`, `cancel_intended`, `runner_managed`: Prefect's engine ends a flow run Cancelled (not
-  Crashed) when the asyncio cancellation that stops it comes with the "cancel" intent of its control listener
-  (`prefect._internal.control_listener`, which a runner sets before it kills a flow run it cancels); a runner's
-  flow run process has `PREFECT__ENABLE_CANCELLATION_AND_CRASHED_HOOKS=false` (prefect.flow_engine).
+- `intend_cancel`, `clear_cancel_intent`, `cancel_intended`, `runner_managed`: Prefect's engine ends a flow
+  run Cancelled (not Crashed) when the asyncio cancellation that stops it comes with the "cancel" intent of
+  its control listener (`prefect._internal.control_listener`). A runner sets that intent before it kills a
+  flow run it cancels. A runner's flow run process has `PREFECT__ENABLE_CANCELLATION_AND_CRASHED_HOOKS=false`
+  (prefect.flow_engine).
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ run goes, beside the per-rollout metrics tables on the `rollout-<id>` flow runs.
 
 Cost: each artifact is created once and then changed in place (PATCH /artifacts/{id}: the key keeps one
 version per run instead of one per rollout). The run loop's publisher (`flows.runtime.Publisher`) calls
-`rollout_done` in the background, off the loop's path; progress and summary are sent at most every
-`PAGE_EVERY` seconds (two small requests), the chart (about 100 KB, and a few hundred ms of CPU to draw) after an
-eval at most every `CURVES_EVERY` seconds; `close` sends all three at the end of the run, whatever its outcome.
+`rollout_done` in the background, off the loop's path. Progress and summary (two small requests) are sent at
+most every `PAGE_EVERY` seconds. The chart, large and costly to draw, is sent after an eval at most every
+`CURVES_EVERY` seconds. `close` sends all three at the end of the run, whatever its outcome.
 `ROLLFLOW_RUN_PAGE=off` turns the three artifacts off (e.g. to measure their cost with bench/overhead.py).
 """
 

@@ -2,11 +2,11 @@
 run the same way, within seconds.
 
 The stop is one asyncio cancellation of the run flow's task, marked as a cancel for Prefect's engine
-(`prefect_private.intend_cancel`), so the rollout flow run it interrupts and the run's flow run end Cancelled; the
-stage task it interrupts, which Prefect marks Crashed, is marked Cancelled too (`mark_interrupted`). The run's
-`finally` blocks then stop the actors. A rollout counts once the parent has logged its step time, and every file a
-stage writes is written whole or not at all, so the run resumes from its last complete rollout. A second Ctrl-C
-exits at once (the reaper, flows/reaper.py, stops Ray and Prefect's temporary server).
+(`prefect_private.intend_cancel`). So the rollout flow run it interrupts and the run's flow run end Cancelled.
+Prefect marks the stage task it interrupts Crashed; `mark_interrupted` marks it Cancelled too. The run's
+`finally` blocks then stop the actors. A rollout counts once the parent has logged its step time, and every
+file a stage writes is written whole or not at all. So the run resumes from its last complete rollout. A
+second Ctrl-C exits at once (the reaper, flows/reaper.py, stops Ray and Prefect's temporary server).
 
 A flow run that a runner started (a worker's, `rollflow serve`'s) is cancelled by its runner: the runner sets the
 cancel intent through its control channel, then sends SIGTERM, which stops the run the same way; the runner marks
@@ -161,11 +161,13 @@ def _prefect_consoles() -> list[logging.Handler]:
 
 
 async def mark_interrupted(parent_flow_run_id: str, reason: str, *, wait: float = 5.0) -> None:
-    """What a stop interrupted, marked Cancelled with `reason`: a rollout flow run it caught before Prefect's
-    engine ran it (left Pending), and the task runs of the run's flow run and of its rollout flow runs that
-    Prefect's engine marked Crashed ("cancelled by the runtime environment"). Task run states reach the server as
-    events, recorded in batches about once a second: this reads until none of those task runs is left unfinished,
-    for a batch's time at least and `wait` seconds at most, then marks any still unfinished Cancelled too."""
+    """Mark what a stop interrupted Cancelled, with `reason`:
+    - a rollout flow run it caught before Prefect's engine ran it (left Pending);
+    - the task runs of the run's flow run and of its rollout flow runs that Prefect's engine marked Crashed
+      ("cancelled by the runtime environment").
+    Task run states reach the server as events, recorded in batches about once a second. So this reads until
+    none of those task runs is left unfinished, for a batch's time at least and `wait` seconds at most. Then
+    it marks any still unfinished Cancelled too."""
     import anyio
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
