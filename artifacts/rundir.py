@@ -1,8 +1,8 @@
 """Owning a run directory: one run at a time (a lock naming pid and host), the run's identity (`run.json`:
 run id, start time, the Prefect flow run), and the records a resumed run must not write twice.
 
-A lock is an `fcntl.flock` on `<run dir>/.lock`: the kernel drops it when the owning process dies, however it
-dies, so a crashed run never blocks the next one; the file's text names the owner for the error message.
+A lock is an `fcntl.flock` on `<run dir>/.lock`. The kernel drops it when the owning process dies, however it
+dies, so a crashed run never blocks the next one. The file's text names the owner for the error message.
 """
 
 from __future__ import annotations

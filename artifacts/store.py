@@ -55,9 +55,9 @@ PathArg = str | os.PathLike[str]
 _PREFIX = "rollflow."
 _RESERVED_KEYS = ("schema_version", "kind", "content_sha256")
 
-# Fixed writer settings: the file bytes must be a function of the table content (and the pyarrow
-# version, which stamps itself into the footer), so that equal rollouts have equal sha256 and
-# Prefect cache keys built from them hit.
+# Fixed writer settings: the file bytes must be a function of the table content (and the pyarrow version,
+# which stamps itself into the footer). So equal rollouts have equal sha256, and Prefect cache keys built from
+# them hit.
 _PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "compression_level": 3,

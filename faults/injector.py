@@ -2,8 +2,8 @@
 the run's requests and calls `reach(hook, **context)` at its named points.
 
 Every transition (pending, reached, scheduled, fired, failed, expired) is one line of `faults.jsonl` in the run
-dir. "Fires at most once" holds across processes and restarts: a request is claimed by creating
-`<run dir>/faults/<request_id>.claimed` with O_EXCL before it fires, so a restarted engine (same arguments,
+dir. "Fires at most once" holds across processes and restarts. A request is claimed by creating
+`<run dir>/faults/<request_id>.claimed` with O_EXCL before it fires. So a restarted engine (same arguments,
 same requests) or a second matching process never fires it again.
 """
 

@@ -2,13 +2,16 @@
 generation (with or without --custom-generate-function-path), in the run's rollout actor. A --rollout-function-path
 replaces slime's whole rollout, this included, as in slime.
 
-Prompt groups are drawn --over-sampling-batch-size at a time, generated and scored; the filter (none: every group
-is kept), called as slime calls it, ``filter(args, samples) -> DynamicFilterOutput`` (or a bool) on each group of slime's samples, keeps or
-drops it; groups are drawn again until --rollout-batch-size groups are kept. As in slime: a draw is made while fewer
-than --rollout-batch-size groups are kept or waiting to be judged, kept groups beyond the batch are discarded, and a
-group rejected with ``keep_when_insufficient`` is kept when dropping it would leave too few. Unlike slime, each
-draw is generated whole and judged in draw order (slime judges groups as they finish), so which groups are kept
-depends only on the seeds, the rollout id and the weights, and a replay or resume keeps the same ones.
+Prompt groups are drawn --over-sampling-batch-size at a time, generated and scored. The filter keeps or drops
+each group; it is called as slime calls it, ``filter(args, samples) -> DynamicFilterOutput`` (or a bool), on
+each group of slime's samples. With no filter every group is kept. Groups are drawn again until
+--rollout-batch-size groups are kept.
+
+As in slime: a draw is made while fewer than --rollout-batch-size groups are kept or waiting to be judged.
+Kept groups beyond the batch are discarded. A group rejected with ``keep_when_insufficient`` is kept when
+dropping it would leave too few. Unlike slime, each draw is generated whole and judged in draw order (slime
+judges groups as they finish). So which groups are kept depends only on the seeds, the rollout id and the
+weights, and a replay or resume keeps the same ones.
 
 Which prompts: draw ``k`` of rollout ``r`` takes the ``O`` prompts (``O`` = --over-sampling-batch-size) at
 positions ``S_r + k*O ...`` of the data's visiting order. That order is the file's, or --rollout-shuffle's

@@ -1,8 +1,8 @@
 """A rollout finished: the engines' outputs scored with the run's reward, packaged as samples and written as the
-rollout's Parquet artifact. It runs in the run's rollout actor (rollout/actor.py), as slime's rollout manager scores
-and stores what it generated, so the orchestrating process only waits for the file's ref and the trainers' log-prob
-pass can follow on it through Ray. Everything here depends only on its arguments: the same outputs give the same
-file."""
+rollout's Parquet artifact. It runs in the run's rollout actor (rollout/actor.py), as slime's rollout manager
+scores and stores what it generated. So the orchestrating process only waits for the file's ref, and the
+trainers' log-prob pass can follow on it through Ray. Everything here depends only on its arguments: the same
+outputs give the same file."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Generated samples scored and packaged as rollout rows, the same way whether the run's own generation, a
 `--custom-generate-function-path` or a `--rollout-function-path` produced them.
 
-A reward runs once per sample, or with `--group-rm` once per prompt group (slime's group reward: a custom reward
-called as `reward(args, samples)` returns one reward per sample of the group; a built-in one scores each sample as
-without the flag). A sample a generate function already scored (`reward` set) is not scored again, as in slime.
+A reward runs once per sample, or with `--group-rm` once per prompt group (slime's group reward). A custom
+group reward is called as `reward(args, samples)` and returns one reward per sample of the group. A built-in
+one scores each sample as without the flag. A sample a generate function already scored (`reward` set) is not
+scored again, as in slime.
 """
 
 from __future__ import annotations

@@ -147,10 +147,10 @@ async def _generate(
     ctx: dict[str, Any],
     eval_mode: bool = False,
 ) -> Generated:
-    """Each engine generates its part of `entries` on the weights `weights` (an engine holding another version
-    refuses), then the rollout actor checks every output's weight version, scores them and writes the rollout (an
-    eval set with `eval_mode`) to `path` (rollout/actor.py). Both are submitted at once: Ray hands the engines'
-    answers to the rollout actor without a round trip through this process."""
+    """Each engine generates its part of `entries` on the weights `weights`; an engine holding another version
+    refuses. Then the rollout actor checks every output's weight version, scores them and writes the rollout
+    (an eval set with `eval_mode`) to `path` (rollout/actor.py). Both are submitted at once: Ray hands the
+    engines' answers to the rollout actor without a round trip through this process."""
     _, parts = _per_engine(cfg, entries)
     engines = actors.engines(cfg)
     if not eval_mode and dynamic_sampling(cfg):  # draws until the filter keeps a batch (rollout/dynamic.py)
@@ -317,8 +317,8 @@ async def train_step(
     that applied this rollout already returns the metrics it applied (a retry never trains twice).
 
     Training changes actor state, so its cache is scoped to the trainer `session` (the actors of one
-    `rollflow run`): re-running a rollout flow against the same actors returns the cached metrics,
-    while a fresh run with fresh actors trains for real."""
+    `rollflow run`). Re-running a rollout flow against the same actors returns the cached metrics. A fresh run
+    with fresh actors trains for real."""
     ctx, trainers = stage_context(rollout_id, "train-step"), actors.trainers(cfg)
     steps = [t.train_step.remote(rollout, logprobs, cfg.train_data_template, ctx) for t in trainers]
     try:

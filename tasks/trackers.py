@@ -1,11 +1,11 @@
 """Experiment trackers fed by `log_metrics`: Weights & Biases and TensorBoard, with slime's flags, metric
 names and step keys.
 
-Each tracker is opened lazily by the first record of a run (so a run that fails before logging anything
-creates no W&B run) and lives until `finish_trackers` at the end of the run, once per run directory and
-process. slime's step keys: rollout and perf records are logged at `rollout/step` = rollout id, train steps
-at `train/step`, evals at `eval/step` = the rollout id slime gives the eval (`eval_step`). `check` records are not slime metrics and stay in
-metrics.jsonl and the Prefect UI.
+Each tracker is opened lazily by the first record of a run, so a run that fails before logging anything
+creates no W&B run. It lives until `finish_trackers` at the end of the run, once per run directory and
+process. slime's step keys: rollout and perf records are logged at `rollout/step` = rollout id, train steps at
+`train/step`, evals at `eval/step` = the rollout id slime gives the eval (`eval_step`). `check` records are
+not slime metrics and stay in metrics.jsonl and the Prefect UI.
 
 Failure policy: a missing package is refused before the run starts (`require_trackers`, called when the
 config is resolved), naming the extra to install. A tracker that fails while logging raises `TrackerError`
