@@ -38,9 +38,9 @@ ETA_WINDOW = 20  # rollouts the ETA averages over: at least two eval intervals o
 
 @dataclass(frozen=True)
 class RolloutStats:
-    """One rollout in numbers (None where the run did not log the metric): the reward, the mean over its optimizer
-    steps of KL and grad norm, entropy and response length, its wall seconds, and the evals its flow ran as
-    (weights version, {eval/NAME: value})."""
+    """One rollout in numbers; None where the run did not log the metric. The reward; the mean over its
+    optimizer steps of KL and grad norm; entropy and response length; its wall seconds; and the evals its flow
+    ran, as (weights version, {eval/NAME: value})."""
 
     rollout_id: int
     reward: float | None

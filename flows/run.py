@@ -37,8 +37,8 @@ from tasks.transfer import trainer_weights
 @dataclass(frozen=True)
 class RolloutResult:
     """What a `rollout-<id>` flow run returns: the engines' weights after it, and how many task runs it
-    started (at the end of the run, the parent waits for the server to have recorded those of the last rollout,
-    `runtime.settle`)."""
+    started. At the end of the run, the parent waits for the server to have recorded those of the last rollout
+    (`runtime.settle`)."""
 
     weights: WeightsRef
     task_runs: int
@@ -63,8 +63,9 @@ def _run_name() -> str:
 async def rollout_flow(
     cfg: RunConfig, rollout_id: int, weights: WeightsRef, session: str, refresh: list[str] | None = None
 ) -> RolloutResult:
-    """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval), each stage a
-    task that runs its actor calls inside its own span, one after the other (on-policy: each needs the one before).
+    """One RL iteration: generate -> save-rollout -> log-prob -> train-step -> sync -> check (+ eval). Each
+    stage is a task that runs its actor calls inside its own span. They run one after the other: on-policy,
+    each needs the one before.
 
     --debug-rollout-only stops after save-rollout; --load-debug-rollout-data (train-only) loads a
     recording instead of generating and never syncs; --ci-inject-rollout-data-path generates, then

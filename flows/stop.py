@@ -8,9 +8,9 @@ Prefect marks the stage task it interrupts Crashed; `mark_interrupted` marks it 
 file a stage writes is written whole or not at all. So the run resumes from its last complete rollout. A
 second Ctrl-C exits at once (the reaper, flows/reaper.py, stops Ray and Prefect's temporary server).
 
-A flow run that a runner started (a worker's, `rollflow serve`'s) is cancelled by its runner: the runner sets the
-cancel intent through its control channel, then sends SIGTERM, which stops the run the same way; the runner marks
-it Cancelled.
+A flow run that a runner started (a worker's, `rollflow serve`'s) is cancelled by its runner. The runner sets
+the cancel intent through its control channel, then sends SIGTERM, which stops the run the same way. The
+runner marks it Cancelled.
 """
 
 from __future__ import annotations
@@ -105,11 +105,11 @@ _prefect_sigterm = prefect_private.route_sigterm(_on_sigterm)
 
 @contextlib.contextmanager
 def stoppable(cfg: RunConfig, flow_run_id: str) -> Iterator[Stopper]:
-    """While inside (the run flow's body, on its event loop): Ctrl-C and SIGTERM stop the run, and so does a
-    cancel of flow run `flow_run_id` seen by the API watchdog (which also ends the process when the API stops
-    answering, `runtime.api_watchdog`); a runner's flow run is cancelled by its runner instead. Once stopped,
-    Prefect's console lines about the flow and task runs the stop interrupts stay off the console (they are in the
-    run's log and in the UI)."""
+    """While inside (the run flow's body, on its event loop): Ctrl-C and SIGTERM stop the run. So does a
+    cancel of flow run `flow_run_id` seen by the API watchdog (`runtime.api_watchdog`, which also ends the
+    process when the API stops answering). A runner's flow run is cancelled by its runner instead. Once
+    stopped, Prefect's console lines about the flow and task runs the stop interrupts stay off the console
+    (they are in the run's log and in the UI)."""
     global _last, _active
     if _last is not None and _last.reason is not None:
         prefect_private.clear_cancel_intent()  # an earlier run of this process was stopped

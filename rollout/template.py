@@ -46,8 +46,8 @@ def _generation_eos(checkpoint: str | None) -> list[int]:
 
 def end_of_turn(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> int | None:
     """The token that closes an assistant turn in the chat template: the first token rendered after the
-    assistant's content, when it is a special token (None without a template, or when the turn ends with
-    ordinary text, which then needs a --rollout-stop string)."""
+    assistant's content, when it is a special token. None without a template, or when the turn ends with
+    ordinary text, which then needs a --rollout-stop string."""
     if not getattr(tokenizer, "chat_template", None):
         return None
     probe = _probe_text(tokenizer)
@@ -233,10 +233,10 @@ def check_examples(
 def engine_side_problem(
     tokenizer: Any, engine_text: str, engine_ids: list[int], check: TemplateCheck
 ) -> str | None:
-    """Compare the prompt tokens the engine is given (`engine_ids`, rendered as `engine_text` by the run's prompt
-    pipeline) with the trainer's rendering and tokenization of the same messages (`check`); the first differing
-    token and which side differs (the rendered text: the template; the ids of the same text: the tokenizer), or
-    None when they agree."""
+    """Compare the prompt tokens the engine is given (`engine_ids`, rendered as `engine_text` by the run's
+    prompt pipeline) with the trainer's rendering and tokenization of the same messages (`check`). Returns the
+    first differing token and which side differs, or None when they agree. A differing rendered text blames
+    the template; differing ids of the same text blame the tokenizer."""
     trainer_ids = check.prompt_ids
     if engine_ids == trainer_ids:
         return None

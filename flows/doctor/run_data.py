@@ -1,9 +1,9 @@
 """What `rollflow doctor` reads from a run directory: config.yaml, metrics.jsonl, recordings, log-probs, how the
 run ended (outcome.json: the root cause the console printed) and the injected faults (faults.jsonl).
 
-Metric series come from metrics.jsonl (every rollout); per-sample rules read the recordings of at most
-`MAX_EXAMINED` rollouts spread evenly over the run (the first and the last always among them), so the
-doctor of a 3000-rollout run reads a few dozen Parquet files, not thousands.
+Metric series come from metrics.jsonl (every rollout). Per-sample rules read the recordings of at most
+`MAX_EXAMINED` rollouts spread evenly over the run, the first and the last always among them. So the doctor of
+a 3000-rollout run reads a few dozen Parquet files, not thousands.
 """
 
 from __future__ import annotations

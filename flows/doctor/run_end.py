@@ -1,7 +1,7 @@
-"""Doctor rules over how a run ended: the root cause it failed with (outcome.json, the line the console printed
-last: an always-on check, the inject guard, a checker, a stage's error, a failure before the first rollout) and
-the faults it injected (faults.jsonl). A failure leaves no metric record behind, so without these rules the
-doctor of a failed run would only see that it stopped early."""
+"""Doctor rules over how a run ended: the root cause it failed with, and the faults it injected
+(faults.jsonl). The root cause is in outcome.json, the line the console printed last: an always-on check, the
+inject guard, a checker, a stage's error, a failure before the first rollout. A failure leaves no metric
+record behind. So without these rules the doctor of a failed run would only see that it stopped early."""
 
 from __future__ import annotations
 
@@ -139,8 +139,8 @@ def failure(run: RunData) -> list[Finding]:
 
 
 def faults(run: RunData) -> list[Finding]:
-    """The faults the run injected (faults.jsonl): one whose action could not be carried out is a warning (the
-    survival it meant to test was not tested); one that fired in a run that did not fail, or never fired, is
+    """The faults the run injected (faults.jsonl). One whose action could not be carried out is a warning: the
+    survival it meant to test was not tested. One that fired in a run that did not fail, or never fired, is
     information. A fault that fired before a failure is named in the failure's finding."""
     out = []
     last: dict[str, dict[str, Any]] = {}
