@@ -63,9 +63,8 @@ _PARQUET_OPTIONS: dict[str, Any] = {
     "compression_level": 3,
     "version": "2.6",
     "data_page_version": "1.0",
-    # No min/max statistics: page headers would carry bytes that neither the page CRC nor the
-    # content checksum covers (a flip there goes unnoticed), and rollout files are too small for
-    # query engines to gain from skipping pages.
+    # No min/max statistics: neither the page CRC nor the content checksum covers them, so a flipped byte
+    # there would go unnoticed. Rollout files are too small for query engines to gain from skipping pages.
     "write_statistics": False,
     "write_page_checksum": True,  # page CRCs: a flipped byte fails at decode, naming the page
     "store_schema": True,  # ARROW:schema restores Arrow types (uint32, large_string, ...) on read
