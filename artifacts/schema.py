@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 __all__ = [
+    "SAMPLE_FIELDS",
     "SAMPLE_SCHEMA",
     "SAMPLE_STATUSES",
     "SCHEMA_VERSION",
@@ -49,6 +50,28 @@ SAMPLE_SCHEMA: pa.Schema = pa.schema(
         pa.field("metadata", pa.string()),  # JSON text of Sample.metadata
     ]
 )
+
+# What each column holds (docs/reference/schema.md is generated from it)
+SAMPLE_FIELDS: dict[str, str] = {
+    "rollout_id": "The rollout (RL iteration) the sample belongs to.",
+    "group_index": "The prompt's group within the rollout: the samples of one prompt share it (GRPO's group).",
+    "sample_index": "The sample's index within the rollout, unique in the file.",
+    "prompt": "The prompt text the engine was given (after the chat template, with --apply-chat-template).",
+    "prompt_tokens": "The prompt's token ids.",
+    "response": "The generated text.",
+    "response_tokens": "The generated token ids, stop token included.",
+    "response_length": "len(response_tokens).",
+    "label": "The reference answer the reward compares with.",
+    "reward": "The reward of the response.",
+    "status": "How generation ended: completed, truncated (length limit), aborted or failed (the reward raised).",
+    "loss_mask": "Per response token: 1 trains on it, 0 leaves it out (e.g. a tool's output).",
+    "rollout_log_probs": "Per response token: the engine's log-prob of it (float32); empty when unknown.",
+    "weight_version": "The weight version the engine generated with.",
+    "seed": "The sample's sampling seed, derived from --rollout-seed, the rollout id and the sample index.",
+    "metadata": "The prompt row's metadata as JSON text (e.g. the eval set's name).",
+}
+if list(SAMPLE_FIELDS) != SAMPLE_SCHEMA.names:
+    raise AssertionError("SAMPLE_FIELDS must describe SAMPLE_SCHEMA's columns in their order")
 
 _INT32_MAX = 2**31 - 1
 
