@@ -2,8 +2,8 @@
 
 Prefect merges a flow run's parameters over its deployment's (and a schedule's) one top-level key at a
 time, so a run given `{"cfg": {"rollout": {"num_rollout": 3}}}` would lose every served default of `cfg`.
-The run flow calls `apply_served_defaults` when it resolves its config (`flows/resolve.py`): inside a
-deployment flow run it reads the deployment's own `cfg` from the API and merges the given fields over it,
+The run flow calls `apply_served_defaults` when it resolves its config (`flows/resolve.py`). Inside a
+deployment flow run, it reads the deployment's own `cfg` from the API and merges the given fields over it,
 section by section.
 
 Values equal to RunConfig's defaults count as not given: the UI's Run form sends every field of the form,

@@ -8,7 +8,7 @@ page cannot read the files).
 
 `rollflow server` calls `serve_beside_prefect` and then execs `prefect server start`, so the process stays
 Prefect's own (its output, its prompts, its signals and exit code). The file server runs in a forked process
-that ends when that process ends, and, once Prefect's API answers, records itself in the Prefect Variable
+that ends when that process ends. Once Prefect's API answers, it records itself in the Prefect Variable
 `VARIABLE` ({"url": ..., "root": ...}), where a run's page finds it (`flows.run_page.find_file_server`).
 """
 

@@ -36,8 +36,8 @@ START_UP = "start-up"
 
 # Actor method -> the stages whose task runs may hold its calls (any one of them). A method not listed
 # (health, stats, node, free_port, setup, prepare, load, shutdown, get_weights, __init__, ...) belongs to the
-# actors' start-up, recovery or shut-down: reported in its own row, a violation only when it runs inside a
-# rollout's flow run outside all of its task runs.
+# actors' start-up, recovery or shut-down. It is reported in its own row. It is a violation only when it runs
+# inside a rollout's flow run outside all of its task runs.
 METHOD_STAGES: dict[str, tuple[str, ...]] = {
     "EngineActor.generate": ("generate", "eval"),
     "RolloutActor.finish_rollout": ("generate", "eval"),
@@ -99,7 +99,7 @@ class FlowRunSpan(NamedTuple):
 @dataclass(frozen=True)
 class RunSpans:
     """What Prefect recorded of one run: its parent flow run, its `rollout-<id>` child flow runs, and the task
-    runs that ran (the parent's own, such as its first sync and its saves, and the children's)."""
+    runs that ran. Those are the parent's own (its first sync, its saves) and the children's."""
 
     parent: FlowRunSpan
     rollouts: list[FlowRunSpan]
@@ -277,11 +277,11 @@ def attribute(calls: Iterable[Call], spans: RunSpans, tolerance_ms: float = 5.0)
 
 async def read_run_spans(parent_flow_run_id: uuid.UUID, *, settle: float = 10.0) -> RunSpans:
     """The run whose parent flow run is `parent_flow_run_id`, as Prefect recorded it (`get_client()`'s
-    server): the parent, its `rollout-<id>` children, and the task runs of both that started (a cached one ran
-    nothing), without the parent's runs that track a child. The server records task runs from events, in
-    batches: this reads again, for up to `settle` seconds, until every task run is final and a second read
-    finds no new one. A task run with no end yet is taken to end with its flow run. ValueError if the parent
-    has not ended."""
+    server). That is the parent, its `rollout-<id>` children, and the task runs of both that started (a cached
+    one ran nothing), without the parent's runs that track a child. The server records task runs from events,
+    in batches. So this reads again, for up to `settle` seconds, until every task run is final and a second
+    read finds no new one. A task run with no end yet is taken to end with its flow run. ValueError if the
+    parent has not ended."""
     import time
 
     import anyio

@@ -146,10 +146,12 @@ def package(
     extra: list[dict[str, Any]],
     weight_version: int | None = None,
 ) -> list[Any]:
-    """The rollout rows of scored `samples`: the reward's side entries under `metadata["reward_extra"]`, a failed
-    reward as status `failed` with its error under `metadata["reward_error"]` (loss mask zeroed), `extra[i]`
-    added to sample i's metadata (where it came from). The weight version is `weight_version`, else the engine's
-    (all of a rollout's outputs come from one, checked before)."""
+    """The rollout rows of scored `samples`.
+    - The reward's side entries go under `metadata["reward_extra"]`.
+    - A failed reward gives status `failed`, its error under `metadata["reward_error"]`, loss mask zeroed.
+    - `extra[i]` is added to sample i's metadata (where it came from).
+    The weight version is `weight_version`, else the engine's: all of a rollout's outputs come from one,
+    checked before."""
     rows = []
     for s, sc, more in zip(samples, scored, extra, strict=True):
         s.metadata = {**s.metadata, **more}

@@ -86,10 +86,10 @@ def close_run(cfg: RunConfig) -> Path | None:
 
 
 def reward_stats(samples: list[Sample], n_per_prompt: int) -> dict[str, float]:
-    """Rollout-side stats of one rollout, with slime's names: reward, lengths, truncation, failed rewards
-    (`rollout/failed_count` samples whose reward raised), and `rollout/zero_std/count_{reward}` (groups whose
-    valid samples all got that reward, rounded to 0.1: a failed sample is out of its group's statistics, as
-    in the trainer's advantages)."""
+    """Rollout-side stats of one rollout, with slime's names: reward, lengths, truncation, failed rewards and
+    zero-std groups. `rollout/failed_count` counts samples whose reward raised.
+    `rollout/zero_std/count_{reward}` counts groups whose valid samples all got that reward, rounded to 0.1. A
+    failed sample is out of its group's statistics, as in the trainer's advantages."""
     lengths = [float(s.response_length) for s in samples]
     groups: dict[int, list[float]] = {}
     for s in samples:

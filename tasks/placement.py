@@ -104,8 +104,9 @@ def shortfall(
 
 
 def local_cluster(cfg: RunConfig) -> dict[str, float]:
-    """What the local Ray that `tasks.actors.ensure_ray` starts for `cfg` will hold, known before it starts: this
-    machine's CPUs (as ensure_ray declares them), its GPUs, and the run's slots when they are a custom resource."""
+    """What the local Ray that `tasks.actors.ensure_ray` starts for `cfg` will hold, known before it starts.
+    That is this machine's CPUs (as ensure_ray declares them), its GPUs, and the run's slots when they are a
+    custom resource."""
     import os
 
     have = {"CPU": float(max(2, os.cpu_count() or 2)), **local_resources(cfg)}
@@ -160,8 +161,9 @@ def _ip_key(ip: str) -> tuple[int, int, str]:
 
 
 def by_node(bundles: tuple[int, ...], nodes: dict[int, tuple[str, str]]) -> tuple[int, ...]:
-    """`bundles` ordered by the node holding each ((ip, node id) in `nodes`), then by index: the ranks that follow
-    each other share a node, as slime orders its bundles (a tensor-parallel group should not span nodes)."""
+    """`bundles` ordered by the node holding each ((ip, node id) in `nodes`), then by index. So ranks that
+    follow each other share a node, as slime orders its bundles: a tensor-parallel group should not span
+    nodes."""
     return tuple(sorted(bundles, key=lambda b: (_ip_key(nodes[b][0]), nodes[b][1], b)))
 
 

@@ -141,9 +141,9 @@ async def restart_trainers(cfg: RunConfig) -> None:
 
 
 def unwrapped(e: ray.exceptions.RayTaskError) -> BaseException:
-    """The exception an actor raised, as it raised it: its own type and message, which Prefect's state message then
-    shows (Ray's wrapper text carries terminal colour codes), with Ray's remote traceback, colour codes removed, as a
-    note for the logs. `e` itself when Ray did not keep the cause."""
+    """The exception an actor raised, as it raised it: its own type and message, which Prefect's state message
+    then shows. Ray's wrapper text carries terminal colour codes. Ray's remote traceback, colour codes
+    removed, is added as a note for the logs. `e` itself when Ray did not keep the cause."""
     cause = e.cause
     if not isinstance(cause, BaseException) or cause is e:
         return e
