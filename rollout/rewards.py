@@ -299,9 +299,9 @@ class Scorer:
         ]
 
     async def _in_order(self, requests: list[RewardRequest]) -> list[Any]:
-        """The sync reward's values for `requests`, called one after another on a worker thread (as inline, so a
-        stateful reward sees the same calls in the same order). A call past the timeout fails its sample, and a
-        fresh worker goes on with the next sample.
+        """The sync reward's values for `requests`, called one after another on a worker thread (as inline, so
+        a stateful reward sees the same calls in the same order). A call past the timeout fails its sample, and
+        a fresh worker goes on with the next sample.
 
         Why a thread: Python cannot kill one, but a hung reward almost always waits (a judge that never
         answers, a lock, a sleep) and so holds no GIL. The abandoned daemon thread blocks neither this actor's

@@ -60,8 +60,8 @@ class Sample:
     train_metadata: dict[str, Any] | None = None
     session_id: str | None = None
     non_generation_time: float = 0.0
-    # rollflow's: the sample's sampling seed, from --rollout-seed, the rollout and the index. Every engine call for
-    # this sample derives its own seed from it, so a replay samples the same tokens.
+    # rollflow's: the sample's sampling seed, from --rollout-seed, the rollout and the index. Every engine call
+    # for this sample derives its own seed from it, so a replay samples the same tokens.
     seed: int | None = None
 
     @property
