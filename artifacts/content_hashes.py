@@ -32,9 +32,10 @@ def record(
     tensors: dict[str, dict[str, torch.Tensor]],
     ranges: dict[str, dict[str, tuple[int, int]]] | None = None,
 ) -> None:
-    """Write `directory`/tensor_hashes.json: per-tensor hashes of each safetensors file's tensors as saved
-    (`tensors`: file -> name -> tensor) and of each byte range of the other files (`ranges`: file -> key ->
-    (offset, length), hashed from the files already in `directory`)."""
+    """Write `directory`/tensor_hashes.json.
+    - `tensors` (file -> name -> tensor): per-tensor hashes of each safetensors file's tensors as saved.
+    - `ranges` (file -> key -> (offset, length)): a hash of each byte range of the other files, read from the
+      files already in `directory`."""
     root = Path(directory)
     files: dict[str, Any] = {f: {"tensors": tensor_hashes(named)} for f, named in tensors.items()}
     for f, spans in (ranges or {}).items():

@@ -42,10 +42,10 @@ def _rollout_ids(run: Path) -> list[int]:
 
 
 def _metrics_by_rollout(run: Path) -> dict[int, dict[RecordKey, dict]]:
-    """Every non-timing record of a run, by rollout id, keyed by (kind, step) for step records and
-    (kind, n-th record of that kind) otherwise, so two runs are compared record by record even when
-    one of them logged fewer (one read of metrics.jsonl). A rollout's bookkeeping records are merged into one,
-    (kind, 0), compared by metric name (`_bookkeeping`)."""
+    """Every non-timing record of a run, by rollout id, from one read of metrics.jsonl. Step records are keyed
+    by (kind, step), others by (kind, n-th record of that kind). So two runs are compared record by record
+    even when one of them logged fewer. A rollout's bookkeeping records are merged into one, (kind, 0),
+    compared by metric name (`_bookkeeping`)."""
     out: dict[int, dict[RecordKey, dict]] = {}
     for r in read_metrics(RunPaths(run).metrics, strict=True):
         if r["kind"] in _TIMING_KINDS:

@@ -1,9 +1,9 @@
 """slime's `args`: the run's whole config as one flat namespace under slime's attribute names
-(`args.rollout_max_response_len`, `args.n_samples_per_prompt`, `args.rm_type`, `args.custom_rm_path`, ...),
-which a custom reward and every plug-in receive as their first argument, as slime hands them its parsed flags.
+(`args.rollout_max_response_len`, `args.n_samples_per_prompt`, `args.rm_type`, `args.custom_rm_path`, ...). A
+custom reward and every plug-in receive it as their first argument, as slime hands them its parsed flags.
 
-Every field of every config section is an attribute (the sections' field names are slime's flag names, and no
-two sections share one), plus the run-level fields (`hf_checkpoint`, `name`, ...) and what slime's own code
+Every field of every config section is an attribute: the sections' field names are slime's flag names, and no
+two sections share one. So are the run-level fields (`hf_checkpoint`, `name`, ...), and what slime's own code
 reads that rollflow always does the same way (`rollout_global_dataset`). The namespace is a copy: a plug-in
 that sets an attribute changes nothing in the run.
 """

@@ -29,9 +29,9 @@ REEXECUTION_CHECKS = {
 
 
 def retry_unless_check_failed(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect's `retry_condition_fn`: a checker failure is deterministic (the same inputs fail the same way),
-    so it is reported once instead of being retried (the inject guard's mismatch and the re-execution check's
-    too); any other failure may be retried."""
+    """Prefect's `retry_condition_fn`. A checker failure is deterministic: the same inputs fail the same way.
+    So it is reported once, not retried; so are the inject guard's mismatch and the re-execution check's. Any
+    other failure may be retried."""
     from engines.regenerate import NotReproduced
     from rollout.replay import InjectionMismatch
     from trainers.determinism import NotDeterministic

@@ -15,9 +15,9 @@ from tasks import actors
 
 @task(name="start-actors", cache_policy=NO_CACHE, log_prints=True)
 async def start_actors(cfg: RunConfig, trainer_state: str | None = None) -> tuple[int, int]:
-    """Start the run's engines (with its rollout actor) and trainers, each only where the mode has them, after
-    killing any a crashed run of the same name left; the trainers then load `trainer_state` (a resume's snapshot
-    or checkpoint) when given. Returns (engines, trainers) started."""
+    """Start the run's engines (with its rollout actor) and trainers, each only where the mode has them. Any
+    actors a crashed run of the same name left are killed first. The trainers then load `trainer_state` (a
+    resume's snapshot or checkpoint) when given. Returns (engines, trainers) started."""
     actors.stop_actors(cfg)  # leftovers of a crashed run with the same name
     state = Path(trainer_state) if trainer_state else None
     engines, trainers = await actors.start_run_actors(cfg, actors.start_weights(cfg, state))

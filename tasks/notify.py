@@ -1,7 +1,7 @@
 """What a run says while it runs: metric lines (`rollout N: {...}`) and notices (resuming, a retried stage, ...).
 
-Each line goes to the current Prefect run's logger, so it lands in the UI's Logs tab, in the run's
-`logs/run.log` and, with `rollflow run --verbose`, on the console; outside a Prefect run it is printed. The
+Each line goes to the current Prefect run's logger. So it lands in the UI's Logs tab, in the run's
+`logs/run.log` and, with `rollflow run --verbose`, on the console. Outside a Prefect run it is printed. The
 parent flow cannot rely on `log_prints` for this: after its first child flow run ends, Prefect has restored the
 builtin `print`, and the parent's prints went straight to stdout.
 

@@ -20,8 +20,8 @@ def doctor_command(run_dir: str, strict: bool = False) -> int:
 
 
 def lint_ckpt_command(path: str) -> int:
-    """Lint the checkpoint(s) at `path` (artifacts.lint): print one line per problem naming the shard, tensor or
-    file a `--load` reads and exit 1, or print what was checked and exit 0; exit 2 when `path` holds no
+    """Lint the checkpoint(s) at `path` (artifacts.lint). Print one line per problem, naming the shard, tensor
+    or file a `--load` reads, and exit 1. Else print what was checked and exit 0. Exit 2 when `path` holds no
     checkpoint. The `iter_N.tmp-*` dirs of saves that died are named in the summary, never counted."""
     from artifacts.lint import CheckpointNotFound, lint_checkpoint
 

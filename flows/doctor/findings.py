@@ -39,7 +39,7 @@ def exit_code(findings: list[Finding], strict: bool = False) -> int:
     """1 when any finding is an error (with `strict`, also a warning), else 0.
 
     Warnings do not fail by default: they are symptoms that a healthy run can show too (lengths that grow in
-    reasoning RL, entropy that falls as the policy sharpens); errors are states no healthy run is in."""
+    reasoning RL, entropy that falls as the policy sharpens). Errors are states no healthy run is in."""
     failing = {"error", "warning"} if strict else {"error"}
     return 1 if any(f.severity in failing for f in findings) else 0
 
