@@ -1,9 +1,9 @@
 """Atomic file writes and content hashes.
 
 Contract: a reader never sees a half-written file. Every writer here writes to a temporary file
-in the destination's directory (same filesystem, so the final ``os.replace`` is atomic), fsyncs
-it, renames it over the destination and fsyncs the directory so the rename itself survives a
-crash. On any error the temporary file is removed and an existing file at the destination is
+in the destination's directory (same filesystem, so the final ``os.replace`` is atomic). It fsyncs
+the file, renames it over the destination, and fsyncs the directory so the rename itself survives
+a crash. On any error the temporary file is removed and an existing file at the destination is
 left untouched. Parent directories are created as needed.
 """
 
@@ -67,8 +67,8 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def fsync_tree(root: str | os.PathLike[str]) -> None:
-    """Flush every file under `root`, then every directory from the deepest up, to disk: for a directory written
-    by libraries that do not fsync (safetensors, save_pretrained) before it is published by a rename."""
+    """Flush every file under `root`, then every directory from the deepest up, to disk. For a directory that
+    libraries which do not fsync (safetensors, save_pretrained) wrote, before a rename publishes it."""
     for directory, _, files in os.walk(root, topdown=False):
         for name in files:
             with open(os.path.join(directory, name), "rb") as f:

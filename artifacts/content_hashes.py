@@ -60,8 +60,8 @@ def saved(directory: str | Path) -> dict[str, Any] | None:
 
 
 def mismatch(file: str, expected: dict[str, str], tensors: dict[str, torch.Tensor]) -> str | None:
-    """The first tensor of `file` whose content differs from its saved hash, in one line (tensor name, saved
-    and computed hash prefixes); a tensor saved but not read, or read but not saved, is named too."""
+    """The first tensor of `file` whose content differs from its saved hash, in one line: tensor name, saved and
+    computed hash prefixes. A tensor saved but not read, or read but not saved, is named too."""
     got = tensor_hashes(tensors)
     for name in sorted(set(expected) | set(got)):
         want, have = expected.get(name), got.get(name)
@@ -71,8 +71,9 @@ def mismatch(file: str, expected: dict[str, str], tensors: dict[str, torch.Tenso
 
 
 def verify_loaded(path: Path, file: str, tensors: dict[str, torch.Tensor]) -> str | None:
-    """Check what a load read from `path`/`file` against the hashes its save recorded: the problem in one line
-    (`mismatch`), or None when it matches or nothing was recorded for the file (see `saved` for the checkpoint)."""
+    """Check what a load read from `path`/`file` against the hashes its save recorded. Returns the problem in
+    one line (`mismatch`), or None when it matches or nothing was recorded for the file (see `saved` for the
+    checkpoint)."""
     files = saved(path)
     entry = (files or {}).get(file)
     if not entry or "tensors" not in entry:

@@ -1,5 +1,5 @@
 """The curves of one or more runs in one figure, read from their metrics.jsonl: reward, eval accuracy, KL,
-entropy, grad norm and response length, the runs overlaid (one colour each) so a bugged run can be laid
+entropy, grad norm and response length. The runs are overlaid, one colour each, so a bugged run can be laid
 over a clean one.
 
 `render_png` / `render_svg` give the figure as bytes / text of a requested pixel size (the Prefect UI embeds

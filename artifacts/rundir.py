@@ -77,7 +77,7 @@ def acquire(run_dir: str | Path) -> IO[str]:
 
 
 def _owner(lock: IO[str]) -> str:
-    """The line the holder of `lock` wrote: it writes it just after it took the lock, so a process that tried at
+    """The line the holder of `lock` wrote. It writes it just after it took the lock, so a process that tried at
     the same moment waits for it (up to a second)."""
     for _ in range(100):
         lock.seek(0)

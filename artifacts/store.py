@@ -602,8 +602,8 @@ def _json_default(value: Any) -> Any:
 
 
 def append_metrics(path: PathArg, record: dict[str, Any], *, sync: bool = True) -> None:
-    """Append ``record`` as one JSON line, then fsync (``sync``; an fsync also makes every line appended
-    before it durable, so a writer may sync only the records that mark a point to resume from).
+    """Append ``record`` as one JSON line, then fsync if ``sync``. An fsync also makes every line appended
+    before it durable, so a writer may sync only the records that mark a point to resume from.
 
     The line goes out in one ``write`` on an ``O_APPEND`` descriptor, so concurrent appenders do
     not interleave and a crash leaves at most one torn line at the end. If a previous crash left
