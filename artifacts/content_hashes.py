@@ -60,8 +60,8 @@ def saved(directory: str | Path) -> dict[str, Any] | None:
 
 
 def mismatch(file: str, expected: dict[str, str], tensors: dict[str, torch.Tensor]) -> str | None:
-    """The first tensor of `file` whose content differs from its saved hash, in one line: tensor name, saved and
-    computed hash prefixes. A tensor saved but not read, or read but not saved, is named too."""
+    """The first tensor of `file` whose content differs from its saved hash, in one line: tensor name, saved
+    and computed hash prefixes. A tensor saved but not read, or read but not saved, is named too."""
     got = tensor_hashes(tensors)
     for name in sorted(set(expected) | set(got)):
         want, have = expected.get(name), got.get(name)
