@@ -288,7 +288,7 @@ DATABASE_SCHEMES = ("postgresql+asyncpg", "sqlite+aiosqlite")
 
 
 def masked_url(url: str) -> str:
-    """`url` with the password of its user part replaced by ***, fit to print: everything up to the last @ is
+    """`url` with the password of its user part replaced by ***, fit to print. Everything up to the last @ is
     the user part, so a password holding an @ stays hidden too."""
     scheme, sep, rest = url.partition("://") if "://" in url.partition("@")[0] else ("", "", url)
     user, at, host = rest.rpartition("@")
@@ -410,9 +410,9 @@ def server_command(port: int) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line parsed; for `run`, slime's other --sglang-NAME [VALUE] flags go to
-    sglang.sglang_server_args, and a flag it lacks ends the program with a one-line error that says what to do
-    (a slime flag rollflow cannot honour, or the closest flag's name)."""
+    """The command line parsed. For `run`, slime's other --sglang-NAME [VALUE] flags go to
+    sglang.sglang_server_args. A flag it lacks ends the program with a one-line error that says what to do:
+    a slime flag rollflow cannot honour, or the closest flag's name."""
     parser = make_parser()
     args, extra = parser.parse_known_args(argv)
     if not extra:
@@ -612,8 +612,8 @@ def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: fl
 
 
 def _notices(cfg: RunConfig) -> list[str]:
-    """The start-up notice of a run as given (config/slime_compat.py): the flags it keeps but does not act on, and
-    the values it takes where slime has no default, one line per concern."""
+    """The start-up notice of a run as given (config/slime_compat.py), one line per concern. It names the flags
+    the run keeps but does not act on, and the values it takes where slime has no default."""
     from config.slime_compat import notices
 
     return notices(cfg)

@@ -5,9 +5,9 @@ fails when Prefect changes what these rely on.
   _send_with_retry(request, send, ...)` (prefect.client.base), which calls `send` once per attempt and has no
   setting for its back-off.
 - `start_temporary_server`, `temporary_server_pids`: `SubprocessASGIServer` (prefect.server.api.server), one
-  instance per port, is the temporary server Prefect starts for a client without PREFECT_API_URL; its
-  `_instances` registry is the only handle on that server's process, and it starts that process with the
-  module's `subprocess.Popen`.
+  instance per port, is the temporary server Prefect starts for a client without PREFECT_API_URL. Its
+  `_instances` registry is the only handle on that server's process. It starts that process with the module's
+  `subprocess.Popen`.
 - `route_sigterm`: every flow run, nested ones included, installs `prefect.utilities.engine.
   _prefect_sigterm_handler` for SIGTERM (over any other handler), and a runner's cancel is acknowledged only while
   that function is the installed handler; both look it up as a module global.
@@ -121,9 +121,9 @@ class _OwnSession:
 
 def start_temporary_server() -> None:
     """Start the temporary Prefect server now, as Prefect would at a flow's first request: the same instance, which
-    the flow's client then finds running. It runs in a session of its own: a Ctrl-C in the terminal (SIGINT to
+    the flow's client then finds running. It runs in a session of its own. A Ctrl-C in the terminal (SIGINT to
     the whole foreground process group) stops the run, which still needs the server to record that it was
-    cancelled; the run stops the server at its exit (and its reaper if it is killed)."""
+    cancelled. The run stops the server at its exit (and its reaper if it is killed)."""
     from prefect.server.api import server
 
     server.subprocess = _OwnSession()  # type: ignore[assignment]
@@ -167,7 +167,7 @@ def runner_managed() -> bool:
 
 def route_sigterm(handler: Any) -> Any:
     """Make `handler(signum, frame)` the SIGTERM handler every flow run of this process installs, in place of
-    Prefect's (which raises `TerminationSignal` wherever the main thread is); returns Prefect's, for `handler` to
+    Prefect's, which raises `TerminationSignal` wherever the main thread is. Returns Prefect's, for `handler` to
     fall back on. Idempotent for the same `handler`."""
     from prefect.utilities import engine
 

@@ -170,8 +170,8 @@ async def run_flow(
 
 
 class _RunLoop:
-    """The run's actors and its rollouts: start the actors (restoring the trainers on a resume), sync the first
-    weights, run one `rollout-<id>` child flow run per rollout, and stop the actors however it ends."""
+    """The run's actors and its rollouts. Start the actors (restoring the trainers on a resume) and sync the first
+    weights. Run one `rollout-<id>` child flow run per rollout. Stop the actors however it ends."""
 
     def __init__(
         self,
@@ -245,7 +245,7 @@ class _RunLoop:
         self, rollout_id: int, weights: WeightsRef, session: str
     ) -> tuple[WeightsRef, tuple[uuid.UUID | None, int]]:
         """One child flow run, then the parent's share: a checkpoint when due, the rollout's wall time, the
-        observers; its Prefect artifacts (metrics table, run page) go to the publisher, posted in the background.
+        observers. Its Prefect artifacts (metrics table, run page) go to the publisher, posted in the background.
         Returns the weights after it, and its flow run id with the number of task runs it started."""
         cfg, report = self.cfg, self.report
         began = time.perf_counter()
@@ -330,7 +330,7 @@ async def _mark_interrupted(flow_run_id: str, reason: str) -> None:
 
 def _doctor(report: RunReport) -> str | None:
     """With --ci-test: the doctor's findings into the report. With --ci-doctor gate, an ERROR finding fails a run
-    that otherwise ended well: it becomes the run's failure (report and outcome.json) and is returned as the
+    that otherwise ended well. It becomes the run's failure (report and outcome.json), and is returned as the
     message the flow run fails with."""
     cfg = report.cfg
     if not cfg.ci.ci_test:

@@ -247,8 +247,8 @@ async def find_file_server() -> FileLinks | None:
 
 
 def file_cell(name: str, path: Path, files: FileLinks | None) -> str:
-    """A file's cell in the Files table: a link to the file server when it serves `path`, else the absolute path
-    as code (a file:// link does not open from the UI's http page)."""
+    """A file's cell in the Files table: a link to the file server when it serves `path`. Else the absolute path
+    as code, since a file:// link does not open from the UI's http page."""
     served = served_path(files.root, path) if files is not None else None
     if files is None or served is None:
         return f"`{path.absolute()}`"
@@ -362,7 +362,8 @@ class RunPage:
 
     async def rollout_done(self, rollout_id: int) -> None:
         """After each rollout: progress and summary, if `PAGE_EVERY` seconds have passed since they were last
-        sent; the curves too when an eval ran since they were last drawn and `CURVES_EVERY` seconds have passed."""
+        sent. The curves too, when an eval ran since they were last drawn and `CURVES_EVERY` seconds have
+        passed."""
         self._undrawn |= self.report.evaluated_in(rollout_id)
         now = time.monotonic()
         curves = self._undrawn and now - self._drawn >= CURVES_EVERY

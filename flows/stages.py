@@ -54,7 +54,7 @@ def _with_options(task: Task, retries: int, delay: float, refresh: bool) -> Task
 
 def opaque_config(cfg: RunConfig) -> RunConfig:
     """`cfg` marked so Prefect passes it to tasks without walking every field of it (looking for futures to wait
-    on) on each call; the task still receives the RunConfig itself, and cache keys still see it."""
+    on) on each call. The task still receives the RunConfig itself, and cache keys still see it."""
     return cast(RunConfig, quote(cfg))
 
 
