@@ -612,8 +612,8 @@ def _run(cfg: RunConfig, refresh: list[str], args: argparse.Namespace, began: fl
 
 
 def _notices(cfg: RunConfig) -> list[str]:
-    """The start-up notice of a run as given (config/slime_compat.py), one line per concern. It names the flags
-    the run keeps but does not act on, and the values it takes where slime has no default."""
+    """The start-up notice of a run as given (config/slime_compat.py), one line per concern. It names the
+    flags the run keeps but does not act on, and the values it takes where slime has no default."""
     from config.slime_compat import notices
 
     return notices(cfg)

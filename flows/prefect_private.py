@@ -167,8 +167,8 @@ def runner_managed() -> bool:
 
 def route_sigterm(handler: Any) -> Any:
     """Make `handler(signum, frame)` the SIGTERM handler every flow run of this process installs, in place of
-    Prefect's, which raises `TerminationSignal` wherever the main thread is. Returns Prefect's, for `handler` to
-    fall back on. Idempotent for the same `handler`."""
+    Prefect's, which raises `TerminationSignal` wherever the main thread is. Returns Prefect's, for `handler`
+    to fall back on. Idempotent for the same `handler`."""
     from prefect.utilities import engine
 
     original = getattr(engine, "_rollflow_prefect_sigterm_handler", engine._prefect_sigterm_handler)

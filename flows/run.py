@@ -170,8 +170,8 @@ async def run_flow(
 
 
 class _RunLoop:
-    """The run's actors and its rollouts. Start the actors (restoring the trainers on a resume) and sync the first
-    weights. Run one `rollout-<id>` child flow run per rollout. Stop the actors however it ends."""
+    """The run's actors and its rollouts. Start the actors (restoring the trainers on a resume) and sync the
+    first weights. Run one `rollout-<id>` child flow run per rollout. Stop the actors however it ends."""
 
     def __init__(
         self,
@@ -245,8 +245,9 @@ class _RunLoop:
         self, rollout_id: int, weights: WeightsRef, session: str
     ) -> tuple[WeightsRef, tuple[uuid.UUID | None, int]]:
         """One child flow run, then the parent's share: a checkpoint when due, the rollout's wall time, the
-        observers. Its Prefect artifacts (metrics table, run page) go to the publisher, posted in the background.
-        Returns the weights after it, and its flow run id with the number of task runs it started."""
+        observers. Its Prefect artifacts (metrics table, run page) go to the publisher, posted in the
+        background. Returns the weights after it, and its flow run id with the number of task runs it
+        started."""
         cfg, report = self.cfg, self.report
         began = time.perf_counter()
         # the rollout a resume re-runs logs everything again: none of its stages may come from the cache

@@ -247,8 +247,8 @@ async def find_file_server() -> FileLinks | None:
 
 
 def file_cell(name: str, path: Path, files: FileLinks | None) -> str:
-    """A file's cell in the Files table: a link to the file server when it serves `path`. Else the absolute path
-    as code, since a file:// link does not open from the UI's http page."""
+    """A file's cell in the Files table: a link to the file server when it serves `path`. Else the absolute
+    path as code, since a file:// link does not open from the UI's http page."""
     served = served_path(files.root, path) if files is not None else None
     if files is None or served is None:
         return f"`{path.absolute()}`"
