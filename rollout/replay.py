@@ -147,8 +147,8 @@ def _causes(ranked: list[str]) -> str:
 
 def _prompts_differ(wrong: list[tuple[Sample, Sample]], total: int) -> str:
     """Prompt tokens differ: which sample and token, whether the prompt text differs too, and the causes
-    ranked by that evidence (a recording of another rollout id; same text = tokenizer or template; other
-    text = data or order)."""
+    ranked by that evidence. A recording of another rollout id comes first. Same text points at the tokenizer
+    or template; other text at the data or its order."""
     new, old = wrong[0]
     same_text = new.prompt == old.prompt
     rollout = (

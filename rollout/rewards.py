@@ -138,8 +138,8 @@ def builtin_reward(rm_type: str) -> Callable[..., Any]:
 
 
 def probe_response(rm_type: str | None, label: Any) -> str:
-    """A response that answers `label` the way the rule `rm_type` reads an answer: what `rollflow run --dry-run`
-    scores on a few rows, so that a rule that raises or returns no number is found before anything starts."""
+    """A response that answers `label` the way the rule `rm_type` reads an answer. `rollflow run --dry-run`
+    scores it on a few rows, so a rule that raises or returns no number is found before anything starts."""
     name = (rm_type or "").removeprefix(BOXED)
     text = "" if label is None else str(label)
     if rm_type and rm_type.startswith(BOXED) or name == "math":

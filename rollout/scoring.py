@@ -24,8 +24,9 @@ __all__ = ["finished_sample", "label_text", "package", "score_samples"]
 
 
 def finished_sample(sample: Sample, out: GenerateOutput, tokenizer: Any, stops: Stops) -> tuple[Sample, str]:
-    """`sample` (its prompt in `tokens`) completed with one engine output: cut at the first stop string, decoded,
-    loss mask 1 on every token, the status from how it ended; and how it ended (stop, stop_string or length)."""
+    """`sample` (its prompt in `tokens`) completed with one engine output, and how it ended (stop, stop_string
+    or length). The response is cut at the first stop string and decoded, with loss mask 1 on every token and
+    the status from how it ended."""
     tokens, log_probs, reason = list(out.response_tokens), list(out.log_probs), out.finish_reason
     n = cut_at_stop_string(tokens, tokenizer, stops.strings)
     if n is not None and (n < len(tokens) or reason != "stop"):

@@ -1,9 +1,9 @@
 """Stop conditions and the chat-template check.
 
 Stops: the tokenizer's EOS (and the model's generation_config eos ids) and the chat template's end-of-turn
-token stop every response; `--rollout-stop-token-ids` adds ids; a `--rollout-stop` string that is one
-token of the tokenizer becomes a stop id, a longer one is matched on the decoded text after generation
-(the response is cut after the token that completes it).
+token stop every response. `--rollout-stop-token-ids` adds ids. A `--rollout-stop` string that is one token
+of the tokenizer becomes a stop id. A longer one is matched on the decoded text after generation; the
+response is cut after the token that completes it.
 
 The check runs as `rollflow check-template`, and once at the start of every run. It renders a few prompts the
 way the engine gets them, and the full prompt + response turn the way a trainer scores a conversation. It

@@ -40,9 +40,9 @@ def log_metrics(
     *,
     sync: bool = False,
 ) -> dict:
-    """Append `{"kind", "run_id"?, "rollout_id", "step"?, "metrics"}` to metrics.jsonl, log it as slime prints
-    it (`rollout N: {...}`), hand it to the in-process listeners, then to the trackers the config turns on (their
-    failure raises `TrackerError`, after the record is written).
+    """Append `{"kind", "run_id"?, "rollout_id", "step"?, "metrics"}` to metrics.jsonl and log it as slime
+    prints it (`rollout N: {...}`). Then hand it to the in-process listeners, and to the trackers the config
+    turns on. A tracker's failure raises `TrackerError`, after the record is written.
 
     `sync` fsyncs metrics.jsonl after the record (and so every record before it). The parent's records that mark
     a point a resume starts from (a rollout's `perf/step_time`, the end-of-run gate) sync. A stage's records need

@@ -9,8 +9,8 @@ not slime metrics and stay in metrics.jsonl and the Prefect UI.
 
 Failure policy: a missing package is refused before the run starts (`require_trackers`, called when the
 config is resolved), naming the extra to install. A tracker that fails while logging raises `TrackerError`
-out of `log_metrics`, so the stage fails visibly (Prefect retries it, then the run fails), as a failing
-`wandb.log` does in slime; the record is already in metrics.jsonl by then. A tracker that fails to finish
+out of `log_metrics`. So the stage fails visibly (Prefect retries it, then the run fails), as a failing
+`wandb.log` does in slime. The record is already in metrics.jsonl by then. A tracker that fails to finish
 is reported on stderr and does not change the run's outcome (slime's `finish_tracking` does the same).
 """
 

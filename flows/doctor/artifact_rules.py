@@ -281,11 +281,11 @@ def _engine_precision(run: RunData, rollout_id: int) -> tuple[str, str] | None:
 
 
 def precision_mismatch(run: RunData) -> list[Finding]:
-    """The engine side and the trainer compute at different precisions (bf16 vs fp32): the trainer's log-probs
-    then differ from the engine's by the precision, every rollout, and the log-prob checker's bound (set by the
-    trainer's --precision) no longer describes the pair. Evidence: an SGLang engine's --sglang-dtype against
-    --precision, or the precision a rollout file records for its engines (a recording made at another precision
-    and replayed by this run's trainer) against the trainer's."""
+    """The engine side and the trainer compute at different precisions (bf16 vs fp32). The trainer's log-probs
+    then differ from the engine's by the precision, every rollout. The log-prob checker's bound, set by the
+    trainer's --precision, no longer describes the pair. Evidence: an SGLang engine's --sglang-dtype against
+    --precision, or the precision a rollout file records for its engines against the trainer's (a recording
+    made at another precision and replayed by this run's trainer)."""
     trainer = str(run.cfg("train.precision", "fp32"))
     server_args = run.cfg("sglang.sglang_server_args", {})
     dtype = server_args.get("dtype") if isinstance(server_args, dict) else None

@@ -75,8 +75,8 @@ _EXCEPTION_LINE = re.compile(r"^(?:[a-z_]\w*\.)*([A-Z]\w*)(?::\s*(.*))?$")  # `p
 
 def logged_failure(log: Path) -> Outcome | None:
     """The last traceback's exception in a run's log (`Type: message`, module dropped), and the rollout and stage
-    the run's note under it names: the failure of a run that recorded no outcome.json (killed while failing, or
-    written by an older version). None when the log holds no traceback."""
+    the run's note under it names. That is the failure of a run that recorded no outcome.json (killed while
+    failing, or written by an older version). None when the log holds no traceback."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
