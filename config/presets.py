@@ -21,8 +21,28 @@ _ARITH: dict[str, dict[str, Any]] = {
     },
 }
 
+
+def _scale(max_tokens_per_gpu: int) -> dict[str, dict[str, Any]]:
+    """The long-arith scale recipes (untrained models, run to measure cost): a few short rollouts of a few groups,
+    one optimizer step per rollout over token-budget micro-batches, no eval; slime's learning rate."""
+    return {
+        "rollout": {"num_rollout": 3, "rollout_batch_size": 8, "n_samples_per_prompt": 4},
+        "train": {
+            "micro_batch_size": None,  # with no global batch: the whole rollout is one optimizer step
+            "use_dynamic_batch_size": True,
+            "max_tokens_per_gpu": max_tokens_per_gpu,
+        },
+    }
+
+
 # recipe name -> section -> field -> value
-RECIPE_PRESETS: dict[str, dict[str, dict[str, Any]]] = {"tiny-arith": _ARITH, "long-arith": _ARITH}
+RECIPE_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny-arith": _ARITH,
+    "long-arith": _ARITH,
+    # the token budget bounds a micro-batch's activations and [tokens, vocab] log-probs (they grow with the model)
+    "long-arith-50m": _scale(max_tokens_per_gpu=2048),
+    "long-arith-0.5b": _scale(max_tokens_per_gpu=1024),
+}
 
 
 def apply_preset(data: dict[str, Any]) -> dict[str, Any]:

@@ -43,11 +43,13 @@ class RunConfig(Section):
         "--wandb-group, else the data file's name (with its dir's for train/test/data...).",
     )
     run_dir: str | None = Field(None, description="Run directory; None = runs/<name>.")
-    recipe: Literal["tiny-arith", "long-arith"] = Field(
+    recipe: Literal["tiny-arith", "long-arith", "long-arith-50m", "long-arith-0.5b"] = Field(
         "tiny-arith",
         description="Preset that fills in what the flags leave unset: base model (--hf-checkpoint), "
         "prompt data and keys, eval data, reward. long-arith: step-by-step "
-        "additions answered in 64-256 tokens by a 3.2M-parameter model (the perf workload).",
+        "additions answered in 64-256 tokens by a 3.2M-parameter model (the perf workload). long-arith-50m, "
+        "long-arith-0.5b: its prompts and reward with untrained Qwen2 models of 50.7M parameters and of "
+        "Qwen2.5-0.5B's shape (494M), vocabulary 151,936 (the scaling workload: cost, not learning).",
     )
     hf_checkpoint: str | None = Field(
         None, description="HF model dir (model + tokenizer); None = the recipe's."

@@ -85,16 +85,23 @@ def format_prompt(tok: PreTrainedTokenizerBase, question: str) -> str:
 
 
 def char_tokenizer(
-    characters: str, chat_template: str, model_max_length: int, reserved: Sequence[str] = ()
+    characters: str,
+    chat_template: str,
+    model_max_length: int,
+    reserved: Sequence[str] = (),
+    unk_token: str | None = None,
 ) -> PreTrainedTokenizerFast:
     """A character-level tokenizer: ids ``SPECIAL_TOKENS`` (pad=0, eos=1, user, assistant), then one id per
     character of ``characters``, then ``reserved`` (multi-character names the pre-tokenizer never produces, so
     they are never encoded from text; they only make the vocabulary larger). Deterministic and offline; nothing
-    is added on encode; decoding concatenates."""
+    is added on encode; decoding concatenates. ``unk_token`` (one of ``SPECIAL_TOKENS``) is what a character
+    outside ``characters`` encodes to; None: encoding one is an error."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
+    if unk_token is not None and unk_token not in SPECIAL_TOKENS:
+        raise ValueError(f"unk_token {unk_token!r} is not one of {SPECIAL_TOKENS}")
     vocab = {token: idx for idx, token in enumerate([*SPECIAL_TOKENS, *characters, *reserved])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk_token))
     # Isolate every single character (spaces included) as its own pre-token; the
     # special tokens are matched before pre-tokenization because they are added tokens.
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -106,6 +113,7 @@ def char_tokenizer(
         tokenizer_object=core,
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
+        **({"unk_token": unk_token} if unk_token is not None else {}),
         additional_special_tokens=[USER_TOKEN, ASSISTANT_TOKEN],
         clean_up_tokenization_spaces=False,
         model_max_length=model_max_length,

@@ -72,7 +72,36 @@ def _long_arith() -> Recipe:
     )
 
 
-RECIPES: dict[str, Callable[[], Recipe]] = {"tiny-arith": _tiny_arith, "long-arith": _long_arith}
+def _long_arith_scale(name: str) -> Recipe:
+    """long-arith's prompts, reward and response length with recipes.long_arith_scale's untrained model `name`."""
+    from recipes.long_arith import data
+    from recipes.long_arith_scale import settings, tokenizer
+
+    settings.shape_of(name)  # an unknown name is refused before anything is built
+
+    def ensure_checkpoint() -> Path:
+        from recipes.long_arith_scale import bootstrap
+
+        return bootstrap.ensure_checkpoint(name)
+
+    return Recipe(
+        name=name,
+        ensure_checkpoint=ensure_checkpoint,
+        checkpoint_path=lambda: settings.checkpoint_path(name),
+        tokenizer=tokenizer.build_tokenizer,
+        ensure_data=data.ensure_prompt_files,
+        data=_CHAT_PROMPTS,
+        rm_type="long-arith",
+        rollout={"rollout_max_response_len": data.MAX_RESPONSE_TOKENS},
+    )
+
+
+RECIPES: dict[str, Callable[[], Recipe]] = {
+    "tiny-arith": _tiny_arith,
+    "long-arith": _long_arith,
+    "long-arith-50m": lambda: _long_arith_scale("long-arith-50m"),
+    "long-arith-0.5b": lambda: _long_arith_scale("long-arith-0.5b"),
+}
 
 
 def get_recipe(name: str) -> Recipe:
