@@ -289,15 +289,10 @@ def _fields(model: Any) -> str:
 
 
 def faults_page() -> str:
-    from config.stages import STAGES, stage_end_hook
-    from faults.models import HOOKS, Action, FaultHookRequest
+    from faults.models import HOOK_POINTS, HOOKS, Action, FaultHookRequest
 
     actions = typing.get_args(typing.get_args(Action)[0])
-    stage_hooks = {stage_end_hook(s): s for s in STAGES}
-    hook_rows = [
-        [code(h), owner, md(f"end of the `{stage_hooks[h]}` stage's task" if h in stage_hooks else "")]
-        for h, owner in HOOKS.items()
-    ]
+    hook_rows = [[code(h), owner, md(HOOK_POINTS[h])] for h, owner in HOOKS.items()]
     action_rows = [
         [code(a.model_fields["kind"].default), md((a.__doc__ or "").strip()), _fields(a)] for a in actions
     ]
@@ -322,7 +317,7 @@ def faults_page() -> str:
             "",
             "## Hooks",
             "",
-            table(["hook", "reached by", "note"], hook_rows),
+            table(["hook", "process", "reached at"], hook_rows),
             "",
             "## Actions",
             "",

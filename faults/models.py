@@ -41,6 +41,24 @@ HOOKS: dict[str, str] = {
     **{stage_end_hook(s): "orchestrator" for s in STAGES},
 }
 
+# where each named hook is reached (docs/reference/faults.md is generated from it); a stage's end hook is reached at
+# the end of its task, after its actor work and files, before its records are logged
+HOOK_POINTS: dict[str, str] = {
+    "engine_generate_start": "an engine's generate call, before it checks its weight version and generates",
+    "engine_update_weights_before_receive": "an engine's weight update, before it receives the trainer's weights",
+    "engine_update_weights_after_receive": "an engine's weight update, the weights received, before they are loaded",
+    "trainer_step_before_allreduce": "every optimizer step on each trainer rank, gradients computed, before their "
+    "all-reduce",
+    "trainer_export_weights_before_send": "a trainer rank's weight export for the sync, before anything is sent",
+    "trainer_save_before_rename": "rank 0's --save checkpoint, written and flushed, before it is renamed into place "
+    "(the recovery snapshots have no hook)",
+    "rollout_finish_start": "the rollout actor, before it scores and writes a rollout from the engines' answers",
+    "orchestrator_rollout_end": "the driver, once a rollout is done and recorded, before the next one starts",
+    **{stage_end_hook(s): f"the end of the {s} stage's task" for s in STAGES},
+}
+if set(HOOK_POINTS) != set(HOOKS):
+    raise AssertionError("HOOK_POINTS must say where each hook of HOOKS is reached")
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
