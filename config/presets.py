@@ -24,13 +24,15 @@ _ARITH: dict[str, dict[str, Any]] = {
 
 def _scale(max_tokens_per_gpu: int) -> dict[str, dict[str, Any]]:
     """The long-arith scale recipes (untrained models, run to measure cost): a few short rollouts of a few groups,
-    one optimizer step per rollout over token-budget micro-batches, no eval; slime's learning rate."""
+    one optimizer step per rollout over token-budget micro-batches, no eval, slime's learning rate, and bf16 where
+    the CPU computes it (config/precision.py)."""
     return {
         "rollout": {"num_rollout": 3, "rollout_batch_size": 8, "n_samples_per_prompt": 4},
         "train": {
             "micro_batch_size": None,  # with no global batch: the whole rollout is one optimizer step
             "use_dynamic_batch_size": True,
             "max_tokens_per_gpu": max_tokens_per_gpu,
+            "precision": "auto",
         },
     }
 

@@ -116,6 +116,7 @@ def test_the_recipe_names_its_checkpoint_and_fills_in_its_preset_without_buildin
     r, t = cfg.rollout, cfg.train
     assert (r.num_rollout, r.rollout_batch_size, r.n_samples_per_prompt) == (3, 8, 4)
     assert t.use_dynamic_batch_size and t.max_tokens_per_gpu and cfg.steps_per_rollout == 1
+    assert t.precision == "auto"
     assert cfg.eval.eval_interval is None
 
 
@@ -179,7 +180,7 @@ def test_a_tiny_shape_builds_once_and_runs_through_engine_and_trainer(tmp_path, 
                     "rollout_max_response_len": 6,
                 },
                 # an untrained model earns no reward (zero advantages): the entropy term gives the step a gradient
-                "train": {"entropy_coef": 0.01, "lr": 1e-3},
+                "train": {"entropy_coef": 0.01, "lr": 1e-3, "precision": "fp32"},
             }
         )
     )
