@@ -37,8 +37,15 @@ class PlacementConfig(Section):
         False,
         description="Engines share the trainers' slots (fractional requests, slime's --colocate) instead of "
         "slots of their own; as in slime, --rollout-num-gpus is then the trainers' slot count unless given (so "
-        "--rollout-num-gpus-per-engine gives the engine count). The engines release their memory while the "
-        "trainers work, as always.",
+        "--rollout-num-gpus-per-engine gives the engine count). Unlike slime's, it does not turn on "
+        "--offload-rollout (rollflow has no --no-offload-* flags to turn it off again): give it.",
+    )
+    offload_rollout: bool = Field(
+        False,
+        description="slime's --offload-rollout: the engines drop their weights (and their fused decoder copies; "
+        "the KV cache lives only while they generate) from the log-prob stage on, while the trainers work, and "
+        "take them back at the weight sync, which sends every weight. An engine asked to generate while released "
+        "refuses, naming the flag.",
     )
     slot_resource: str = Field(
         SLOT_RESOURCE,
@@ -68,6 +75,11 @@ class PlacementConfig(Section):
         "the priority it had before. Off by default: every stage's task waits for its own actor calls, so the "
         "orchestrator is on the rollout's path. 0 = the same priority.",
     )
+
+    @property
+    def offloads_rollout(self) -> bool:
+        """--offload-rollout."""
+        return self.offload_rollout
 
     @field_validator("actor_resources", "rollout_resources")
     @classmethod

@@ -42,7 +42,14 @@ FLAGS: dict[str, tuple[Status, str]] = {
     "--context-parallel-size": (_SAME, "1 only"),
     "--actor-num-nodes": (_SAME, "x --actor-num-gpus-per-node = trainer ranks"),
     "--actor-num-gpus-per-node": (_SAME, "GPUs, or process slots on CPU; gives --data-parallel-size"),
-    "--colocate": (_SAME, "--rollout-num-gpus = the trainer slots unless given"),
+    "--colocate": (
+        _SAME,
+        "--rollout-num-gpus = the trainer slots unless given; it does not turn on --offload-rollout as slime's does",
+    ),
+    "--offload-rollout": (
+        _SAME,
+        "the engines drop their weights from the log-prob stage until the weight sync",
+    ),
     "--rollout-num-gpus-per-engine": (_SAME, "engine count = --rollout-num-gpus / this"),
     "--rollout-num-gpus": (_SAME, "slots of all engines"),
     "--use-wandb": (_SAME, "needs the wandb extra (pip install 'rollflow[wandb]')"),
@@ -116,9 +123,10 @@ REFUSED: dict[str, str] = {
     "--rollout-max-context-len": "give --rollout-max-response-len instead (prompt + response must fit the model's "
     "max_position_embeddings, checked before the run)",
     "--lr-warmup-fraction": "give --lr-warmup-iters N (optimizer steps of warm-up) instead",
-    "--offload": "rollflow's engines release their memory while the trainers work, always; leave it out",
-    "--offload-train": "rollflow's trainers keep their state in place; leave it out",
-    "--offload-rollout": "rollflow's engines release their memory while the trainers work, always; leave it out",
+    "--offload": "--offload is --offload-rollout plus --offload-train, and rollflow's trainers keep their state in "
+    "place (no --offload-train): give --offload-rollout",
+    "--offload-train": "rollflow's trainers keep their state in place; leave it out (--offload-rollout releases the "
+    "engines' weights)",
     "--fp16": "rollflow's engines and trainers run bfloat16 or float32 (--precision): float16 training needs "
     "loss scaling, which the trainers do not have, and CPUs have no float16 arithmetic; use --bf16 "
     "(--precision bf16) or --precision auto",

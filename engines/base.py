@@ -15,6 +15,11 @@ class StaleWeights(RuntimeError):
     written."""
 
 
+class EngineReleased(RuntimeError):
+    """An engine was asked for work that needs its weights while they are released (--offload-rollout) and not yet
+    loaded back by a weight sync: nothing was done."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling parameters (slime/SGLang names)."""
@@ -58,9 +63,10 @@ class EngineAnswer:
 
 class Engine(Protocol):
     """What every inference backend provides. One instance lives in one Ray actor; it is built from an HF
-    checkpoint dir (model + tokenizer) with the torch thread count of the run."""
+    checkpoint dir (model + tokenizer) with the torch thread count of the run and its resolved precision (bf16:
+    bfloat16 weights and KV cache, float32 logits and log-probs; fp32: float32 throughout)."""
 
-    def __init__(self, checkpoint: str, *, num_threads: int = 1) -> None: ...
+    def __init__(self, checkpoint: str, *, num_threads: int = 1, precision: str = "fp32") -> None: ...
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
         """Complete every request (batched); outputs are in request order."""
@@ -103,11 +109,13 @@ class Engine(Protocol):
         ...
 
     def release_memory(self) -> None:
-        """Free accelerator memory before the trainer runs (a no-op on CPU)."""
+        """Drop the weights and KV cache while the trainers work (--offload-rollout); until a full weight load
+        brings them back, work that needs them raises EngineReleased. The weights' identity (weights_sha256) is
+        kept."""
         ...
 
     def resume_memory(self) -> None:
-        """Take the memory back after `release_memory` (a no-op on CPU)."""
+        """Take the memory back after `release_memory`, for the weight load that follows."""
         ...
 
     def health(self) -> dict:

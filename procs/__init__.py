@@ -94,3 +94,20 @@ def memory_gib(status: str | None = None) -> dict[str, float]:
     if set(kib) != {"VmRSS", "VmHWM"}:
         raise ValueError(f"/proc status without VmRSS and VmHWM (found {sorted(kib)})")
     return {"rss": kib["VmRSS"] * 1024 / _GIB, "peak": kib["VmHWM"] * 1024 / _GIB}
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the OS (glibc's malloc_trim), so that memory freed by dropping large
+    objects leaves the resident set and not only Python's accounting; False where the C library has no such call."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return False
+    trim(0)
+    return True

@@ -274,18 +274,20 @@ async def save_rollout(
 )
 async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weights: WeightsRef) -> LogProbs:
     """Trainer log-probs (+ reference log-probs, entropy) of every response token, written to
-    logprobs/rollout_{id}.parquet, and their statistics. The engines release their memory first (they step aside
-    for the trainer); a trainer that already applied this rollout's step refuses the pass."""
+    logprobs/rollout_{id}.parquet, and their statistics. With --offload-rollout the engines release their weights
+    first (they step aside for the trainer until the sync); a trainer that already applied this rollout's step
+    refuses the pass."""
     engines, trainers = actors.engines(cfg), actors.trainers(cfg)
     ctx, what = stage_context(rollout_id, "log-prob"), f"log-prob {rollout_id}"
-    await guarded(
-        cfg,
-        what,
-        asyncio.gather(*[e.release_memory.remote() for e in engines]),
-        cfg.faults.rollout_timeout,
-        engines=True,
-        weights=weights,
-    )
+    if cfg.placement.offloads_rollout:
+        await guarded(
+            cfg,
+            what,
+            asyncio.gather(*[e.release_memory.remote() for e in engines]),
+            cfg.faults.rollout_timeout,
+            engines=True,
+            weights=weights,
+        )
     written = [t.compute_log_probs.remote(rollout, _logprobs_out(cfg, rollout_id), ctx) for t in trainers]
     # rank 0 runs its calls in order and Ray hands it the ref it wrote
     stats = trainers[0].rollout_stats.remote(rollout, written[0])
@@ -354,10 +356,11 @@ async def sync(cfg: RunConfig, rollout_id: int, verify_equal: bool = False) -> W
     # what the engines held before: the check tells an engine the transfer did not reach by it (a hash the
     # engine has cached since the last check; not asked at the start-up sync, where nothing was synced yet)
     held_before = engines[0].weights_sha256.remote() if rollout_id >= 0 and not verify_equal else None
-    # an engine runs one caller's calls in order: snapshot and scramble, resume, then the transfer's loads
+    # an engine runs one caller's calls in order: resume (--offload-rollout), scramble, then the transfer's loads,
+    # which deliver every weight (a released engine refuses to generate until each one came)
     before = [
+        *([e.resume_memory.remote() for e in engines] if cfg.placement.offloads_rollout else []),
         *([e.snapshot_and_scramble.remote() for e in engines] if verify_equal else []),
-        *[e.resume_memory.remote() for e in engines],
     ]
     if (
         cfg.debug.debug_skip_weight_update

@@ -118,10 +118,14 @@ def test_run_learns_writes_artifacts_and_caches(tmp_path, ray_session, prefect_s
             assert 0 < memory[f"perf/mem_rss_gb/{process}"] <= memory[f"perf/mem_peak_gb/{process}"]
 
     # a second run into the same run dir is refused unless it resumes the run or replaces it; with --overwrite it
-    # computes every stage itself (caches are scoped to a run) and, being deterministic, lands on the same weights
+    # computes every stage itself (caches are scoped to a run) and, being deterministic, lands on the same weights,
+    # also with --offload-rollout (the engines drop their weights while the trainer works and get them back)
     with pytest.raises(ValueError, match="holds the records of run .* --resume .* --overwrite"):
         asyncio.run(run_flow(cfg))
-    result2 = asyncio.run(run_flow(cfg, overwrite=True))
+    offloaded = cfg.model_copy(
+        update={"placement": cfg.placement.model_copy(update={"offload_rollout": True})}
+    )
+    result2 = asyncio.run(run_flow(offloaded, overwrite=True))
     assert result2["evals"] == result["evals"]
     trained2 = load_file(str(tmp_path / "ckpt" / "iter_0000001" / "model.safetensors"))
     assert all(torch.equal(trained[k], trained2[k]) for k in trained)
