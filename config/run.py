@@ -139,6 +139,11 @@ class RunConfig(Section):
             rollout_num_gpus=r.rollout_num_gpus,
             rollout_num_gpus_per_engine=r.rollout_num_gpus_per_engine,
         )
+        if self.placement.offloads_rollout and self.debug.debug_skip_weight_update:
+            raise ValueError(
+                "--offload-rollout releases the engines' weights until the weight sync loads them back, and "
+                "--debug-skip-weight-update skips that load: leave one of them out"
+            )
         self.faults.check_targets(
             engines=0 if self.train_only else r.rollout_num_engines,
             trainer_ranks=0 if self.rollout_only else self.trainer_world_size,
