@@ -4,7 +4,8 @@
 
 (`expect` must match the block's combined output, `exit` defaults to 0). tests/e2e/test_doc_commands.py runs them;
 a marker that is not followed by a bash block, or that has an attribute it does not know, is an error, so that a
-typo never turns a runnable block into one that is silently skipped."""
+typo never turns a runnable block into one that is silently skipped. The syntax shown in a code span or a code
+block is not a marker."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 _MARKER = re.compile(r"<!--\s*runnable:(?P<attrs>.*?)-->", re.S)
 _ATTR = re.compile(r'\s*(?P<key>[a-z]+)=(?:"(?P<quoted>(?:[^"\\]|\\.)*)"|(?P<bare>\S+))')
+_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _BLOCK = re.compile(r"[ \t]*\n(?:[ \t]*\n)*```(?:bash|sh)[ \t]*\n(?P<body>.*?)\n```", re.S)
 
 
@@ -55,8 +57,11 @@ def _attrs(text: str, where: str) -> dict[str, str]:
 def parse_blocks(text: str, page: str) -> list[Block]:
     """The runnable blocks of one page's Markdown `text`, in page order; ValueError naming the page and line of a
     malformed marker."""
+    fences = [(m.start(), m.end()) for m in _FENCE.finditer(text)]
     blocks = []
     for marker in _MARKER.finditer(text):
+        if text[max(marker.start() - 1, 0)] == "`" or any(a < marker.start() < b for a, b in fences):
+            continue  # the syntax shown in a code span or a code block, not a marker
         line = text.count("\n", 0, marker.start()) + 1
         where = f"{page}:{line}"
         attrs = _attrs(marker.group("attrs"), where)

@@ -87,7 +87,8 @@ echo "said \\"no\\""
 
 
 def test_runnable_blocks_are_read_with_their_expectations():
-    first, second = parse_blocks(SAMPLE, "how-to/x.md")
+    shown = '\nWrite `<!-- runnable: expect="x" -->` before a block, as in:\n\n```markdown\n<!-- runnable: exit=x -->\n```\n'
+    first, second = parse_blocks(SAMPLE + shown, "how-to/x.md")
     assert (first.body, first.expect, first.exit, first.line) == (
         "rollflow run --dry-run",
         r"rollout \d+",
