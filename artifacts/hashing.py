@@ -63,6 +63,14 @@ def differing_tensors(expected: dict[str, str], actual: dict[str, str]) -> list[
     return sorted(n for n in set(expected) | set(actual) if expected.get(n) != actual.get(n))
 
 
+def as_dtype(named: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """`named` with its floating tensors cast to `dtype` (None: `named` itself): float32 weights as an engine that
+    holds them in `dtype` has them, so the hashes of the two sides compare like with like."""
+    if dtype is None:
+        return named
+    return {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in named.items()}
+
+
 def weights_sha256(named: dict[str, torch.Tensor]) -> str:
     """One sha256 over all per-tensor hashes: the identity of a set of weights."""
     return weights_sha256_of(tensor_hashes(named))

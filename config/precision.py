@@ -75,6 +75,14 @@ def resolve_precision(
     return "bf16", f"CPU has {native}"
 
 
+def concrete(precision: str, train_backend: str = "torch") -> Resolved:
+    """`precision` as a process runs it: bf16 or fp32 (an `auto` that reached a process unresolved, e.g. from a
+    config built in code, is resolved here over this machine's CPU flags)."""
+    if precision == "auto":
+        return resolve_precision("auto", read_cpu_flags(), train_backend)[0]
+    return "bf16" if precision == "bf16" else "fp32"
+
+
 def precision_line(value: str, why: str) -> str:
     """The one line a run logs at start: `precision: bf16 (CPU has avx512_bf16)`."""
     return f"precision: {value} ({why})"

@@ -58,13 +58,16 @@ class EngineActor:
         run_dir: str | None = None,
         epoch: float | None = None,
         regenerate: bool = False,
+        precision: str = "fp32",
     ) -> None:
         torch.set_num_threads(num_threads)
         self.index = engine_index
         # --ci-fault-drop-weight: a planted sync bug (names or globs)
         self.fault_drop_weight = fault_drop_weight
         try:
-            self.engine: Engine = get_engine_class(backend)(checkpoint, num_threads=num_threads)
+            self.engine: Engine = get_engine_class(backend)(
+                checkpoint, num_threads=num_threads, precision=precision
+            )
         except Exception as e:  # the driver reads only the last line of what an actor's constructor raised
             raise load_failure(checkpoint, e) from e
         self.faults = FaultInjector(faults or [], "engine", engine_index, run_dir, epoch)

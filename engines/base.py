@@ -15,11 +15,6 @@ class StaleWeights(RuntimeError):
     written."""
 
 
-class EngineReleased(RuntimeError):
-    """An engine was asked for work that needs its weights while they are released (--offload-rollout) and not yet
-    loaded back by a weight sync: nothing was done."""
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling parameters (slime/SGLang names)."""
@@ -109,13 +104,11 @@ class Engine(Protocol):
         ...
 
     def release_memory(self) -> None:
-        """Drop the weights and KV cache while the trainers work (--offload-rollout); until a full weight load
-        brings them back, work that needs them raises EngineReleased. The weights' identity (weights_sha256) is
-        kept."""
+        """Free accelerator memory before the trainer runs (a no-op on CPU)."""
         ...
 
     def resume_memory(self) -> None:
-        """Take the memory back after `release_memory`, for the weight load that follows."""
+        """Take the memory back after `release_memory` (a no-op on CPU)."""
         ...
 
     def health(self) -> dict:

@@ -14,11 +14,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import torch
 from prefect import flow
 from pydantic import ValidationError
 
 from artifacts.compare import first_layer_difference, first_metric_difference, first_table_difference
-from artifacts.hashing import layer_hashes, weights_sha256
+from artifacts.hashing import as_dtype, layer_hashes, weights_sha256
 from artifacts.store import (
     ArtifactError,
     ArtifactRef,
@@ -234,7 +235,9 @@ async def _replay(
     engines = await actors.start_engines(cfg, str(before or base))
     started = await engines[0].weights_sha256.remote()
     weights = await s.sync(q, rollout_id)
-    expected = weights_sha256(_load_weights(after))
+    # the checkpoint's float32 weights as the engines hold them (bfloat16 in a bf16 run)
+    held_as = torch.bfloat16 if cfg.train.precision == "bf16" else None
+    expected = weights_sha256(as_dtype(_load_weights(after), held_as))
     if weights.sha256 != expected:
         return f"engine weights after sync: sha {weights.sha256[:12]} vs checkpoint iter_{rollout_id:07d} {expected[:12]}"
     # the pushed hash is the trainer's: the engine's own tells a transfer that did not apply

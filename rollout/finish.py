@@ -123,6 +123,8 @@ def write_finished(
             "config_hash": cfg.config_hash(),
             "weights_sha256": weights_sha256,
             "tokenizer": cfg.hf_checkpoint or "",
+            # what the engines computed at: a recording replayed by a trainer at another precision is named
+            "precision": cfg.train.precision,
             **(metadata or {}),
         }
         ref = write_rollout(path, samples, metadata=meta)

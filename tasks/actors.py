@@ -21,6 +21,7 @@ import ray
 
 from artifacts.checkpoints import model_dir
 from config import RunConfig
+from config.precision import concrete
 from tasks import placement
 from tasks.notify import notice
 from trainers.collectives import LOOPBACK, rendezvous_host
@@ -275,6 +276,7 @@ def _engine(cfg: RunConfig, i: int, where: placement.Placement, checkpoint: str 
         str(cfg.resolved_run_dir),
         _epoch(cfg),
         cfg.ci.ci_test and not cfg.ci.ci_disable_reexecution_checker,
+        concrete(cfg.train.precision, cfg.train.train_backend),
     )
 
 

@@ -69,7 +69,8 @@ class Trainer(Protocol):
         ...
 
     def weights_sha256(self) -> str:
-        """Collective: artifacts.hashing.weights_sha256 of the exported weights on global rank 0 ("" elsewhere)."""
+        """Collective: artifacts.hashing.weights_sha256 of the exported weights as the engines hold them (cast to
+        bfloat16 in a bf16 run) on global rank 0 ("" elsewhere)."""
         ...
 
     def model_hash(self) -> dict[str, str]:
@@ -82,8 +83,9 @@ class Trainer(Protocol):
         ...
 
     def tensor_hashes(self) -> dict[str, str]:
-        """Collective: per-tensor SHA-256 of the exported weights (artifacts.hashing.tensor_hashes) on global
-        rank 0 ({} elsewhere): names what differs when an engine's weights_sha256 does not match."""
+        """Collective: per-tensor SHA-256 of the exported weights as the engines hold them (artifacts.hashing.
+        tensor_hashes, after weights_sha256's cast) on global rank 0 ({} elsewhere): names what differs when an
+        engine's weights_sha256 does not match."""
         ...
 
     def save(self, directory: str, rollout_id: int, *, snapshot: bool = False) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config import RunConfig
+from config.precision import concrete
 from rollout.slime_args import slime_args
 
 
@@ -72,6 +73,9 @@ class TrainerSettings:
     recompute_num_layers: int | None = None
     allow_model_dropout: bool = False
     ci_reexecute: bool = False  # --ci-test's re-execution check (trainers/determinism.py)
+    # bf16: forward under CPU autocast to bfloat16 (float32 master weights, optimizer state and log-probs), and the
+    # engines hold bfloat16 weights (what the weight hashes compare against); fp32: float32 throughout
+    precision: str = "fp32"
 
 
 def trainer_settings(cfg: RunConfig) -> TrainerSettings:
@@ -137,4 +141,5 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         recompute_num_layers=t.recompute_num_layers,
         allow_model_dropout=cfg.debug.allow_model_dropout,
         ci_reexecute=ci.ci_test and not ci.ci_disable_reexecution_checker,
+        precision=concrete(t.precision, t.train_backend),
     )

@@ -36,6 +36,7 @@ RULES: tuple[Rule, ...] = (
     signals.constant_rewards,
     signals.zero_gradient,
     artifact_rules.prompt_tokens,
+    artifact_rules.precision_mismatch,
     signals.first_step_precision,
     signals.logprob_gap,
     signals.truncation,

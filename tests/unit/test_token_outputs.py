@@ -84,7 +84,9 @@ def _fast_and_plain(
     """(log-probs, entropy, gradients) of the torch trainer's token outputs and of the generic path, checked
     equal within float32 rounding (gradients within `rtol` too: other sums, other rounding)."""
     trainer = types.SimpleNamespace(
-        s=types.SimpleNamespace(temperature=temperature, entropy_coef=0.1, recompute_granularity=None),
+        s=types.SimpleNamespace(
+            temperature=temperature, entropy_coef=0.1, recompute_granularity=None, precision="fp32"
+        ),
         device=torch.device("cpu"),
         _plain_head=True,
         _shared_prompts=True,
@@ -92,6 +94,7 @@ def _fast_and_plain(
         _recomputed=frozenset(),
     )
     trainer._response_logits = lambda m, b: TorchTrainer._response_logits(trainer, m, b)  # type: ignore[arg-type]
+    trainer._autocast = lambda: TorchTrainer._autocast(trainer)  # type: ignore[arg-type]
 
     def run(fn) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         model.zero_grad(set_to_none=True)

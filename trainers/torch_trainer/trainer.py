@@ -8,6 +8,7 @@ gradient sum and clipping, its weights by HF name and its checkpoint format (saf
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from artifacts import content_hashes
 from artifacts.atomic import atomic_write_json
 from artifacts.checkpoints import model_dir, resolve_checkpoint
-from artifacts.hashing import layer_hashes, tensor_hashes, weights_sha256
+from artifacts.hashing import as_dtype, layer_hashes, tensor_hashes, weights_sha256
 from trainers import recompute
 from trainers.base import Trainer
 from trainers.batching import MicroBatch
@@ -94,7 +95,8 @@ class TorchTrainer(TrainerCore):
     def _response_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         """Temperature-scaled logits that predict each response token: [B, T, V] (right padding: no mask
         needed, see MicroBatch)."""
-        logits = model(input_ids=mb.input_ids).logits
+        with self._autocast():
+            logits = model(input_ids=mb.input_ids).logits
         idx = mb.response_index[:, :, None].expand(-1, -1, logits.shape[-1])
         return logits.gather(1, idx).float() / self.s.temperature
 
@@ -109,25 +111,28 @@ class TorchTrainer(TrainerCore):
         hf: Any = model  # an HF PreTrainedModel (setup built it)
         head, decoder = hf.get_output_embeddings().weight, hf.base_model
         lps, ents, targets = [], [], []
-        if mb.shared is not None and self._shared_prompts:
-            selective = self.s.recompute_granularity == "selective"
-            hidden = shared_hidden(
-                hf, mb.shared, self._recomputed if model is self.model else frozenset(), selective
-            )
-            parts = [(hidden, mb.shared.tokens, mb.shared.target)]
-        else:
-            parts = [
-                (
-                    decoder(input_ids=mb.input_ids[bucket.rows, : bucket.width], use_cache=False)
-                    .last_hidden_state.flatten(0, 1)
-                    .index_select(0, bucket.source),
-                    bucket.tokens,
-                    bucket.target,
+        with self._autocast():  # the decoder only: the output layer and log-softmax below run in float32
+            if mb.shared is not None and self._shared_prompts:
+                selective = self.s.recompute_granularity == "selective"
+                hidden = shared_hidden(
+                    hf, mb.shared, self._recomputed if model is self.model else frozenset(), selective
                 )
-                for bucket in mb.buckets
-            ]
+                parts = [(hidden, mb.shared.tokens, mb.shared.target)]
+            else:
+                parts = [
+                    (
+                        decoder(input_ids=mb.input_ids[bucket.rows, : bucket.width], use_cache=False)
+                        .last_hidden_state.flatten(0, 1)
+                        .index_select(0, bucket.source),
+                        bucket.tokens,
+                        bucket.target,
+                    )
+                    for bucket in mb.buckets
+                ]
         for picked, tokens, target in parts:  # picked: [n, H], the hidden states predicting `tokens`
-            lp, ent = linear_log_probs_and_entropy(picked, head, tokens, temperature=self.s.temperature)
+            lp, ent = linear_log_probs_and_entropy(
+                picked.float(), head, tokens, temperature=self.s.temperature
+            )
             lps.append(lp)
             ents.append(ent)
             targets.append(target)
@@ -138,6 +143,17 @@ class TorchTrainer(TrainerCore):
         if not self.s.entropy_coef:  # a metric only: no graph through it
             entropy = entropy.detach()
         return log_probs, torch.zeros(b * t).index_copy(0, target, entropy).view(b, t)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+        """The forward's precision: CPU autocast to bfloat16 under --precision bf16 (matmuls in bfloat16 on the
+        float32 master weights, whose gradients stay float32), else nothing."""
+        if self.s.precision == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _as_engines_hold(self, named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The weights as the engines hold them: cast to bfloat16 in a bf16 run, else `named` itself."""
+        return as_dtype(named, torch.bfloat16 if self.s.precision == "bf16" else None)
 
     def _set_recompute(self) -> set[int]:
         """--recompute-*: the policy model's decoder layers recompute their activations in the backward."""
@@ -197,16 +213,18 @@ class TorchTrainer(TrainerCore):
         return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
 
     def weights_sha256(self) -> str:
-        """Identity of the weights, equal to weights_sha256(export_weights()), on rank 0 ("" elsewhere)."""
-        return weights_sha256(self.model.state_dict()) if self.rank == 0 else ""
+        """Identity of the weights as the engines hold them (export_weights() cast to the engines' dtype: bfloat16
+        in a bf16 run), on rank 0 ("" elsewhere): what an engine's own weights_sha256 is compared with."""
+        return weights_sha256(self._as_engines_hold(self.model.state_dict())) if self.rank == 0 else ""
 
     def model_hash(self) -> dict[str, str]:
         """Per-layer SHA-256 of this rank's weights."""
         return layer_hashes(self.model.state_dict())
 
     def tensor_hashes(self) -> dict[str, str]:
-        """Per-tensor SHA-256 of the weights (artifacts.hashing.tensor_hashes), on rank 0 ({} elsewhere)."""
-        return tensor_hashes(self.model.state_dict()) if self.rank == 0 else {}
+        """Per-tensor SHA-256 of the weights as the engines hold them (artifacts.hashing.tensor_hashes, after the
+        cast of weights_sha256), on rank 0 ({} elsewhere)."""
+        return tensor_hashes(self._as_engines_hold(self.model.state_dict())) if self.rank == 0 else {}
 
     def save(self, directory: str, rollout_id: int, *, snapshot: bool = False) -> None:
         """Write iter_{rollout_id:07d}/ (model in HF format, optimizer, scheduler, RNG, the applied rollout's
