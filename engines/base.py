@@ -15,6 +15,11 @@ class StaleWeights(RuntimeError):
     written."""
 
 
+class EngineReleased(RuntimeError):
+    """An engine was asked for work that needs its weights while they are released (--offload-rollout) and not yet
+    loaded back by a weight sync: nothing was done."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling parameters (slime/SGLang names)."""
@@ -104,11 +109,13 @@ class Engine(Protocol):
         ...
 
     def release_memory(self) -> None:
-        """Free accelerator memory before the trainer runs (a no-op on CPU)."""
+        """Drop the weights and KV cache while the trainers work (--offload-rollout); until a full weight load
+        brings them back, work that needs them raises EngineReleased. The weights' identity (weights_sha256) is
+        kept."""
         ...
 
     def resume_memory(self) -> None:
-        """Take the memory back after `release_memory` (a no-op on CPU)."""
+        """Take the memory back after `release_memory`, for the weight load that follows."""
         ...
 
     def health(self) -> dict:

@@ -14,8 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from artifacts.hashing import tensor_hashes, weights_sha256
-from engines.base import Engine, GenerateOutput, GenerateRequest
+from engines.base import Engine, EngineReleased, GenerateOutput, GenerateRequest
 from engines.torch_engine.decoder import Decoder, FastDecoder, FastWeights, HFDecoder
+from procs import trim_heap
 
 
 class TorchEngine:
@@ -52,11 +53,16 @@ class TorchEngine:
         # the same, per tensor (asked for only on a mismatch)
         self._tensor_hashes: dict[str, str] | None = None
         self._fast: FastWeights | None = None  # FastDecoder's view of the weights; None = rebuild before use
+        self._names = list(self.model.state_dict())  # every persistent weight, as a sync names them
+        # while released: each parameter's shape and dtype (its storage is gone); None = the memory is held
+        self._released: dict[str, tuple[torch.Size, torch.dtype]] | None = None
+        self._unloaded: set[str] = set()  # weights not loaded since the memory was released
 
     # -- generation ----------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
-        """Complete every request; outputs are in request order."""
+        """Complete every request; outputs are in request order. EngineReleased while the weights are released."""
+        self._require_weights("generate")
         outputs: list[GenerateOutput] = []
         for start in range(0, len(requests), self.max_batch_size):
             outputs.extend(self._generate_batch(requests[start : start + self.max_batch_size]))
@@ -171,12 +177,14 @@ class TorchEngine:
     def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
         """Copy these tensors in place (a bucket of a streamed sync), cast to the engine's dtype (a float32
         trainer's weights become bfloat16 in a bf16 engine); unknown names are an error."""
+        self.resume_memory()  # a load is what released memory is taken back for
         params = dict(self.model.state_dict())
         unknown = sorted(set(named_tensors) - set(params))
         if unknown:
             raise KeyError(f"weight update does not match the engine's model: unknown={unknown[:5]}")
         for name, tensor in named_tensors.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+        self._unloaded.difference_update(named_tensors)
         self._sha256, self._tensor_hashes, self._fast = None, None, None
 
     def set_weight_version(self, version: int) -> None:
@@ -188,7 +196,9 @@ class TorchEngine:
         return list(self.model.state_dict())
 
     def get_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-        """Copies of the named persistent weights (all when `names` is None)."""
+        """Copies of the named persistent weights (all when `names` is None); EngineReleased for a weight not
+        loaded back since a release."""
+        self._require_weights("read weights", names)
         state = self.model.state_dict()
         return {n: state[n].detach().clone().cpu() for n in (names or list(state))}
 
@@ -196,12 +206,13 @@ class TorchEngine:
     def snapshot_and_scramble(self, seed: int = 0) -> int:
         """Keep a copy of every persistent weight, then overwrite each with noise (the weight-update
         check: only a complete, correct sync can restore them). Returns the number of tensors."""
-        self._snapshot = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.resume_memory()
         self._sha256, self._tensor_hashes, self._fast = None, None, None
         gen = torch.Generator().manual_seed(seed)
-        for t in self.model.state_dict().values():
+        state = self.model.state_dict()
+        for t in state.values():
             t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype))
-        return len(self._snapshot)
+        return len(state)
 
     def weight_version(self) -> int:
         """Version of the weights now held."""
@@ -209,8 +220,10 @@ class TorchEngine:
 
     def weights_sha256(self) -> str:
         """Identity of the weights now held (artifacts.hashing.weights_sha256); computed once per change
-        of weights (they change only through update_weights and snapshot_and_scramble)."""
+        of weights (they change only through update_weights and snapshot_and_scramble). A released engine answers
+        the identity of the weights it released."""
         if self._sha256 is None:
+            self._require_weights("hash its weights")
             self._sha256 = weights_sha256(self.model.state_dict())
         return self._sha256
 
@@ -218,16 +231,51 @@ class TorchEngine:
         """{name: sha256} of every persistent weight now held (artifacts.hashing.tensor_hashes), so a
         weights_sha256 mismatch can name the tensors; cached until the weights change, like weights_sha256."""
         if self._tensor_hashes is None:
+            self._require_weights("hash its weights")
             self._tensor_hashes = tensor_hashes(self.model.state_dict())
         return self._tensor_hashes
 
     def release_memory(self) -> None:
-        """Free accelerator memory (empties the CUDA cache; nothing to do on CPU)."""
+        """Drop the weights (every parameter's storage) and what is built from them (the fast decoder's fused
+        copies; the KV cache lives only within a generate call), and give the freed pages back. The engine then
+        refuses to generate or hand out weights until every weight is loaded again (resume_memory, then a full
+        sync). Its weights' identity (weights_sha256) is kept: the sync compares with it."""
+        if self._released is not None:
+            return
+        self.weights_sha256()  # cached after a check; the identity outlives the storage
+        params = dict(self.model.named_parameters())  # a tied weight is one parameter
+        self._released = {name: (p.shape, p.dtype) for name, p in params.items()}
+        for p in params.values():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self._unloaded, self._tensor_hashes, self._fast = set(self._names), None, None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        trim_heap()
 
     def resume_memory(self) -> None:
-        """Counterpart of `release_memory` (weights stay resident in this engine)."""
+        """Allocate the released weights' storage again (uninitialized: the sync that follows fills it); a no-op
+        while the memory is held."""
+        if self._released is None:
+            return
+        params = dict(self.model.named_parameters())
+        for name, (shape, dtype) in self._released.items():
+            params[name].data = torch.empty(shape, dtype=dtype, device=self.device)
+        self._released = None
+
+    @property
+    def released(self) -> bool:
+        """Whether some weight is not loaded since the last release_memory."""
+        return bool(self._unloaded)
+
+    def _require_weights(self, what: str, names: list[str] | None = None) -> None:
+        """EngineReleased when the weights `what` needs (`names`, or all) were released and not loaded back."""
+        missing = self._unloaded if names is None else self._unloaded.intersection(names)
+        if missing:
+            raise EngineReleased(
+                f"the engine was asked to {what} but its weights are released (--offload-rollout): "
+                f"{len(self._unloaded)} of {len(self._names)} weights not loaded back since, e.g. "
+                f"{sorted(missing)[:3]}; a weight sync (resume_memory, then every weight) loads them"
+            )
 
     def health(self) -> dict:
         """Status of this engine."""
@@ -236,6 +284,7 @@ class TorchEngine:
             "device": str(self.device),
             "weight_version": self._version,
             "threads": torch.get_num_threads(),
+            "released": self.released,
             "dtype": str(self.dtype).removeprefix("torch."),
         }
 
