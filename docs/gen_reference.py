@@ -249,10 +249,19 @@ def metrics_page() -> str:
 # --- reference/schema.md ----------------------------------------------------------------------------------------
 
 
+def arrow_type(t: Any) -> str:
+    """An Arrow type by its width: `int64`, `float32`, `list<int32>`, `string`."""
+    import pyarrow as pa
+
+    if pa.types.is_list(t):
+        return f"list<{arrow_type(t.value_type)}>"
+    return {"float": "float32", "double": "float64", "halffloat": "float16"}.get(str(t), str(t))
+
+
 def schema_page() -> str:
     from artifacts.schema import SAMPLE_FIELDS, SAMPLE_SCHEMA, SAMPLE_STATUSES, SCHEMA_VERSION
 
-    rows = [[code(f.name), code(str(f.type)), md(SAMPLE_FIELDS[f.name])] for f in SAMPLE_SCHEMA]
+    rows = [[code(f.name), code(arrow_type(f.type)), md(SAMPLE_FIELDS[f.name])] for f in SAMPLE_SCHEMA]
     return "\n".join(
         [
             "# Artifact schema",
