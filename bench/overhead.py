@@ -47,7 +47,8 @@ from pathlib import Path
 
 _TMP = Path(tempfile.mkdtemp(prefix="rf-bench-overhead-"))
 # before anything imports prefect or ray
-os.environ["PREFECT_HOME"] = str(_TMP / "prefect")
+# a caller may hand a Prefect home whose database is migrated already (the tests' copy): the server starts faster
+os.environ["PREFECT_HOME"] = os.environ.get("ROLLFLOW_BENCH_PREFECT_HOME") or str(_TMP / "prefect")
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 if os.environ.get("ROLLFLOW_BENCH_LOGS") == "info":
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")

@@ -128,7 +128,7 @@ def trl_steps(args: argparse.Namespace, out_dir: Path) -> None:
         logging_steps=args.steps,
         max_steps=args.steps,
         learning_rate=LR,
-        bf16=False,
+        bf16=args.precision == "bf16",  # CPU autocast over float32 master weights, as rollflow's bf16 trainer
         save_strategy="no",
         disable_tqdm=True,
         shuffle_dataset=False,
@@ -152,7 +152,8 @@ def trl_steps(args: argparse.Namespace, out_dir: Path) -> None:
 
 
 class TrlInLockstep:
-    """TRL's GRPOTrainer (`--side trl`) in a child process that runs one step per `step()`."""
+    """TRL's GRPOTrainer (`--side trl`) in a child process that runs one step per `step()`; `args.precision`
+    (bf16 | fp32, fp32 when absent: bench/scaling.py sets it) picks TRL's `bf16` setting."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         python = sys.executable if importlib.util.find_spec("trl") else args.trl_python
@@ -167,6 +168,7 @@ class TrlInLockstep:
         cmd += ["--done-fd", str(done_w), "--recipe", args.recipe, "--prompts", str(args.prompts)]
         cmd += ["--generations", str(args.generations), "--completion-len", str(args.completion_len)]
         cmd += ["--steps", str(args.steps), "--threads", str(args.threads)]
+        cmd += ["--precision", getattr(args, "precision", "fp32")]
         print("TRL side:", " ".join(cmd), flush=True)
         self.proc = subprocess.Popen(cmd, pass_fds=(go_r, done_w))
         os.close(go_r)
@@ -215,6 +217,7 @@ def main() -> None:
     p.add_argument(
         "--trl-python", default=None, help="interpreter for the TRL half when this one cannot import trl"
     )
+    p.add_argument("--precision", choices=["bf16", "fp32"], default="fp32", help=argparse.SUPPRESS)
     p.add_argument("--side", choices=["both", "trl"], default="both", help=argparse.SUPPRESS)
     p.add_argument("--go-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--done-fd", type=int, help=argparse.SUPPRESS)

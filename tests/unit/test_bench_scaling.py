@@ -1,0 +1,137 @@
+"""bench/scaling.py's arithmetic: the log-log fit, the growth per size and per length, the table and the targets,
+on synthetic cells whose times follow known powers; and its memory poll on this process."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+
+from bench.scaling import (
+    HEADER,
+    Cell,
+    PeakMemory,
+    fit_lines,
+    growth,
+    loglog_slope,
+    markdown,
+    report,
+    row,
+    targets,
+)
+
+
+def test_slope_of_a_power_law_is_its_exponent():
+    points = [(x, 3.0 * x**1.5) for x in (64, 256, 1024)]
+    assert loglog_slope(points) == pytest.approx(1.5, abs=1e-9)
+    assert loglog_slope([(64, 2.0), (256, 2.0)]) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_slope_needs_two_distinct_x():
+    assert loglog_slope([(64, 1.0)]) is None
+    assert loglog_slope([(64, 1.0), (64, 2.0)]) is None
+    assert loglog_slope([]) is None
+
+
+N = 8  # samples a step in the synthetic cells
+
+
+def synthetic(size: str, params: int, length: int, trl_factor: float = 2.5) -> Cell:
+    """A measured cell whose stage seconds grow as length^1 x params^0.5 (sync as params^1, length^0)."""
+    scale = length * (params / 1e6) ** 0.5 / 1000
+    gen = 2.0 * scale
+    perf = {
+        "perf/rollout_time": [gen, gen],
+        "perf/tokens_per_sec": [N * length / gen] * 2,
+        "perf/log_probs_time": [1.0 * scale] * 2,
+        "perf/actor_train_time": [3.0 * scale] * 2,
+        "perf/step_time": [6.5 * scale] * 2,
+    }
+    cell = Cell(size, f"recipe-{size}", length, params=params)
+    cell.rollflow = {"n": N, "perf": perf, "sync": [0.01 * params / 1e6] * 2, "seconds": 100.0}
+    cell.trl = [99.0, trl_factor * 6.5 * scale]
+    cell.trl_peak_gib = 8.0
+    cell.hf = {"engine_tps": 200.0, "hf_tps": 80.0, "hf_seconds": 4.0 * scale, "dtype": "bfloat16"}
+    cell.mem = {
+        "driver (rollflow side)": 0.5,
+        "ray::trainer-0:TrainerActor": 5.0,
+        "ray::engine-0:EngineActor": 1.5,
+    }
+    cell.mem_concurrent_gib = 6.0
+    return cell
+
+
+CELLS = [
+    synthetic(size, params, length)
+    for size, params in (("3.2M", 3_200_000), ("0.5B", 500_000_000))
+    for length in (64, 256, 1024)
+]
+
+
+def test_growth_with_length_and_size_recovers_the_exponents():
+    by_length = {key: fits for key, _, fits in growth(CELLS, "length")}
+    assert list(by_length) == ["3.2M", "0.5B"]
+    for fits in by_length.values():
+        for stage in ("generate", "log-prob", "train", "rollout", "TRL step", "HF generate"):
+            slope, used = fits[stage]
+            assert slope == pytest.approx(1.0, abs=1e-9), stage
+        assert fits["sync"][0] == pytest.approx(0.0, abs=1e-9)
+    assert by_length["0.5B"]["train"][1] == ["0.5Bx64", "0.5Bx256", "0.5Bx1024"]
+    by_size = {key: fits for key, _, fits in growth(CELLS, "size")}
+    assert list(by_size) == ["64", "256", "1024"]
+    for fits in by_size.values():
+        assert fits["train"][0] == pytest.approx(0.5, abs=1e-9)
+        assert fits["sync"][0] == pytest.approx(1.0, abs=1e-9)
+        assert fits["train"][1] == [c for c in fits["train"][1]]  # the cells named in the order measured
+
+
+def test_a_stage_measured_in_one_cell_only_has_no_slope():
+    cells = [synthetic("0.5B", 500_000_000, 64), synthetic("0.5B", 500_000_000, 256)]
+    cells[1].trl = []  # TRL did not run there
+    fits = growth(cells, "length")[0][2]
+    assert fits["TRL step"] == (None, ["0.5Bx64"])
+    assert not any("TRL step" in line for line in fit_lines(cells))
+    assert any(
+        line.startswith("size 0.5B: train time ~ (mean response tokens)^1.00") for line in fit_lines(cells)
+    )
+
+
+def args(**over: object) -> argparse.Namespace:
+    base = dict(
+        prompts=2, group=4, steps=2, threads=1, precision="auto", run_flags="", note="other work on the CPU"
+    )
+    return argparse.Namespace(**{**base, **over})
+
+
+def test_table_row_ratios_and_targets():
+    cell = next(c for c in CELLS if c.size == "0.5B" and c.length == 256)
+    r = dict(zip(HEADER, row(cell), strict=True))
+    assert r["rollflow/TRL"] == f"{1 / 2.5:.2f}x"
+    assert r["engine/HF"] == "2.50x"
+    assert r["rollflow peak GiB (sum / max proc)"] == "7.00 / 5.00"
+    assert r["resp tok"] == "256"
+    lines = targets(CELLS)
+    assert "RL step / TRL's <= 0.5x: 0.40x -> met" in lines[1]
+    assert "engine / HF generate >= 2x: 2.50x -> met" in lines[2]
+    assert "peak memory" in lines[4] and "0.88x TRL's -> met" in lines[4]
+    slow = synthetic("0.5B", 500_000_000, 256, trl_factor=1.5)
+    assert "NOT met" in targets([slow])[1]
+    assert targets(CELLS[:3]) == ["targets (0.5B x 256): not measured in this invocation"]
+
+
+def test_report_and_results_file_render():
+    text = report(args(), CELLS)
+    assert "Fitted growth" in text and "0.5Bx1024" in text and "other work on the CPU" in text
+    page = markdown(args(), CELLS)
+    head, _, body = page.partition("\n---\n")
+    assert head.startswith("---\ntitle: ") and "\nmeasured: " in head and "\nmachine: " in head
+    assert "| cell | params |" in body and body.count("\n| 0.5Bx") == 3
+
+
+def test_peak_memory_reads_this_process():
+    memory = PeakMemory(os.getpid())
+    memory.poll()
+    peaks = memory.stop()
+    assert len(peaks) >= 1 and all(v > 0 for v in peaks.values())
+    assert memory.concurrent > 0
