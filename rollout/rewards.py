@@ -11,14 +11,14 @@ custom function, so that a slime reward module works unchanged:
   `rm(args, samples)` once per group (rollout/scoring.py).
 
 The built-in rules mean what slime's `--rm-type` rules mean, score for score (rollout/rm_hub/): math,
-deepscaler, dapo, f1, gpqa, remote_rm (with --rm-url), random, each also with a `boxed_` prefix that scores
-the last `\\boxed{...}` of the response; plus rollflow's own exact_match, tiny-arith and long-arith.
+deepscaler, dapo, f1, gpqa, remote_rm (with --rm-url), random. Each also has a `boxed_` prefix that scores
+the last `\\boxed{...}` of the response. rollflow adds its own exact_match, tiny-arith and long-arith.
 
-Sync and async functions both work. Rewards run in the orchestrating process, never inside an engine.
-A reward that raises marks its sample `failed` (reward 0, excluded from the loss, the exception text in
-its metadata); a rollout fails only if every sample failed. A custom reward that does not return within
-`--rm-timeout` seconds for a sample fails that sample the same way, with a warning that names it. A reward that returns something that is not
-a finite number is a bug in the reward, and the error names the sample.
+Sync and async functions both work. Rewards run in the run's rollout actor, never inside an engine.
+A reward that raises marks its sample `failed`: reward 0, excluded from the loss, the exception text in
+its metadata. A rollout fails only if every sample failed. A custom reward that does not return within
+`--rm-timeout` seconds for a sample fails that sample the same way, with a warning that names it. A reward
+that returns something that is not a finite number is a bug in the reward, and the error names the sample.
 """
 
 from __future__ import annotations
