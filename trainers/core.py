@@ -458,6 +458,8 @@ class TrainerCore(abc.ABC):
             raise
         self.applied[rollout_id] = metrics
         self.last_applied_rollout = rollout_id
+        for p in self.params:  # each step assigns fresh gradients: none are held while the engines generate
+            p.grad = None
         self._perf["perf/actor_train_time"] = time.perf_counter() - began
         return metrics
 

@@ -136,6 +136,7 @@ def test_trainer_logprobs_match_engine_and_step_is_applied_once(engine, base_che
     assert len(metrics) == 2 and metrics[0]["train/ppo_kl"] == 0.0 and metrics[0]["train/pg_clipfrac"] == 0.0
     after = trainer.export_weights()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in trainer.params)  # no gradients held between steps
     assert trainer.train_step(ref, lp_ref) is metrics  # a retry never applies the rollout twice
     assert all(torch.equal(after[k], v) for k, v in trainer.export_weights().items())
 

@@ -238,8 +238,14 @@ class TorchTrainer(TrainerCore):
         tmp = Path(directory) / f"iter_{rollout_id:07d}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        # clone() breaks the tied embedding/lm_head sharing that safetensors refuses to store
-        weights = {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
+        # the tensors themselves, not copies (a copy of a 0.5B model's weights and AdamW state is its size again);
+        # safetensors refuses two names on one storage, so a tied weight's second name (lm_head) gets a copy
+        weights: dict[str, torch.Tensor] = {}
+        stored: set[int] = set()
+        for k, v in self.model.state_dict().items():
+            ptr = v.untyped_storage().data_ptr()
+            weights[k] = v.detach().clone() if ptr in stored else v.detach().contiguous()
+            stored.add(ptr)
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         self.model.config.save_pretrained(str(tmp))
         opt = {}
@@ -248,7 +254,7 @@ class TorchTrainer(TrainerCore):
             for idx, state in self.optimizer.state_dict()["state"].items():
                 for key, value in state.items():
                     if value is not None:  # SGD without momentum keeps a None buffer
-                        opt[f"{names[idx]}::{key}"] = torch.as_tensor(value).clone()
+                        opt[f"{names[idx]}::{key}"] = torch.as_tensor(value)
         save_file(opt, str(tmp / "optimizer.safetensors"))
         rng = {"torch_rng": torch.get_rng_state()}
         save_file(rng, str(tmp / "rng.safetensors"))
