@@ -8,8 +8,9 @@ same precision (`--precision`, resolved once as `rollflow run` resolves it):
   rollflow  a real run (`flows.run.run_flow` over Ray actors with a temporary Prefect server, as
             bench/overhead.py runs it; eval off, `--run-flags` added to its flags) of `--steps` rollouts, one
             optimizer step each. Per rollout: the generation (perf/rollout_time) and the engine's tokens/s
-            (perf/tokens_per_sec), the log-prob pass (perf/log_probs_time), the train step
-            (perf/actor_train_time), the weight sync (the `sync` task run's span, as Prefect recorded it), the
+            (perf/tokens_per_sec), the log-prob pass (perf/log_probs_time: with one optimizer step a rollout
+            it also runs that step's forward and backward, fused, as a run does by default), the train step
+            (perf/actor_train_time: then the optimizer's update), the weight sync (the `sync` task run's span, as Prefect recorded it), the
             rollout's wall time (perf/step_time). Peak resident memory (VmHWM) of every process of the run: this
             bench reads /proc for the run's whole process tree (driver, Ray's processes and actors, the Prefect
             server) once a second.
@@ -440,22 +441,6 @@ def rollflow_child(args: argparse.Namespace, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
-def engine_kwargs(threads: int, batch: int, precision: str) -> dict[str, Any]:
-    """TorchEngine's keyword arguments for one cell."""
-    import inspect
-
-    from engines.torch_engine.engine import TorchEngine
-
-    kwargs: dict[str, Any] = {"num_threads": threads, "max_batch_size": batch}
-    if "precision" in inspect.signature(TorchEngine).parameters:
-        kwargs["precision"] = precision
-    elif precision != "fp32":
-        raise SystemExit(
-            f"this checkout's TorchEngine runs float32 only: --precision {precision} cannot be timed"
-        )
-    return kwargs
-
-
 def hf_child(args: argparse.Namespace, out: Path) -> None:
     """--side hf: HF generate and the TorchEngine alone, alternated on rollout 1's P x G rows; writes tokens/s."""
     import torch
@@ -481,7 +466,9 @@ def hf_child(args: argparse.Namespace, out: Path) -> None:
     )
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     torch.set_num_threads(args.threads)
-    engine = TorchEngine(cfg.hf_checkpoint, **engine_kwargs(args.threads, len(rows), precision))
+    engine = TorchEngine(
+        cfg.hf_checkpoint, num_threads=args.threads, max_batch_size=len(rows), precision=precision
+    )
     model = AutoModelForCausalLM.from_pretrained(cfg.hf_checkpoint, dtype=dtype).eval()
     stops = tuple(src.stops.ids)
     engine_call(engine, rows, min(length, 8), stops, seed=10_000)  # warm-up
@@ -518,8 +505,8 @@ HEADER = [
     "params",
     "resp tok",
     "generate s",
-    "log-prob s",
-    "train s",
+    "log-prob pass s",
+    "train step s",
     "sync s",
     "rollout s",
     "engine tok/s (run)",
@@ -762,11 +749,12 @@ def main() -> None:
     for size in sizes:
         for length in lengths:
             cells.append(measure_cell(args, size, SIZES.get(size, size), length, work))
-            print("\n" + report(args, cells), flush=True)  # so far: a long invocation keeps what it got
-    if args.save:
-        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.save).write_text(markdown(args, cells))
-        print(f"\nwrote {args.save}")
+            # after every cell: a long invocation stopped early keeps what it measured
+            print("\n" + report(args, cells), flush=True)
+            if args.save:
+                Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.save).write_text(markdown(args, cells))
+                print(f"\nwrote {args.save} ({len(cells)} cell(s))", flush=True)
 
 
 if __name__ == "__main__":
