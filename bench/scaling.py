@@ -516,7 +516,7 @@ HEADER = [
     "TRL step s",
     "rollflow/TRL",
     "sync % of step",
-    "rollflow peak GiB (sum / max proc)",
+    "rollflow peak GiB (at once / sum / max proc)",
     "TRL peak GiB",
 ]
 
@@ -526,8 +526,8 @@ def row(c: Cell) -> list[str]:
     sync = c.stage("sync")
     e_alone, hf = c.hf.get("engine_tps"), c.hf.get("hf_tps")
     mem = (
-        f"{sum(c.mem.values()):.2f} / {max(c.mem.values()):.2f}"
-        if c.mem and "error" not in c.rollflow
+        f"{c.mem_concurrent_gib:.2f} / {sum(c.mem.values()):.2f} / {max(c.mem.values()):.2f}"
+        if c.mem and c.mem_concurrent_gib is not None and "error" not in c.rollflow
         else "-"
     )
     return [
@@ -570,7 +570,7 @@ def targets(cells: list[Cell]) -> list[str]:
         return ["targets (0.5B x 256): not measured in this invocation"]
     step, trl, sync = cell.stage("rollout"), cell.stage("TRL step"), cell.stage("sync")
     e, hf = cell.hf.get("engine_tps"), cell.hf.get("hf_tps")
-    peak = sum(cell.mem.values()) if cell.mem else None
+    peak = cell.mem_concurrent_gib
 
     def verdict(value: float | None, bound: float, text: str, fmt: str, lower_is_better: bool = True) -> str:
         if value is None:
@@ -587,7 +587,7 @@ def targets(cells: list[Cell]) -> list[str]:
         + verdict(
             peak / cell.trl_peak_gib if peak and cell.trl_peak_gib else None,
             1.0,
-            "peak memory (sum over the run's processes) <= TRL's",
+            "peak memory (the run's processes at once) <= TRL's",
             "{:.2f}x TRL's",
         ),
     ]
@@ -688,6 +688,41 @@ def markdown(args: argparse.Namespace, cells: list[Cell]) -> str:
     return "\n".join(out)
 
 
+def cell_plan(sizes: str, lengths: str, cells: str | None, recipes: list[str]) -> list[tuple[str, int]]:
+    """The (size, length) cells to measure, in order: `cells` ("0.5Bx256,3.2Mx64", in that order) when given,
+    else every size of `sizes` with every length of `lengths`; ValueError naming a size that is no size or recipe,
+    or a length that is not a positive count."""
+
+    def size_of(s: str) -> str:
+        if SIZES.get(s, s) not in recipes:
+            raise ValueError(f"unknown size or recipe {s!r}; sizes {sorted(SIZES)}, recipes {recipes}")
+        return s
+
+    def length_of(x: str) -> int:
+        if not x.isdigit() or int(x) < 1:
+            raise ValueError(f"length {x!r}: expected a positive token count")
+        return int(x)
+
+    if cells:
+        plan = []
+        for cell in cells.split(","):
+            size, sep, length = cell.rpartition("x")
+            if not sep:
+                raise ValueError(f"--cells {cell!r}: expected SIZExLENGTH, e.g. 0.5Bx256")
+            plan.append((size_of(size), length_of(length)))
+        return plan
+    return [(size_of(s), length_of(x)) for s in sizes.split(",") if s for x in lengths.split(",") if x]
+
+
+def _grid(plan: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """`plan`'s cells ordered by size (SIZES' order, then other recipes as first named), then length: the table's
+    order."""
+    sizes = [s for s in SIZES if any(s == c[0] for c in plan)] + list(
+        dict.fromkeys(s for s, _ in plan if s not in SIZES)
+    )
+    return sorted(plan, key=lambda c: (sizes.index(c[0]), c[1]))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -697,6 +732,11 @@ def main() -> None:
     )
     p.add_argument(
         "--lengths", default="64,256,1024", help="comma-separated response lengths (max new tokens)"
+    )
+    p.add_argument(
+        "--cells",
+        default=None,
+        help="SIZExLENGTH cells in the order to measure them (e.g. 0.5Bx256,3.2Mx64); overrides --sizes/--lengths",
     )
     p.add_argument("--steps", type=int, default=2, help="steps (rollouts) per side; step 0 is the warm-up")
     p.add_argument("--prompts", type=int, default=2, help="P, prompts per step")
@@ -732,29 +772,24 @@ def main() -> None:
 
     from recipes.registry import RECIPES
 
-    sizes = [s for s in args.sizes.split(",") if s]
-    for s in sizes:
-        if SIZES.get(s, s) not in RECIPES:
-            p.error(
-                f"--sizes: unknown size or recipe {s!r}; sizes {sorted(SIZES)}, recipes {sorted(RECIPES)}"
-            )
-    lengths = [int(x) for x in args.lengths.split(",") if x]
-    if not lengths or min(lengths) < 1:
-        p.error("--lengths: give positive token counts")
+    try:
+        plan = cell_plan(args.sizes, args.lengths, args.cells, sorted(RECIPES))
+    except ValueError as e:
+        p.error(str(e))
     why = trl_missing(args)
     if why:
         print(f"TRL side skipped: {why}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="rf-bench-scaling-"))
-    cells = []
-    for size in sizes:
-        for length in lengths:
-            cells.append(measure_cell(args, size, SIZES.get(size, size), length, work))
-            # after every cell: a long invocation stopped early keeps what it measured
-            print("\n" + report(args, cells), flush=True)
-            if args.save:
-                Path(args.save).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.save).write_text(markdown(args, cells))
-                print(f"\nwrote {args.save} ({len(cells)} cell(s))", flush=True)
+    cells: list[Cell] = []
+    for size, length in plan:
+        cells.append(measure_cell(args, size, SIZES.get(size, size), length, work))
+        cells.sort(key=lambda c: _grid(plan).index((c.size, c.length)))
+        # after every cell: a long invocation stopped early keeps what it measured
+        print("\n" + report(args, cells), flush=True)
+        if args.save:
+            Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.save).write_text(markdown(args, cells))
+            print(f"\nwrote {args.save} ({len(cells)} cell(s))", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from bench.scaling import (
     HEADER,
     Cell,
     PeakMemory,
+    _grid,
+    cell_plan,
     fit_lines,
     growth,
     loglog_slope,
@@ -109,15 +111,35 @@ def test_table_row_ratios_and_targets():
     r = dict(zip(HEADER, row(cell), strict=True))
     assert r["rollflow/TRL"] == f"{1 / 2.5:.2f}x"
     assert r["engine/HF"] == "2.50x"
-    assert r["rollflow peak GiB (sum / max proc)"] == "7.00 / 5.00"
+    assert r["rollflow peak GiB (at once / sum / max proc)"] == "6.00 / 7.00 / 5.00"
     assert r["resp tok"] == "256"
     lines = targets(CELLS)
     assert "RL step / TRL's <= 0.5x: 0.40x -> met" in lines[1]
     assert "engine / HF generate >= 2x: 2.50x -> met" in lines[2]
-    assert "peak memory" in lines[4] and "0.88x TRL's -> met" in lines[4]
+    assert "peak memory" in lines[4] and "0.75x TRL's -> met" in lines[4]
     slow = synthetic("0.5B", 500_000_000, 256, trl_factor=1.5)
     assert "NOT met" in targets([slow])[1]
     assert targets(CELLS[:3]) == ["targets (0.5B x 256): not measured in this invocation"]
+
+
+def test_cells_in_the_order_given_and_the_table_by_size_then_length():
+    recipes = ["long-arith", "long-arith-0.5b", "tiny-arith"]
+    assert cell_plan("3.2M,0.5B", "64,256", None, recipes) == [
+        ("3.2M", 64),
+        ("3.2M", 256),
+        ("0.5B", 64),
+        ("0.5B", 256),
+    ]
+    plan = cell_plan("", "", "0.5Bx256,3.2Mx64,tiny-arithx8", recipes)
+    assert plan == [("0.5B", 256), ("3.2M", 64), ("tiny-arith", 8)]
+    assert _grid(plan) == [("3.2M", 64), ("0.5B", 256), ("tiny-arith", 8)]
+    assert _grid([("3.2M", 256), ("0.5B", 64), ("3.2M", 64)]) == [("3.2M", 64), ("3.2M", 256), ("0.5B", 64)]
+    with pytest.raises(ValueError, match="unknown size or recipe '7B'"):
+        cell_plan("7B", "64", None, recipes)
+    with pytest.raises(ValueError, match="expected SIZExLENGTH"):
+        cell_plan("", "", "0.5B-256", recipes)
+    with pytest.raises(ValueError, match="positive token count"):
+        cell_plan("3.2M", "0", None, recipes)
 
 
 def test_report_and_results_file_render():
