@@ -60,7 +60,7 @@ def plain_steps(cfg: RunConfig, n: int, phases: dict[str, list[float]] | None = 
     torch.set_num_threads(cfg.num_threads)
     paths, r = RunPaths(cfg.resolved_run_dir), cfg.rollout
     params = train_params(cfg, src.stops)
-    engine = TorchEngine(cfg.hf_checkpoint, num_threads=cfg.num_threads)
+    engine = TorchEngine(cfg.hf_checkpoint, num_threads=cfg.num_threads, precision=cfg.train.precision)
     trainer = TorchTrainer(trainer_settings(cfg), cfg.hf_checkpoint, rank=0, world_size=1)
     trainer.setup("127.0.0.1", _free_port())
     # as every rollflow process does once set up: what pyarrow imports lazily (pandas, its compute module) is
