@@ -165,15 +165,35 @@ class FastDecoder:
             qk = qk * cos + (qk @ w.rot) * sin
             kc[:, :, start:end] = qk[:, :, h:].transpose(1, 2)
             vc[:, :, start:end] = qkv[:, :, h + kvh :].transpose(1, 2)
-            att = F.scaled_dot_product_attention(
-                qk[:, :, :h].transpose(1, 2), kc[:, :, :end], vc[:, :, :end], attn_mask=mask, enable_gqa=True
-            )
+            q = qk[:, :, :h].transpose(1, 2)
+            if kc.dtype == torch.float32:
+                att = F.scaled_dot_product_attention(
+                    q, kc[:, :, :end], vc[:, :, :end], attn_mask=mask, enable_gqa=True
+                )
+            else:
+                att = grouped_attention(q, kc[:, :, :end], vc[:, :, :end], mask)
             x = x + F.linear(att.transpose(1, 2).reshape(b, t, h * d), o_w)
             gate, up = F.linear(F.rms_norm(x, ln2.shape, ln2, w.eps), gate_up_w).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, down_w)
         self.filled = end
         last = F.rms_norm(x[:, -1], w.final_norm.shape, w.final_norm, w.eps)
         return F.linear(last, w.lm_head).float()
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True) for low-precision (bfloat16) caches,
+    as two batched matmuls with the softmax in float32: torch's CPU attention kernel is an order of magnitude slower
+    in bfloat16 than in float32 for the one-token queries of decoding, these matmuls are not.
+
+    q: [B, h, T, d]; k, v: [B, kvh, L, d] (query head i reads key/value head i // (h / kvh)); mask: [B, 1, T, L]
+    bool, True = attend. Returns [B, h, T, d] in q's dtype."""
+    b, h, t, d = q.shape
+    kvh = k.shape[1]
+    g = h // kvh
+    scores = (q.reshape(b, kvh, g * t, d) @ k.transpose(-1, -2)).float().mul_(d**-0.5)
+    scores = scores.view(b, kvh, g, t, -1).masked_fill_(~mask[:, :, None], float("-inf"))
+    weights = torch.softmax(scores.view(b, kvh, g * t, -1), dim=-1).to(v.dtype)
+    return (weights @ v).view(b, h, t, d)
 
 
 class HFDecoder:

@@ -118,6 +118,9 @@ def test_the_bf16_trainer_keeps_float32_master_weights_optimizer_state_and_log_p
     # the old log-probs were computed by the same autocast forward: ratio 1 bitwise at the first step
     assert metrics[0]["train/ppo_kl"] == 0.0 and metrics[0]["train/pg_clipfrac"] == 0.0
     assert {p.dtype for p in trainer.params} == {torch.float32}
+    trainer.model.zero_grad(set_to_none=True)
+    lp, _ = trainer._token_outputs(trainer.model, trainer._micro_batch(trainer._rollout(ref), [0, 1]))
+    lp.sum().backward()  # the autocast forward's gradients reach the float32 master weights as float32
     assert {p.grad.dtype for p in trainer.params if p.grad is not None} == {torch.float32}
     state = [v for st in trainer.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
     assert state and {v.dtype for v in state if v.dim()} == {torch.float32}
@@ -208,3 +211,19 @@ def test_the_doctor_names_an_sglang_dtype_other_than_the_trainers_precision(tmp_
 
 def test_a_run_config_is_validated_with_its_precision():
     assert RunConfig.model_validate({"train": {"precision": "bf16"}}).train.precision == "bf16"
+
+
+@pytest.mark.parametrize(("t", "length"), [(5, 5), (1, 9)])  # a prefill and a decode step
+def test_grouped_attention_is_sdpa_with_grouped_heads(t, length):
+    from engines.torch_engine.decoder import grouped_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, t, 8, generator=gen)
+    k, v = torch.randn(3, 2, length, 8, generator=gen), torch.randn(3, 2, length, 8, generator=gen)
+    mask = torch.ones(3, 1, t, length, dtype=torch.bool).tril(length - t)
+    mask[0, ..., :2] = False  # a left-padded row
+    mask[0, 0, :, :2] |= torch.eye(t, length, dtype=torch.bool)[:, :2]  # a padding query sees itself
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert torch.allclose(grouped_attention(q, k, v, mask), want, atol=1e-5)
+    got16 = grouped_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
+    assert got16.dtype == torch.bfloat16 and torch.allclose(got16.float(), want, atol=0.1)
