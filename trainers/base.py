@@ -27,6 +27,8 @@ class Trainer(Protocol):
     applied: dict[int, list[dict[str, float]]]  # metrics of applied rollouts: the apply-once guard
     faults: FaultInjector  # armed by the actor with the run's fault hooks
     run_id: str  # the run it trains for, written into checkpoints
+    # set by the actor: the step-boundary snapshot dir a failed step may be put back from (None: keep a copy in memory)
+    boundary_dir: str | None
 
     def __init__(self, settings: TrainerSettings, checkpoint: str, rank: int, world_size: int) -> None: ...
 

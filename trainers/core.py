@@ -168,6 +168,9 @@ class TrainerCore(abc.ABC):
         self._capture_first = False
         self._first_run: MicroRun | None = None
         self._perf: dict[str, float] = {}  # seconds of the last rollout's stages on this rank (see perf())
+        # where the step-boundary snapshot of the last applied rollout is on disk, once its actor wrote it there
+        # (trainers/actor.py); None = nowhere (a trainer used without its actor)
+        self.boundary_dir: str | None = None
         self.faults = FaultInjector([], "trainer", rank)  # the actor arms it with the run's fault hooks
         self.run_id = ""  # the run this trainer works for (set by the actor; recorded in checkpoints)
         # --loss-type sft_loss / custom_loss (None: the policy loss); a plug-in that does not import fails here
@@ -441,7 +444,8 @@ class TrainerCore(abc.ABC):
         lp_rows = self._logprob_rows(logprob_ref)
         if fused is not None and not self._fused_step_applies(fused, rollout_ref, lp_rows):
             fused = None
-        snapshot = self._snapshot()
+        boundary = self._boundary_on_disk()
+        snapshot = None if boundary else self._snapshot()
         began = time.perf_counter()
         try:
             again = None
@@ -454,7 +458,11 @@ class TrainerCore(abc.ABC):
             if again is not None:
                 self._compare_train(samples[0].rollout_id, again)
         except BaseException:
-            self._restore(snapshot)  # a failed step leaves the weights as they were, so a retry is safe
+            # a failed step leaves the weights as they were, so a retry is safe
+            if snapshot is not None:
+                self._restore(snapshot)
+            else:
+                self._restore_boundary(boundary, self.last_applied_rollout)
             raise
         self.applied[rollout_id] = metrics
         self.last_applied_rollout = rollout_id
@@ -742,6 +750,24 @@ class TrainerCore(abc.ABC):
         if not path.endswith(".parquet"):
             path = str(Path(path).with_suffix(".parquet"))  # the train batch is always our columnar format
         write_table(path, pa.table(cols), kind="train_data")
+
+    # Whether this backend reads its step-boundary snapshot back on one rank, with no collective (see
+    # _boundary_on_disk); a backend that can sets it and implements _restore_boundary.
+    restores_boundary_alone = False
+
+    def _boundary_on_disk(self) -> str | None:
+        """Where a failed step of this trainer restores from instead of an in-memory copy of its weights and
+        optimizer state (their size again, held through every step): the step-boundary snapshot its actor wrote
+        before the step, when there is one of the last applied rollout, one rank writes and reads it (no other rank
+        may be mid-write), and the backend reads it back alone. None: `_snapshot` keeps the copy in memory."""
+        if self.boundary_dir is None or self.last_applied_rollout < 0 or self.world_size != 1:
+            return None
+        return self.boundary_dir if self.restores_boundary_alone else None
+
+    def _restore_boundary(self, directory: str | None, rollout_id: int) -> None:
+        """Put back the state of the step boundary after `rollout_id` from its snapshot in `directory`; drops
+        the failed step's gradients. A snapshot of another rollout is an error naming both."""
+        raise NotImplementedError(f"{type(self).__name__} does not restore a step from disk")
 
     def _snapshot(self) -> Snapshot:
         """Copies of everything a train step mutates: weights, optimizer state, LR schedule, step.

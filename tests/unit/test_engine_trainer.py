@@ -178,10 +178,14 @@ def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkp
     assert trainer.optimizer.param_groups[0]["lr"] == clean.optimizer.param_groups[0]["lr"]
 
 
-def test_failures_after_a_trained_rollout_restore_its_moments_every_time(engine, base_checkpoint, tmp_path):
+@pytest.mark.parametrize("boundary", ["memory", "disk"])
+def test_failures_after_a_trained_rollout_restore_its_moments_every_time(
+    engine, base_checkpoint, tmp_path, boundary
+):
     """Once AdamW holds moments, the snapshot restores weights and moments after each of two failed attempts in a
     row (the first restore must not leave the optimizer holding the snapshot's own tensors), and the retry then
-    trains exactly as a trainer that never failed."""
+    trains exactly as a trainer that never failed. `disk`: the step-boundary snapshot the actor wrote before the
+    step is what a failure restores from, and no copy is kept in memory."""
     cfg = _config(base_checkpoint, tmp_path)
     samples, first = _rollout(engine, cfg, tmp_path)
     second = write_rollout(
@@ -193,6 +197,14 @@ def test_failures_after_a_trained_rollout_restore_its_moments_every_time(engine,
 
     trainer = _trainer(cfg, base_checkpoint)
     trainer.train_step(first, trainer.compute_log_probs(first, str(tmp_path / "lp_0.parquet")))
+    if boundary == "disk":  # as the trainer's actor does before each step
+        trainer.save(str(tmp_path / "ft"), 0, snapshot=True)
+        trainer.boundary_dir = str(tmp_path / "ft")
+
+        def no_copy():
+            raise AssertionError("a copy of the weights and optimizer state in memory")
+
+        trainer._snapshot = no_copy
     weights = {k: v.clone() for k, v in trainer.export_weights().items()}
     moments = [{k: v.clone() for k, v in trainer.optimizer.state[p].items()} for p in trainer.params]
     assert moments[0], "the first rollout left AdamW's moments"

@@ -270,11 +270,26 @@ class TorchTrainer(TrainerCore):
         atomic_write_json(tmp / "meta.json", self._checkpoint_meta(rollout_id))
         self._publish_checkpoint(tmp, directory, rollout_id, snapshot=snapshot)
 
+    restores_boundary_alone = True  # each rank reads the files rank 0 wrote, with no collective
+
     def load(self, directory: str) -> int:
         """Restore the latest (or the given iter_ dir's) checkpoint; returns its rollout id."""
+        return self._load(resolve_checkpoint(directory), check_model_hash=self.s.check_model_hash)
+
+    def _restore_boundary(self, directory: str | None, rollout_id: int) -> None:
+        assert directory is not None
         path = resolve_checkpoint(directory)
+        if self._load(path, check_model_hash=False) != rollout_id:  # a snapshot writes no model hashes
+            raise RuntimeError(
+                f"restoring a failed step: the step-boundary snapshot {path} is not of rollout {rollout_id}"
+            )
+        for p in self.params:
+            p.grad = None
+
+    def _load(self, path: Path, *, check_model_hash: bool) -> int:
+        """`load` of the checkpoint dir `path` (an iter_ dir)."""
         self.model.load_state_dict(self._read_verified(path, "model.safetensors"))
-        if self.s.check_model_hash:
+        if check_model_hash:
             own = f"model_hash_tp0_pp0_dp{self.rank}_cp0.json"
             self._check_model_hash(path, own, fallback="model_hash_tp0_pp0_dp0_cp0.json")
         opt = self._read_verified(path, "optimizer.safetensors")
