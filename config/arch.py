@@ -3,8 +3,8 @@
 rollflow reads a model's shape from its HF `config.json`, so these flags set nothing: each one given is checked
 against the config.json of `--hf-checkpoint` when the checkpoint is resolved (`check_arch`), and a mismatch is
 refused naming the flag, both values and the file. A flag left out is not checked. The numeric precision and
-kernel switches are what rollflow's trainers always do (float32 everywhere, no dropout): accepted, with that
-meaning stated here."""
+kernel switches are what rollflow's trainers always do (float32 unless --precision bf16, no dropout): accepted,
+with that meaning stated here."""
 
 from __future__ import annotations
 
