@@ -99,6 +99,13 @@ _OPTIMIZER_STATE = (
     "leave it out: the results are the same, the memory it saves is not"
 )
 _TIS = "truncated importance sampling is not implemented in rollflow's losses; leave the TIS flags out"
+_OFFLOAD_TRAIN = (
+    "on one machine a colocated run peaks while the trainer steps, when its weights, gradients and AdamW state "
+    "must all be resident (the engines' weights are released then with --offload-rollout); spilling the trainer's "
+    "state while the engines generate would lower only the generation phase, which is below that peak already, "
+    "and cost a write and read of the state every rollout. The trainers drop their gradients after every step "
+    "anyway. Leave it out; --offload-rollout releases the engines' weights"
+)
 REFUSED: dict[str, str] = {
     "--moe-": _DENSE + "leave out the MoE flags (--num-experts, --moe-*) and use a dense checkpoint",
     "--num-experts": _DENSE + "leave out the MoE flags (--num-experts, --moe-*) and use a dense checkpoint",
@@ -123,10 +130,9 @@ REFUSED: dict[str, str] = {
     "--rollout-max-context-len": "give --rollout-max-response-len instead (prompt + response must fit the model's "
     "max_position_embeddings, checked before the run)",
     "--lr-warmup-fraction": "give --lr-warmup-iters N (optimizer steps of warm-up) instead",
-    "--offload": "--offload is --offload-rollout plus --offload-train, and rollflow's trainers keep their state in "
-    "place (no --offload-train): give --offload-rollout",
-    "--offload-train": "rollflow's trainers keep their state in place; leave it out (--offload-rollout releases the "
-    "engines' weights)",
+    "--offload": "--offload is --offload-rollout plus --offload-train, and rollflow refuses --offload-train (see "
+    "it): give --offload-rollout",
+    "--offload-train": _OFFLOAD_TRAIN,
     "--fp16": "rollflow's engines and trainers run bfloat16 or float32 (--precision): float16 training needs "
     "loss scaling, which the trainers do not have, and CPUs have no float16 arithmetic; use --bf16 "
     "(--precision bf16) or --precision auto",
