@@ -9,7 +9,7 @@ from typing import Any
 import ray
 import torch
 
-from artifacts.hashing import tensor_hashes
+from artifacts.hashing import as_dtype, tensor_hashes
 from artifacts.store import ArtifactRef
 from artifacts.wire import WireWeights, to_wire
 from faults import FaultHookRequest, FaultInjector
@@ -60,6 +60,8 @@ class TrainerActor:
         self.trainer.faults = self.faults
         self.snapshots = snapshot_dir(settings.run_dir)
         self.snapshot_of = -1  # the rollout whose step-boundary snapshot is written (-1: none)
+        # streamed buckets are hashed as the engines hold them (bfloat16 in a bf16 run), like tensor_hashes
+        self._held_as = torch.bfloat16 if settings.precision == "bf16" else None
         self.train_calls = 0
 
     def node(self) -> tuple[str, str]:
@@ -136,7 +138,7 @@ class TrainerActor:
         self.faults.reach("trainer_export_weights_before_send", **(ctx or {}))
         self._streamed: dict[str, str] = {}
         for bucket in self.trainer.iter_weights(bucket_bytes):
-            self._streamed.update(tensor_hashes(bucket))
+            self._streamed.update(tensor_hashes(as_dtype(bucket, self._held_as)))
             yield to_wire(bucket)
 
     def stream_summary(self) -> dict[str, Any]:
