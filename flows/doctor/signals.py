@@ -209,16 +209,15 @@ def logprob_gap(run: RunData) -> list[Finding]:
     """Trainer vs engine log-probs of the same tokens (seeds' checklist: precision, template, weights).
 
     A rollout is off when |rollout/log_probs - rollout/rollout_log_probs| reaches the run's own
-    --ci-logprobs-checker-abs-tol (by default its precision's: miles' 0.03 for fp32) or the first step's
-    train/train_rollout_logprob_abs_diff reaches slime's --ci-train-rollout-logprob-abs-diff-threshold (0.1 for
-    fp32; both bounds per precision in config/precision.py).
+    --ci-logprobs-checker-abs-tol (by default its precision's, config/precision.py: miles' 0.03 for fp32) or the
+    first step's train/train_rollout_logprob_abs_diff reaches slime's
+    --ci-train-rollout-logprob-abs-diff-threshold (0.1).
     When is the tell: off at the run's first rollout, where trainer and engines start from the same
     checkpoint, means the two compute differently (dtype, kernels, tokens or template); agreeing first and
     drifting apart later means the engines stopped getting the trainer's weights."""
     precision = str(run.cfg("train.precision", "fp32"))
     given = run.cfg("ci.ci_logprobs_checker_abs_tol")
     tol = logprob_abs_tol(precision, None if given is None else float(given))
-    token_tol = TOKEN_ABS_DIFF_TOL.get(precision, TOKEN_ABS_DIFF_TOL["fp32"])
     trainer, engine = (
         dict(run.per_rollout("rollout/log_probs")),
         dict(run.per_rollout("rollout/rollout_log_probs")),
@@ -229,16 +228,17 @@ def logprob_gap(run: RunData) -> list[Finding]:
     }
     gaps = {rid: abs(trainer[rid] - engine[rid]) for rid in trainer.keys() & engine.keys()}
     rollouts = sorted(gaps.keys() | abs_diff.keys())
-    bad = [rid for rid in rollouts if gaps.get(rid, 0.0) >= tol or abs_diff.get(rid, 0.0) >= token_tol]
+    bad = [
+        rid for rid in rollouts if gaps.get(rid, 0.0) >= tol or abs_diff.get(rid, 0.0) >= TOKEN_ABS_DIFF_TOL
+    ]
     if not bad:
         return []
     first = bad[0]
     evidence = (
         f"|rollout/log_probs - rollout/rollout_log_probs| = {gaps.get(first, float('nan')):.4g} at rollout "
-        f"{first} (tolerance {tol}, --ci-logprobs-checker-abs-tol); first-step "
-        f"train/train_rollout_logprob_abs_diff = {abs_diff.get(first, float('nan')):.4g} (< {token_tol} at "
-        f"{precision}); off in "
-        f"{len(bad)} of {len(rollouts)} rollouts{_worst_token(run, first)}"
+        f"{first} (tolerance {tol} at {precision}, --ci-logprobs-checker-abs-tol); first-step "
+        f"train/train_rollout_logprob_abs_diff = {abs_diff.get(first, float('nan')):.4g} (slime: < "
+        f"{TOKEN_ABS_DIFF_TOL}); off in {len(bad)} of {len(rollouts)} rollouts{_worst_token(run, first)}"
     )
     check = "rollflow run --check-weight-update-equal --num-rollout 1"
     recording = run.cfg("debug.load_debug_rollout_data")
