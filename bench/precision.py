@@ -3,7 +3,9 @@ the trainer's log-probs are from the engine's at each precision (what the --ci-t
 config/precision.py are a contract over).
 
 Both sides run the rollflow loop in this process (bench/_plain_loop.py: one TorchEngine, one TorchTrainer, no Ray or
-Prefect), the same prompts, seeds and steps; step 0 is a warm-up and is left out of the times. The gaps are over
+Prefect), the same prompts, seeds and steps; step 0 is a warm-up and is left out of the times. One optimizer step
+per rollout, so the trainer fuses the step's forward and backward into the log-prob pass: `log-prob s` is the
+trainer's forward and backward, `train s` the optimizer step that follows. The gaps are over
 every rollout, warm-up included: `|mean gap|` is the checker's quantity (|rollout/log_probs -
 rollout/rollout_log_probs|: the means over a rollout's response tokens), `token |gap|` the mean per-token absolute
 difference (slime's train_rollout_logprob_abs_diff) and `max token gap` its largest.
