@@ -15,7 +15,7 @@ from engines.regenerate import regenerate_and_compare
 from engines.registry import get_engine_class
 from faults import FaultHookRequest, FaultInjector
 from faults.drop_weight import dropped_weights
-from procs import freeze_heap, memory_gib
+from procs import freeze_heap, memory_gib, trim_heap
 
 
 class ModelLoadError(RuntimeError):
@@ -112,6 +112,7 @@ class EngineActor:
         named_tensors = from_wire(ray.get(weights[0]))
         self.faults.reach("engine_update_weights_after_receive", weight_version=version, **(ctx or {}))
         self.engine.update_weights(self._dropping(named_tensors), version)
+        trim_heap()  # the received copies and their casts are freed: give their pages back
 
     def _dropping(self, named_tensors: dict[str, Any]) -> dict[str, Any]:
         """--ci-fault-drop-weight, the planted sync bug: those tensors silently keep the engine's old copy."""
@@ -143,6 +144,7 @@ class EngineActor:
                 f"engine's weights; missing {missing[:5]} (the trainer sent {len(names)})"
             )
         self.engine.set_weight_version(version)
+        trim_heap()  # the received buckets and their casts are freed: give their pages back
 
     def get_weights(self, names: list[str] | None = None) -> WireWeights:
         """The engine's weights in the same wire format update_weights takes."""

@@ -13,7 +13,7 @@ from artifacts.hashing import as_dtype, tensor_hashes
 from artifacts.store import ArtifactRef
 from artifacts.wire import WireWeights, to_wire
 from faults import FaultHookRequest, FaultInjector
-from procs import freeze_heap, memory_gib, preload_arrow
+from procs import freeze_heap, memory_gib, preload_arrow, trim_heap
 from trainers.base import Trainer
 from trainers.collectives import use_interface_for
 from trainers.registry import get_trainer_class
@@ -111,6 +111,7 @@ class TrainerActor:
         self.write_snapshot()
         steps = self.trainer.train_step(rollout_ref, logprob_ref, dump_template)
         self.write_snapshot()
+        trim_heap()  # the step's gradients and activations are freed: give their pages back while the engines work
         return steps
 
     def write_snapshot(self) -> int:
