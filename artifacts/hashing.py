@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
@@ -47,7 +47,7 @@ def layer_hashes(named: dict[str, torch.Tensor]) -> dict[str, str]:
     return {k: groups[k].hexdigest() for k in sorted(groups)}
 
 
-def tensor_hashes(named: dict[str, torch.Tensor]) -> dict[str, str]:
+def tensor_hashes(named: Mapping[str, torch.Tensor]) -> dict[str, str]:
     """{name: sha256 over the tensor's shape string, dtype string and raw bytes}, names sorted. Two sides that
     disagree on `weights_sha256` compare these to name the tensors that differ."""
     out = {}
@@ -63,15 +63,31 @@ def differing_tensors(expected: dict[str, str], actual: dict[str, str]) -> list[
     return sorted(n for n in set(expected) | set(actual) if expected.get(n) != actual.get(n))
 
 
-def as_dtype(named: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """`named` with its floating tensors cast to `dtype` (None: `named` itself): float32 weights as an engine that
-    holds them in `dtype` has them, so the hashes of the two sides compare like with like."""
-    if dtype is None:
-        return named
-    return {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in named.items()}
+class _Cast(Mapping[str, torch.Tensor]):
+    """A read-only view of named tensors whose floating ones are cast to a dtype as each is read (one copy at a
+    time: hashing a model's weights this way never holds a second copy of all of them)."""
+
+    def __init__(self, named: Mapping[str, torch.Tensor], dtype: torch.dtype) -> None:
+        self.named, self.dtype = named, dtype
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self.named[name].detach()
+        return t.to(self.dtype) if t.is_floating_point() else t
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.named)
+
+    def __len__(self) -> int:
+        return len(self.named)
 
 
-def weights_sha256(named: dict[str, torch.Tensor]) -> str:
+def as_dtype(named: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> Mapping[str, torch.Tensor]:
+    """`named` with its floating tensors cast to `dtype` as each is read (None: `named` itself): float32 weights as
+    an engine that holds them in `dtype` has them, so the hashes of the two sides compare like with like."""
+    return named if dtype is None else _Cast(named, dtype)
+
+
+def weights_sha256(named: Mapping[str, torch.Tensor]) -> str:
     """One sha256 over all per-tensor hashes: the identity of a set of weights."""
     return weights_sha256_of(tensor_hashes(named))
 

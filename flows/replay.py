@@ -225,7 +225,10 @@ async def _replay(
             after = Path(original.checkpoint.save) / f"iter_{rollout_id:07d}"
             if (after / "model.safetensors").is_file():
                 # both sides by HF name, so any backend compares (a Megatron rank's own hashes are of its shard)
-                exported = await asyncio.gather(*[t.export_weights.remote() for t in trainers])  # collective
+                # the float32 master weights, as the checkpoint holds them (collective)
+                exported = await asyncio.gather(
+                    *[t.export_weights.remote(None, None, False) for t in trainers]
+                )
                 trained = layer_hashes(from_wire(exported[0]))
                 diff = first_layer_difference(_checkpoint_hashes(after), trained)
         return diff

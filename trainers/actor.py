@@ -146,17 +146,20 @@ class TrainerActor:
         """What the last `stream_weights` sent: the weight names and their per-tensor hashes."""
         return {"names": sorted(self._streamed), "tensor_hashes": dict(self._streamed)}
 
-    def export_weights(self, ctx: dict[str, Any] | None = None, applied: int | None = None) -> WireWeights:
+    def export_weights(
+        self, ctx: dict[str, Any] | None = None, applied: int | None = None, for_engines: bool = True
+    ) -> WireWeights:
         """The trainer's weights as numpy arrays (artifacts.wire): zero-copy in Ray's object store. `applied`: the
         rollout whose step these weights must hold (a sync submitted behind that step: if the step failed, this
-        raises and nothing reaches the engines)."""
+        raises and nothing reaches the engines). `for_engines`: in the engines' dtype (bfloat16 in a bf16 run:
+        half the bytes to move), else the float32 master weights."""
         if applied is not None and self.trainer.last_applied_rollout != applied:
             raise RuntimeError(
                 f"weights after rollout {applied}'s train step asked for, but the trainer is at rollout "
                 f"{self.trainer.last_applied_rollout} (that step failed): nothing exported"
             )
         self.faults.reach("trainer_export_weights_before_send", **(ctx or {}))
-        return to_wire(self.trainer.export_weights())
+        return to_wire(self.trainer.export_weights(self._held_as if for_engines else None))
 
     def weights_sha256(self) -> str:
         return self.trainer.weights_sha256()

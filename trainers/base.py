@@ -66,8 +66,9 @@ class Trainer(Protocol):
         sharded backend gathers one tensor at a time: no rank holds two full copies."""
         ...
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        """Collective: every weight by HF name on global rank 0 ({} on other ranks)."""
+    def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Collective: every weight by HF name on global rank 0 ({} on other ranks), the floating ones cast to
+        `dtype` when given (the engines' dtype: what a sync sends)."""
         ...
 
     def weights_sha256(self) -> str:

@@ -1,7 +1,7 @@
 """A --precision bf16 run through Prefect and Ray: every --ci-test checker passes (the weight-update check bitwise on
 the engines' bfloat16 weights, the engines-in-sync check, the re-execution checks, the log-prob checker at its bf16
-bound), config.yaml and the rollout files record bf16, and a replay of the sync and of the generate stage
-compares like with like. Runs on a CPU without bf16 too (emulated, slower)."""
+bound), config.yaml and the rollout files record bf16, and replays of the sync and of the train step compare like
+with like. Runs on a CPU without bf16 too (emulated, slower)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def test_a_bf16_run_passes_every_checker_and_replays(tmp_path, ray_session, pref
         "check/generate_deterministic",
     } <= passed
     assert not [f for f in diagnose(run_dir) if f.severity != "info"]
-    for task in ("sync", "generate"):  # the checkpoint's float32 weights against the bf16 engine's
+    # sync: the checkpoint's float32 weights against the bf16 engine's; train-step: the autocast step again, its
+    # float32 master weights against the checkpoint's
+    for task in ("sync", "train-step"):
         result = asyncio.run(replay_flow(str(run_dir), 1, task))
         assert result["identical"], (task, result["difference"])

@@ -151,6 +151,13 @@ def test_engine_and_trainer_hashes_compare_like_with_like(engines, base_checkpoi
     engine.update_weights(trainer.export_weights(), 1)  # float32 weights, cast by a bf16 engine
     assert engine.tensor_hashes() == trainer.tensor_hashes()
     assert engine.weights_sha256() == trainer.weights_sha256()
+    held = torch.bfloat16 if precision == "bf16" else None
+    sent = trainer.export_weights(held)  # what a sync sends: already in the engines' dtype
+    assert {t.dtype for t in sent.values()} == {held or torch.float32}
+    assert tensor_hashes(sent) == trainer.tensor_hashes()
+    engine.snapshot_and_scramble(seed=2)
+    engine.update_weights(sent, 2)
+    assert engine.weights_sha256() == trainer.weights_sha256()
     master = tensor_hashes(trainer.model.state_dict())
     assert (master == trainer.tensor_hashes()) == (precision == "fp32")  # bf16: the cast, not the master
     assert tensor_hashes(as_dtype(trainer.model.state_dict(), None)) == master

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from artifacts.checkpoints import model_dir
-from artifacts.hashing import layer_hashes, tensor_hashes, weights_sha256_of
+from artifacts.hashing import as_dtype, layer_hashes, tensor_hashes, weights_sha256_of
 from trainers.base import Trainer
 from trainers.batching import MicroBatch
 from trainers.collectives import init_method
@@ -198,9 +198,11 @@ class MegatronTrainer(TrainerCore):
             if parts is not None:
                 yield {k: v.detach().cpu().clone() for k, v in convert.to_hf(name, parts, self.arch).items()}
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        """Collective: every weight by HF name on global rank 0 ({} elsewhere)."""
-        return {k: v for bucket in self.iter_weights(1 << 62) for k, v in bucket.items()}
+    def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Collective: every weight by HF name on global rank 0 ({} elsewhere), the floating ones in `dtype` when
+        given."""
+        weights = {k: v for bucket in self.iter_weights(1 << 62) for k, v in bucket.items()}
+        return weights if dtype is None else dict(as_dtype(weights, dtype))
 
     def weights_sha256(self) -> str:
         """Collective: artifacts.hashing.weights_sha256 of the HF weights on global rank 0 ("" elsewhere)."""

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +151,7 @@ class TorchTrainer(TrainerCore):
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _as_engines_hold(self, named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _as_engines_hold(self, named: dict[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         """The weights as the engines hold them: cast to bfloat16 in a bf16 run, else `named` itself."""
         return as_dtype(named, torch.bfloat16 if self.s.precision == "bf16" else None)
 
@@ -206,11 +206,19 @@ class TorchTrainer(TrainerCore):
         copies = ({k: v.detach().clone().cpu()} for k, v in self.model.state_dict().items())
         yield from buckets(copies, bucket_bytes)
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        """CPU copies of every persistent weight by HF name, on rank 0 ({} elsewhere: the ranks agree)."""
+    def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """CPU copies of every persistent weight by HF name, the floating ones in `dtype` when given (cast straight
+        from the float32 master weights), on rank 0 ({} elsewhere: the ranks agree)."""
         if self.rank != 0:
             return {}
-        return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
+        return {
+            k: (
+                v.detach().to(dtype, copy=True)
+                if dtype is not None and v.is_floating_point()
+                else v.detach().clone()
+            ).cpu()
+            for k, v in self.model.state_dict().items()
+        }
 
     def weights_sha256(self) -> str:
         """Identity of the weights as the engines hold them (export_weights() cast to the engines' dtype: bfloat16
