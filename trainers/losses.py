@@ -207,15 +207,25 @@ class _LinearLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float, chunk_rows: int
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        tokens: Tensor,
+        temperature: float,
+        chunk_rows: int,
+        matmul_dtype: torch.dtype | None,
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
+        low = None if matmul_dtype is None else weight.detach().to(matmul_dtype)  # one copy per call
         log_probs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(n, dtype=torch.float32, device=hidden.device)
         saved: list[Tensor] = []
         for start in range(0, n, chunk_rows):
             rows = slice(start, min(n, start + chunk_rows))
-            log_p = _chunk_log_softmax(hidden[rows], weight, temperature)  # [rows, V] float32
+            if low is None:
+                log_p = _chunk_log_softmax(hidden[rows], weight, temperature)  # [rows, V] float32
+            else:
+                log_p = _chunk_log_softmax(hidden[rows].to(low.dtype), low, temperature)
             log_probs[rows] = log_p.gather(-1, tokens[rows, None]).squeeze(-1)
             # -sum p log p, term by term >= 0 (log p <= 0), as entropy_from_logits computes it
             entropy[rows] = -(log_p.exp() * log_p).sum(-1)
@@ -229,12 +239,12 @@ class _LinearLogProbs(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(
         ctx: Any, grad_lp: Tensor | None, grad_ent: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None]:
         hidden, weight, tokens, entropy = ctx.saved_tensors
         grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         if grad_lp is None and grad_ent is None:
-            return grad_h, grad_w, None, None, None
+            return grad_h, grad_w, None, None, None, None
         for i, log_p in enumerate(ctx.log_p):
             rows = slice(i * ctx.chunk_rows, i * ctx.chunk_rows + log_p.shape[0])
             g = _chunk_logits_grad(
@@ -252,7 +262,7 @@ class _LinearLogProbs(torch.autograd.Function):
             if grad_w is not None:
                 grad_w.addmm_(g.t(), hidden[rows])
         ctx.log_p = []  # the chunks were overwritten above: this backward runs once
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def _chunk_log_softmax(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
@@ -285,7 +295,13 @@ def _chunk_logits_grad(
 
 
 def linear_log_probs_and_entropy(
-    hidden: Tensor, weight: Tensor, tokens: Tensor, *, temperature: float = 1.0, chunk_rows: int | None = None
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_rows: int | None = None,
+    matmul_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Log-probability of each target token and entropy of each distribution, straight from the hidden states
     and the output layer, without materialising [N, V] logits, log-softmax or their gradients.
@@ -298,7 +314,9 @@ def linear_log_probs_and_entropy(
     so the same call under ``no_grad`` and with autograd gives bitwise the same values.
 
     Shapes: hidden [N, H], weight [V, H], tokens [N] int -> (log_probs [N], entropy [N]).
-    ``chunk_rows`` defaults to :func:`chunk_rows_for` of V.
+    ``chunk_rows`` defaults to :func:`chunk_rows_for` of V. ``matmul_dtype`` (bfloat16 under --precision bf16):
+    the forward's logits matmul runs on ``hidden`` and ``weight`` cast to it, as a bf16 engine computes its
+    logits; the log-softmax, the outputs and the backward stay float32.
     """
     if (
         hidden.dim() != 2
@@ -311,7 +329,9 @@ def linear_log_probs_and_entropy(
             f"{tuple(weight.shape)}, {tuple(tokens.shape)}"
         )
     rows = chunk_rows or chunk_rows_for(weight.shape[0])
-    log_probs, entropy = _LinearLogProbs.apply(hidden, weight, tokens.long(), float(temperature), rows)
+    log_probs, entropy = _LinearLogProbs.apply(
+        hidden, weight, tokens.long(), float(temperature), rows, matmul_dtype
+    )
     return log_probs, entropy
 
 

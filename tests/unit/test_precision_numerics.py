@@ -234,3 +234,23 @@ def test_grouped_attention_is_sdpa_with_grouped_heads(t, length):
     assert torch.allclose(grouped_attention(q, k, v, mask), want, atol=1e-5)
     got16 = grouped_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
     assert got16.dtype == torch.bfloat16 and torch.allclose(got16.float(), want, atol=0.1)
+
+
+def test_the_output_layer_matmul_in_bf16_keeps_a_float32_log_softmax_and_gradient():
+    from trainers.losses import linear_log_probs_and_entropy
+
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(40, 16, generator=gen).requires_grad_()
+    weight = (torch.randn(300, 16, generator=gen) * 0.3).requires_grad_()
+    tokens = torch.randint(0, 300, (40,), generator=gen)
+    lp, _ = linear_log_probs_and_entropy(hidden, weight, tokens, matmul_dtype=torch.bfloat16, chunk_rows=16)
+    logits = (hidden.detach().bfloat16() @ weight.detach().bfloat16().t()).float()  # as a bf16 engine's
+    want = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert lp.dtype == torch.float32 and torch.allclose(lp, want, atol=1e-5)
+    lp.sum().backward()
+    assert hidden.grad is not None and weight.grad is not None and weight.grad.dtype == torch.float32
+    h32, w32 = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    lp32, _ = linear_log_probs_and_entropy(h32, w32, tokens, chunk_rows=16)
+    lp32.sum().backward()
+    assert 0 < float((lp - lp32).abs().max()) < BF16_LOGP_TOL
+    assert w32.grad is not None and float((weight.grad - w32.grad).norm() / w32.grad.norm()) < 0.05

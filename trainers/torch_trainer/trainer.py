@@ -111,7 +111,7 @@ class TorchTrainer(TrainerCore):
         hf: Any = model  # an HF PreTrainedModel (setup built it)
         head, decoder = hf.get_output_embeddings().weight, hf.base_model
         lps, ents, targets = [], [], []
-        with self._autocast():  # the decoder only: the output layer and log-softmax below run in float32
+        with self._autocast():  # the decoder only: the output layer below takes its own dtype
             if mb.shared is not None and self._shared_prompts:
                 selective = self.s.recompute_granularity == "selective"
                 hidden = shared_hidden(
@@ -129,9 +129,11 @@ class TorchTrainer(TrainerCore):
                     )
                     for bucket in mb.buckets
                 ]
+        # bf16: the output layer's matmul in bfloat16 too, as the engine's; its log-softmax and backward in float32
+        head_dtype = torch.bfloat16 if self.s.precision == "bf16" else None
         for picked, tokens, target in parts:  # picked: [n, H], the hidden states predicting `tokens`
             lp, ent = linear_log_probs_and_entropy(
-                picked.float(), head, tokens, temperature=self.s.temperature
+                picked.float(), head, tokens, temperature=self.s.temperature, matmul_dtype=head_dtype
             )
             lps.append(lp)
             ents.append(ent)
