@@ -8,9 +8,9 @@ same precision (`--precision`, resolved once as `rollflow run` resolves it):
   rollflow  a real run (`flows.run.run_flow` over Ray actors with a temporary Prefect server, as
             bench/overhead.py runs it; eval off, `--run-flags` added to its flags) of `--steps` rollouts, one
             optimizer step each. Per rollout: the generation (perf/rollout_time) and the engine's tokens/s
-            (perf/tokens_per_sec), the log-prob pass (perf/log_probs_time: with one optimizer step a rollout
-            it also runs that step's forward and backward, fused, as a run does by default), the train step
-            (perf/actor_train_time: then the optimizer's update), the weight sync (the `sync` task run's span, as Prefect recorded it), the
+            (perf/tokens_per_sec), the log-prob pass (perf/log_probs_time; as a run does by default, it also
+            runs the step's first micro-batch's forward and backward, fused), the train step
+            (perf/actor_train_time: the other micro-batches and the optimizer's update), the weight sync (the `sync` task run's span, as Prefect recorded it), the
             rollout's wall time (perf/step_time). Peak resident memory (VmHWM) of every process of the run: this
             bench reads /proc for the run's whole process tree (driver, Ray's processes and actors, the Prefect
             server) once a second.
@@ -368,6 +368,11 @@ def measure_cell(args: argparse.Namespace, size: str, recipe: str, length: int, 
             args, "rollflow", recipe, length, work / f"{cell.name}-rollflow.json"
         )
         cell.rollflow = run
+        # the run's figures as soon as it ends: the other sides of a big cell take many minutes more
+        print(
+            f"{cell.name} rollflow: "
+            + ", ".join(f"{h} {v}" for h, v in zip(HEADER, row(cell), strict=True) if v != "-")
+        )
         if "error" in run:
             cell.notes.append(f"rollflow: {run['error']}")
         if run.get("checkpoint"):
