@@ -72,6 +72,9 @@ def _free_port_pair() -> int:
 def _checkout(dest: Path) -> Path:
     """A checkout of this working tree at `dest`, as a fresh clone has it: its files (linked, so the code under
     test is this tree's) and the venv, without runs or caches."""
+    # The venv is shared: set it up from here, so the copy's scripts/setup finds it current and never reinstalls
+    # the package from `dest` (its entry points would then name `dest`, deleted after the test).
+    subprocess.run([str(ROOT / "scripts" / "setup")], check=True)
     dest.mkdir()
     for entry in ROOT.iterdir():
         if entry.name in NOT_CHECKED_OUT or (entry.name.startswith(".") and entry.name != ".venv"):
