@@ -11,6 +11,7 @@ import socket
 import pytest
 import torch
 
+from config.presets import SCALE_VOCAB_SIZE
 from recipes.long_arith.data import make_problems, solution
 from recipes.long_arith.tokenizer import build_tokenizer as long_arith_tokenizer
 from recipes.long_arith_scale.model import SHAPES, VOCAB_SIZE, ModelShape, model_config, num_parameters
@@ -116,7 +117,8 @@ def test_the_recipe_names_its_checkpoint_and_fills_in_its_preset_without_buildin
     r, t = cfg.rollout, cfg.train
     assert (r.num_rollout, r.rollout_batch_size, r.n_samples_per_prompt) == (3, 8, 4)
     assert t.use_dynamic_batch_size and t.max_tokens_per_gpu and cfg.steps_per_rollout == 1
-    assert t.precision == "auto"
+    assert t.precision == "auto" and cfg.ci.ci_doctor == "advisory"
+    assert SCALE_VOCAB_SIZE == VOCAB_SIZE and cfg.ci.ci_entropy_max == pytest.approx(11.93, abs=0.01)
     assert cfg.eval.eval_interval is None
 
 
