@@ -72,10 +72,10 @@ class EngineActor:
             raise load_failure(checkpoint, e) from e
         self.faults = FaultInjector(faults or [], "engine", engine_index, run_dir, epoch)
         self.generate_calls = 0
-        # --ci-test re-generates a few requests of the first call on each weight version (engines/regenerate.py);
-        # an engine whose sampling depends on the batch layout (SGLang without deterministic inference) would
-        # report that as a difference
-        self.regenerate = regenerate and getattr(self.engine, "layout_invariant", False)
+        # --ci-test re-generates requests of the first call on each weight version (engines/regenerate.py); an
+        # engine that does not say whether its sampling depends on the batch layout (SGLang without deterministic
+        # inference) would report that as a difference
+        self.regenerate = regenerate and hasattr(self.engine, "layout_invariant")
         self._regenerated_version = -1
         self._receiving: set[str] | None = None  # names of a streamed sync's buckets so far
         freeze_heap()  # the model, torch and Ray live as long as the actor
@@ -100,7 +100,9 @@ class EngineActor:
         seconds = time.perf_counter() - began
         if self.regenerate and self._regenerated_version != held:
             self._regenerated_version = held  # once a version: plug-ins call generate once a request
-            regenerate_and_compare(self.engine, requests, outputs, self.index, ctx)
+            regenerate_and_compare(
+                self.engine, requests, outputs, self.index, ctx, same_layout=not self.engine.layout_invariant
+            )
         return EngineAnswer(outputs, seconds)
 
     def update_weights(

@@ -1,7 +1,8 @@
-"""--ci-test's re-generation check: sampling is seeded per request and, on an engine whose sampling does not depend
-on the batch layout (the embedded torch engine), a request generated again alone gives the same tokens. A few
-requests of each generate call are re-generated and compared token for token; a difference names the stage, the
-request's seed and the first differing token."""
+"""--ci-test's re-generation check: sampling is seeded per request, so a request generated again on the same weights
+gives the same tokens. On a layout-invariant engine (the embedded torch engine in float32) a few requests are
+re-generated alone, in another batch layout. Otherwise (bfloat16, whose matmul kernels may round a row differently
+with the batch's size) the whole call is re-generated in the same layout. Tokens are compared one by one; a
+difference names the stage, the request's seed and the first differing token."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ def regenerate_and_compare(
     outputs: list[GenerateOutput],
     engine_index: int,
     ctx: dict[str, Any] | None = None,
+    same_layout: bool = False,
 ) -> None:
-    """Re-generate the first `REGENERATED` of `requests` together (another batch layout) and compare their tokens
-    with `outputs`; NotReproduced naming the first difference."""
-    picked = requests[:REGENERATED]
+    """Re-generate the first `REGENERATED` of `requests` together (another batch layout), or with `same_layout`
+    all of them as they were batched, and compare their tokens with `outputs`; NotReproduced naming the first
+    difference."""
+    picked = requests if same_layout else requests[:REGENERATED]
     if not picked:
         return
     rollout = (ctx or {}).get("rollout_id")

@@ -22,7 +22,8 @@ from procs import trim_heap
 class TorchEngine:
     """Implements `engines.base.Engine` with a plain torch forward pass."""
 
-    # a request's tokens do not depend on the batch it is in (per-request seeded sampling)
+    # a request's tokens do not depend on the batch it is in (per-request seeded sampling) in float32; bfloat16
+    # matmul kernels may round a row differently with the batch's size (oneDNN's do below AVX512-BF16)
     layout_invariant = True
 
     def __init__(
@@ -43,6 +44,7 @@ class TorchEngine:
         # bf16: weights, activations and KV cache in bfloat16; the decoders return float32 logits, so the
         # log-softmax, the Gumbel-max sampling and the recorded log-probs stay float32
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.layout_invariant = precision == "fp32"
         model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=self.dtype)
         self.model = model.to(self.device)  # type: ignore[arg-type]
         self.model.eval()

@@ -48,3 +48,20 @@ def test_sampling_that_drifts_from_the_seed_is_named(engine):
         r"same weights gave response token \d+ = \S+ vs \S+",
         str(e.value),
     ), str(e.value)
+
+
+def test_a_bf16_engine_re_generates_the_whole_call_in_its_layout(base_checkpoint):
+    bf16 = TorchEngine(base_checkpoint, precision="bf16")
+    assert not bf16.layout_invariant and TorchEngine.layout_invariant
+    calls: list[int] = []
+
+    class Counting:  # the check's own generate call carries every request, not the first two alone
+        def generate(self, requests):
+            calls.append(len(requests))
+            return bf16.generate(requests)
+
+    requests = _requests()
+    regenerate_and_compare(
+        Counting(), requests, bf16.generate(requests), 0, {"rollout_id": 3}, same_layout=True
+    )  # type: ignore[arg-type]
+    assert calls == [len(requests)]
