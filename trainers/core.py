@@ -268,8 +268,7 @@ class TrainerCore(abc.ABC):
                 groups,
                 lr=self.s.lr,
                 betas=(self.s.adam_beta1, self.s.adam_beta2),
-                # one kernel per tensor instead of ~10 ops: 0.6 ms vs 2.7 ms a step for tiny-arith's model, 3 vs
-                # 16 ms for long-arith's (bench measurements on 1 CPU thread); elementwise, so bitwise run to run
+                # one kernel per tensor instead of ~10 ops; elementwise, so bitwise run to run
                 fused=True,
             )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -402,7 +401,7 @@ class TrainerCore(abc.ABC):
                 {s.sample_index: rows[s.sample_index]["log_probs"] for s in first},
             )
         self._perf = {"perf/log_probs_time": policy_s, "perf/ref_log_probs_time": ref_s}
-        gathered: list[Any] = [rows]  # one rank: nothing to gather (the pickling round trip costs ~1 ms)
+        gathered: list[Any] = [rows]  # one rank: nothing to gather, so no pickling round trip
         if self.world_size > 1:
             gathered = [None] * self.world_size
             dist.all_gather_object(gathered, rows if self.replica_lead else {})
