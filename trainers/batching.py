@@ -67,8 +67,8 @@ class SharedPrompts:
         width = max(len(p) for p in prompts)
         r = max(max(s.response_length for s in samples) - 1, 0)
         # a prompt part and a response part: two forwards' worth of per-call cost. Counted padded: attention runs
-        # on the padded layout (the packed rows make only the token-wise operations cheaper), and on long, spread
-        # responses the length buckets' causal kernels beat it (long-arith: 1.6-1.7 s against 1.8-2.1 s)
+        # on the padded layout (the packed rows make only the token-wise operations cheaper). On long, spread
+        # responses the length buckets' causal kernels beat it.
         if r == 0 or len(prompts) * width + len(samples) * r + 2 * FORWARD_OVERHEAD_TOKENS >= padded_cost:
             return None
         ids: list[int] = []
