@@ -5,8 +5,7 @@ Two implementations of one small interface (`Decoder`):
       RL bases use) on the HF model's own parameter tensors with a preallocated KV cache: no cache
       concatenation per token, q/k/v and gate/up each one matmul, rotary as one small matmul, one
       fused RMSNorm op. Per decode step it issues ~12 torch ops per layer where HF's module tree
-      issues ~40 (measured: at 3M parameters and batch 64 the Python cost per op is the same order
-      as the arithmetic).
+      issues ~40: on a small model the Python cost per op is the same order as the arithmetic.
   `HFDecoder` calls the HF model with a `DynamicCache`; it runs any causal LM.
 Both can drop finished rows from the batch (`keep`), so a batch's cost follows its live rows
 rather than its longest one.
