@@ -27,9 +27,7 @@ PAD_ID = 0
 EOS_ID = 1
 
 
-# "sdpa": measured on the 2-core dev box (tiny-arith: batch 64, seq 12, forward+backward+AdamW), it
-# ties "eager" with 1 thread (~53-62 ms vs ~60-65 ms per step) and is clearly faster with
-# 2 threads under background load (~70-155 ms vs ~240-390 ms per step).
+# "sdpa": it ties "eager" on one thread and is faster on two under background load (bench/HISTORY.md).
 ATTN_IMPLEMENTATION = "sdpa"
 
 
