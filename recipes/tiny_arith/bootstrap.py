@@ -3,7 +3,7 @@
 RL from a random init would never see a reward, so ``ensure_checkpoint`` first runs a
 short supervised warm-up and deliberately *stops early* (a fixed 500 steps): the model then
 solves about 40% of the held-out problems when sampling at temperature 1.0 and about 64%
-greedily, which leaves GRPO room to climb (measured: +27 points in the default run).
+greedily, which leaves GRPO room to climb.
 
 The warm-up trains in float64 and rounds to float32 once, at the end. In float32 the
 result depended on the CPU: matmul kernels (AVX2, AVX-512, AMX) sum in different orders,
@@ -169,9 +169,8 @@ def ensure_checkpoint(
 ) -> pathlib.Path:
     """Return the warm-up checkpoint directory, building it first if needed (see module doc).
 
-    ``num_threads`` defaults to 1: on the 2-core box one thread ran the warm-up in ~30 s
-    against ~50 s with two (this model is too small for intra-op parallelism to pay, and
-    with any background load OpenMP barriers make two threads several times slower).
+    ``num_threads`` defaults to 1: this model is too small for intra-op parallelism to pay,
+    and with any background load OpenMP barriers make two threads several times slower.
     Thread count can change float reduction order: the shipped settings gave identical
     results with 1 and 2 threads, but an lr=3e-3 trial diverged. It is recorded in
     ``bootstrap_info.json`` rather than the cache key, so the first build wins.

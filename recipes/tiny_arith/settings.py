@@ -26,9 +26,8 @@ class WarmupSettings:
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int = 20
-    # Chosen with RL runs from 400-600 steps (bench/learning.py's recipe): 400 started at 29%
-    # sampled / 53% greedy and gained +19 points in 100 rollouts, 500 gained +27, 600 started
-    # at 53% / 76% and gained +18 (less room left).
+    # Chosen with RL runs from 400-600 steps (bench/learning.py's recipe): 500 gained the most;
+    # a longer warm-up leaves GRPO less room to climb (bench/HISTORY.md).
     steps: int = 500
     # Progress line (loss, sampled accuracy on the val slice) every this many steps.
     log_every: int = 100
