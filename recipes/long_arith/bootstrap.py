@@ -156,13 +156,10 @@ def ensure_checkpoint(
 ) -> pathlib.Path:
     """Return the warm-up checkpoint directory, building it first if needed (see the module doc).
 
-    ``num_threads`` defaults to 1. Measured on the 2-core dev box (one step: forward, backward and AdamW on 16 x
-    193 tokens): 1 thread took 1.1-1.2 s whatever the background load; 2 threads took 0.4-0.5 s while the other
-    core was idle but 4-8 s while it was busy (OpenMP barriers wait for the descheduled thread), and the box is
-    shared. The warm-up measured 220 s of training (232 s with the closing eval) with 1 thread; with 2 threads,
-    under the same neighbours' load, 50 steps took about 2.5 minutes (on course for over 10 minutes in all), and
-    its float32 losses differ in the fourth digit. The thread count is recorded in ``bootstrap_info.json``, not in
-    the cache key, so the first build wins. ``eval_size`` limits the closing eval (tests).
+    ``num_threads`` defaults to 1: one thread's speed does not depend on the other cores' load, while two
+    threads' OpenMP barriers wait for a descheduled thread on a shared machine (bench/HISTORY.md). The thread
+    count can change float32 losses in the fourth digit. It is recorded in ``bootstrap_info.json``, not in the
+    cache key, so the first build wins. ``eval_size`` limits the closing eval (tests).
     """
     settings = settings or WarmupSettings()
     cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
