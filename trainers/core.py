@@ -1,24 +1,29 @@
 """What every trainer backend does the same way, in one place: `TrainerCore`, the base class of the torch and
 Megatron trainers (one instance per rank).
 
-Shared here: reading the rollout (ordered by sample_index, once per rollout) and its log-prob rows, this
-data-parallel rank's micro-batch schedule, the old-policy / reference log-prob pass that writes the log-prob
-Parquet, the trainer-side rollout stats, the train step with its apply-once guard and the snapshot restored
-when a step fails, the loss of one micro-batch, the train-data dump, perf, the optimizer and LR schedule,
-and the checkpoint bookkeeping every format has (meta.json, the atomic publish of iter_N/, the scheduler's
-lr after a load, the --ci-check-model-hash comparison).
+Shared here:
+- reading the rollout (ordered by sample_index, once per rollout) and its log-prob rows;
+- this data-parallel rank's micro-batch schedule;
+- the old-policy / reference log-prob pass that writes the log-prob Parquet;
+- the trainer-side rollout stats;
+- the train step, with its apply-once guard and the snapshot restored when a step fails;
+- the loss of one micro-batch, the train-data dump, perf, the optimizer and LR schedule;
+- the checkpoint bookkeeping every format has: meta.json, the atomic publish of iter_N/, the scheduler's lr
+  after a load, the --ci-check-model-hash comparison.
 
-A backend supplies the parts that differ (the hooks below): the forward to temperature-scaled response
-logits, where it stands in the data-parallel world (rank, size, group; whether it speaks for its model
-replica), the gradient sum over that group, the global gradient norm, and which tensors hold its model state.
-Model, reference model, parameters, optimizer and `pad_id` are built by the backend's `setup`.
+A backend supplies the parts that differ (the hooks below):
+- the forward to temperature-scaled response logits;
+- where it stands in the data-parallel world: rank, size, group, whether it speaks for its model replica;
+- the gradient sum over that group, and the global gradient norm;
+- which tensors hold its model state.
+The backend's `setup` builds the model, reference model, parameters, optimizer and `pad_id`.
 
-Old-policy log-probs are computed with exactly the micro-batches of the first optimizer step, so at that step
+Old-policy log-probs are computed with exactly the micro-batches of the first optimizer step. So at that step
 the new and old log-probs are bitwise equal (ppo_kl == 0), which the --ci-test KL checker relies on. Since
-they are equal, the log-prob pass runs that step's forward with autograd and its backward too (`FusedStep`)
-instead of a forward of its own, and train_step goes straight to the gradient sum: one forward fewer per
-rollout, the same float operations in the same order, so training is bitwise the same. Not under --ci-test's
-KL checker (whose point is to compare two forwards) nor with --debug-separate-logprob-pass.
+they are equal, the log-prob pass runs that step's forward with autograd, and its backward too (`FusedStep`).
+It replaces the step's own forward, and train_step goes straight to the gradient sum. That is one forward
+fewer per rollout, with the same float operations in the same order, so training is bitwise the same. Not
+under --ci-test's KL checker (whose point is to compare two forwards), nor with --debug-separate-logprob-pass.
 """
 
 from __future__ import annotations
