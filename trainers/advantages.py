@@ -187,10 +187,10 @@ def advantages_of_valid(
 ) -> Tensor:
     """The estimator `name` over the valid samples only; an invalid sample (its reward raised) gets 0.
 
-    An invalid sample's reward is not a score, so it stays out of its group's mean and std: a group whose
-    valid members all scored the same gets zero advantages whatever its failed members hold (slime masks
+    An invalid sample's reward is not a score, so it stays out of its group's mean and std. A group whose
+    valid members all scored the same gets zero advantages, whatever its failed members hold. slime masks
     such samples out of the loss but still counts their reward in the group statistics; we also leave them
-    out of the statistics). All valid: exactly the estimator's result.
+    out of the statistics. All valid: exactly the estimator's result.
 
     Shapes: rewards [B] float, group_index [B] int, valid [B] bool -> [B] (rewards' dtype).
     """

@@ -119,9 +119,9 @@ class MicroBatch:
     """Right-padded tensors of one micro-batch. T_all = longest prompt+response, T = longest response.
 
     No attention mask: with padding on the right and causal attention, every real token attends only
-    to real tokens before it, so a mask changes nothing the trainer reads (pad positions' outputs are
-    never gathered), and without one SDPA takes its causal kernel (tests/unit/test_batching.py pins
-    that the response logits are bitwise those of the masked forward)."""
+    to real tokens before it. So a mask changes nothing the trainer reads: pad positions' outputs are
+    never gathered. Without one, SDPA takes its causal kernel. tests/unit/test_batching.py pins that the
+    response logits are bitwise those of the masked forward."""
 
     input_ids: torch.Tensor  # [B, T_all] int64
     response_index: torch.Tensor  # [B, T] int64: position in input_ids whose logits predict response token t
