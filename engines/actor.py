@@ -101,7 +101,12 @@ class EngineActor:
         if self.regenerate and self._regenerated_version != held:
             self._regenerated_version = held  # once a version: plug-ins call generate once a request
             regenerate_and_compare(
-                self.engine, requests, outputs, self.index, ctx, same_layout=not self.engine.layout_invariant
+                self.engine,
+                requests,
+                outputs,
+                self.index,
+                ctx,
+                same_layout=not getattr(self.engine, "layout_invariant", False),
             )
         return EngineAnswer(outputs, seconds)
 
