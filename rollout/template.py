@@ -69,7 +69,10 @@ def end_of_turn(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = No
 def _probe_text(tokenizer: Any) -> str:
     """A short content string the tokenizer can encode (character-level vocabularies have no letters)."""
     for text in ("hello", "1", "a"):
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        try:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+        except Exception:  # a word-level vocabulary without an unknown token raises on text it lacks
+            continue
         if ids and tokenizer.unk_token_id not in ids and tokenizer.decode(ids) == text:
             return text
     vocab = [

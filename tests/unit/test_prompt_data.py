@@ -194,3 +194,13 @@ def test_template_check_catches_an_end_of_turn_that_is_not_a_stop(tok):
     stops = Stops(ids=(tok.eos_token_id,), strings=())  # <|im_end|> left out
     [check] = check_examples(tok, [([{"role": "user", "content": "hi"}], "3")], stops)
     assert "'<|im_end|>'" in check.problems[0] and "not a stop id" in check.problems[0]
+
+
+@pytest.mark.parametrize("recipe", ["tiny-arith", "long-arith"])
+def test_the_end_of_turn_of_a_freshly_built_recipe_tokenizer_is_found(recipe):
+    # a dry run on an empty cache reads the tokenizer as built, whose word-level vocabulary has no unknown token
+    from recipes.registry import get_recipe
+
+    tok = get_recipe(recipe).tokenizer()
+    eot = end_of_turn(tok)
+    assert eot is not None and eot in tok.all_special_ids + list(tok.added_tokens_decoder)
