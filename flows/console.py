@@ -120,7 +120,7 @@ def header(cfg: RunConfig, verbose: bool) -> str:
     r = cfg.rollout
     every = f", eval every {cfg.eval.eval_interval}" if cfg.eval.eval_interval else ""
     hint = "" if verbose else " (--verbose: every log line)"
-    # float32 is what every run did before --precision: only another precision is named
+    # float32 is the default: only another precision is named
     precision = f", precision {cfg.train.precision}" if cfg.train.precision != "fp32" else ""
     return (
         f"rollflow run {cfg.name}: {r.num_rollout} rollouts x {r.rollout_batch_size} prompts x "

@@ -311,11 +311,17 @@ def _srl(x: torch.Tensor, n: int) -> torch.Tensor:
     return (x >> n) & ((1 << (64 - n)) - 1)
 
 
-def _splitmix64(z: torch.Tensor) -> torch.Tensor:
-    z = z + _GOLDEN
-    z = (z ^ _srl(z, 30)) * _MIX1
-    z = (z ^ _srl(z, 27)) * _MIX2
-    return z ^ _srl(z, 31)
+def _splitmix64_(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's output function of `z`, in place. Over a [B, V] counter the passes are bound by memory
+    traffic, and integer arithmetic gives the same bits in place or not."""
+    z += _GOLDEN
+    for shift, mul in ((30, _MIX1), (27, _MIX2), (31, None)):
+        t = z >> shift
+        t &= (1 << (64 - shift)) - 1  # a logical shift: torch's >> is arithmetic
+        z ^= t
+        if mul is not None:
+            z *= mul
+    return z
 
 
 def counter_uniform(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
@@ -331,13 +337,28 @@ def counter_uniform(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
 
 def _uniform_at(seeds: torch.Tensor, step: int, vocab: int, index: torch.Tensor) -> torch.Tensor:
     """`counter_uniform`'s entries at vocab `index` for rows seeded `seeds` (broadcast together)."""
-    counter = _splitmix64(seeds) + (step * vocab + index) * _GOLDEN
-    bits = _srl(_splitmix64(counter), 40)  # top 24 bits: exact in float32
-    return (bits.to(torch.float32) + 0.5) / float(1 << 24)
+    counter = _splitmix64_(seeds.clone()) + (step * vocab + index) * _GOLDEN
+    bits = _splitmix64_(counter)
+    bits >>= 40  # the top 24 bits: exact in float32
+    bits &= (1 << 24) - 1
+    u = bits.to(torch.float32)
+    u += 0.5
+    u /= float(1 << 24)
+    # float32 rounds the top value's (2^24 - 0.5) / 2^24 up to 1.0, whose Gumbel noise is +inf (any token,
+    # filtered ones too, would win): it becomes the largest float32 below 1; no other value changes
+    return u.clamp_(max=_U_MAX)
 
 
-# Gumbel noise from 24-bit uniforms lies in [-log(-log(2^-25)), -log(-log(1 - 2^-25))] = [-2.86, 17.33]: a
-# token whose log-prob is more than 20.19 below its row's best can never win the argmax. 21 leaves margin
+_U_MAX = 1.0 - 2.0**-24
+
+
+def _neg_log_neg_log_(u: torch.Tensor) -> torch.Tensor:
+    """log(-log(u)) in place of `u` (minus the Gumbel noise of uniforms `u`)."""
+    return u.log_().neg_().log_()
+
+
+# Gumbel noise from the uniforms lies in [-log(-log(2^-25)), -log(-log(1 - 2^-24))] = [-2.86, 16.64]: a
+# token whose log-prob is more than 19.5 below its row's best can never win the argmax. 21 leaves margin
 # for float32 rounding of both bounds.
 _GUMBEL_SPAN = 21.0
 
@@ -352,11 +373,11 @@ def gumbel_argmax(logp: torch.Tensor, seeds: torch.Tensor, step: int) -> torch.T
     b, v = logp.shape
     candidate = logp >= logp.max(dim=-1, keepdim=True).values - _GUMBEL_SPAN
     if int(candidate.sum()) * 4 > b * v:  # a flat distribution: gathering would cost more than it saves
-        return torch.argmax(logp - torch.log(-torch.log(counter_uniform(seeds, step, v))), dim=-1)
+        return torch.argmax(logp - _neg_log_neg_log_(counter_uniform(seeds, step, v)), dim=-1)
     row, col = candidate.nonzero(as_tuple=True)
     noise = _uniform_at(seeds[row], step, v, col)
     scores = torch.full_like(logp, float("-inf"))
-    scores[row, col] = logp[row, col] - torch.log(-torch.log(noise))
+    scores[row, col] = logp[row, col] - _neg_log_neg_log_(noise)
     return torch.argmax(scores, dim=-1)
 
 

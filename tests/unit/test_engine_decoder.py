@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -24,6 +26,43 @@ def test_gumbel_argmax_equals_the_full_computation(scale):
     seeds = torch.arange(32) * 7919
     for step in range(20):
         assert torch.equal(gumbel_argmax(logp, seeds, step), _dense_argmax(logp, seeds, step))
+
+
+def _splitmix64(x: int) -> int:
+    """The reference splitmix64 output function on Python ints (uint64)."""
+    mask = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def test_counter_uniform_is_splitmix64_of_the_counter():
+    """The sampler's noise, bit for bit: recorded rollouts replay only while these bits stay the same."""
+    seeds = torch.tensor([0, 7919, -(2**62) - 5, 2**62 + 3])
+    vocab, step, before = 1000, 17, seeds.clone()
+    u = counter_uniform(seeds, step, vocab)
+    mask = (1 << 64) - 1
+    for r, seed in enumerate(seeds.tolist()):
+        for i in (0, 1, 499, 999):
+            counter = (_splitmix64(seed & mask) + (step * vocab + i) * 0x9E3779B97F4A7C15) & mask
+            bits = torch.tensor(_splitmix64(counter) >> 40, dtype=torch.float32)
+            assert u[r, i] == (bits + 0.5) / 2**24, (r, i)  # in float32, as the engine computes it
+    assert torch.equal(seeds, before)  # computed in place on temporaries only
+
+
+# seed 7919 at step 4 of a 2^22-id vocabulary draws the top 24-bit value at this id: (2^24 - 0.5) / 2^24
+# rounds to 1.0 in float32, whose Gumbel noise is +inf
+_TOP = (torch.tensor([7919]), 4, 1 << 22, 2940376)
+
+
+def test_the_top_uniform_stays_below_one_and_a_filtered_token_never_wins():
+    seeds, step, vocab, top = _TOP
+    u = engine_mod._uniform_at(seeds, step, vocab, torch.tensor([top, top - 1]))
+    assert u[0] == 1.0 - 2.0**-24 and u[1] < 1.0
+    logp = torch.full((1, vocab), float("-inf"))
+    logp[0, : vocab // 2] = -math.log(vocab // 2)  # a flat half, dense path; `top` lies in the filtered half
+    assert int(gumbel_argmax(logp, seeds, step)) < vocab // 2
 
 
 def _llama(tmp_path):
