@@ -37,6 +37,40 @@ def test_generated_page_is_up_to_date(page):
     )
 
 
+def test_readme_scaling_block_is_up_to_date():
+    assert (ROOT / "README.md").read_text() == GEN.readme_text(), (
+        f"README.md's scaling block differs from bench/results/80-scaling.md: run `{GEN.REGENERATE}`"
+    )
+
+
+def test_readme_scaling_block_keeps_named_columns_and_needs_its_markers(tmp_path, monkeypatch):
+    result = tmp_path / "80-scaling.md"
+    result.write_text(
+        "---\ntitle: t\ncommand: python bench/scaling.py\nmeasured: 2026-01-02\nmachine: m\n---\n"
+        "| "
+        + " | ".join(("x", *GEN.README_COLUMNS))
+        + " |\n|"
+        + "---|" * (len(GEN.README_COLUMNS) + 1)
+        + "\n"
+        "| drop | " + " | ".join(f"v{i}" for i in range(len(GEN.README_COLUMNS))) + " |\n\n"
+        "targets (0.5B x 256):\n- a: 1 -> met\n"
+    )
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# r\n{GEN.README_BEGIN}\nold\n{GEN.README_END}\ntail\n")
+    monkeypatch.setattr(GEN, "SCALING", result)
+    monkeypatch.setattr(GEN, "README", readme)
+    text = GEN.readme_text()
+    assert "old" not in text and text.endswith(f"{GEN.README_END}\ntail\n")
+    assert "| v0 | v1 |" in text and "drop" not in text and "- a: 1 -> met" in text
+    readme.write_text("# r\nno markers\n")
+    with pytest.raises(ValueError, match="lacks the scaling block's markers"):
+        GEN.readme_text()
+    result.write_text(result.read_text().replace("| TRL peak GiB", "| other"))
+    readme.write_text(f"{GEN.README_BEGIN}\n{GEN.README_END}\n")
+    with pytest.raises(ValueError, match="lacks column"):
+        GEN.readme_text()
+
+
 def test_metric_names_are_unique_and_patterns_match_their_instances():
     names = [m.name for m in METRICS]
     assert len(names) == len(set(names))
