@@ -7,6 +7,8 @@ as their raw bits plus the dtype name.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -28,12 +30,16 @@ def to_wire(named: dict[str, torch.Tensor]) -> WireWeights:
     return out
 
 
-def from_wire(wire: WireWeights) -> dict[str, torch.Tensor]:
-    """Inverse of `to_wire`: writable CPU tensors with the original dtypes, shapes and bits."""
+def from_wire(wire: WireWeights, *, copy: bool = True) -> dict[str, torch.Tensor]:
+    """Inverse of `to_wire`: CPU tensors with the original dtypes, shapes and bits, writable copies. With
+    `copy=False` they are views of the arrays themselves (read-only ones into Ray's shared memory for an object
+    from the store): for a caller that only reads them, such as an engine copying them into its weights, which
+    then never holds a second copy of the weights."""
     out = {}
     for name, (dtype_name, array) in wire.items():
         dtype = getattr(torch, dtype_name)
-        # copy: arrays from the object store are read-only views into shared memory
-        t = torch.from_numpy(np.array(array, copy=True))
+        with warnings.catch_warnings():  # torch warns that a read-only array's tensor must not be written
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(np.array(array, copy=True) if copy else array)
         out[name] = t if t.dtype == dtype else t.view(dtype)
     return out

@@ -97,7 +97,8 @@ class TrainConfig(Section):
     recompute_granularity: Literal["full", "selective"] | None = Field(
         None,
         description="Activation checkpointing: full = recompute whole decoder layers in the backward; "
-        "selective = recompute the core attention only (Megatron). Gradients are unchanged.",
+        "selective = recompute the core attention only (Megatron). Either way the torch trainer's output layer "
+        "recomputes its [tokens, vocab] log-softmax too. Gradients are unchanged.",
     )
     recompute_method: Literal["uniform", "block"] | None = Field(
         None,

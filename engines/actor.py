@@ -116,7 +116,7 @@ class EngineActor:
         """Receive the trainer's weights (`[ref]` of TrainerActor.export_weights: wrapped in a list so that Ray
         does not fetch them before this method runs) and load them as `version`."""
         self.faults.reach("engine_update_weights_before_receive", weight_version=version, **(ctx or {}))
-        named_tensors = from_wire(ray.get(weights[0]))
+        named_tensors = from_wire(ray.get(weights[0]), copy=False)  # only read: load copies
         self.faults.reach("engine_update_weights_after_receive", weight_version=version, **(ctx or {}))
         self.engine.update_weights(self._dropping(named_tensors), version)
         trim_heap()  # the received copies and their casts are freed: give their pages back
@@ -136,7 +136,7 @@ class EngineActor:
         if self._receiving is None:  # the first bucket of this sync
             self.faults.reach("engine_update_weights_before_receive", weight_version=version, **(ctx or {}))
             self._receiving = set()
-        named_tensors = self._dropping(from_wire(ray.get(bucket[0])))
+        named_tensors = self._dropping(from_wire(ray.get(bucket[0]), copy=False))
         self.engine.load_weights(named_tensors)
         self._receiving.update(named_tensors)
 

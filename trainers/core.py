@@ -109,7 +109,8 @@ def decay_groups(
 class Snapshot:
     """Trainer state before a rollout's steps (see TrainerCore.train_step)."""
 
-    weights: list[torch.Tensor]  # clones of the backend's _state_tensors(), same order
+    # clones of the backend's _state_tensors(), same order; None: the start weights, read back by _reload_start
+    weights: list[torch.Tensor] | None
     opt_state: dict[Any, dict[str, Any]]  # AdamW state per parameter ({} without an optimizer)
     groups: list[dict[str, Any]]  # the optimizer's param groups less their params (lr, betas, ...)
     sched: dict[str, Any]
@@ -449,7 +450,7 @@ class TrainerCore(abc.ABC):
         if fused is not None and not self._fused_step_applies(fused, rollout_ref, lp_rows):
             fused = None
         boundary = self._boundary_on_disk()
-        snapshot = None if boundary else self._snapshot()
+        snapshot = None if boundary else self._snapshot(weights=not self._start_on_disk())
         began = time.perf_counter()
         try:
             again = None
@@ -773,10 +774,24 @@ class TrainerCore(abc.ABC):
         the failed step's gradients. A snapshot of another rollout is an error naming both."""
         raise NotImplementedError(f"{type(self).__name__} does not restore a step from disk")
 
-    def _snapshot(self) -> Snapshot:
-        """Copies of everything a train step mutates: weights, optimizer state, LR schedule, step.
-        Plain tensor clones (not a deepcopy of the state dicts): this runs before every rollout."""
-        weights = [t.detach().clone() for t in self._state_tensors()]
+    # whether the backend can read its start weights back from the checkpoint setup loaded (_reload_start)
+    reloads_start = False
+
+    def _start_on_disk(self) -> bool:
+        """Whether a failed first step (no rollout applied: the weights are setup's) gets its weights back by
+        reading the checkpoint setup loaded them from, instead of from a copy held through the step (the
+        model's size again, on top of the first step's new gradients and AdamW state)."""
+        return self.reloads_start and self.last_applied_rollout < 0
+
+    def _reload_start(self) -> None:
+        """Put back the weights setup loaded, read again from its checkpoint (see `_start_on_disk`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not read its start weights back")
+
+    def _snapshot(self, weights: bool = True) -> Snapshot:
+        """Copies of everything a train step mutates: weights (unless `weights` is False: `_reload_start` puts
+        them back), optimizer state, LR schedule, step. Plain tensor clones (not a deepcopy of the state
+        dicts): this runs before every rollout."""
+        kept = [t.detach().clone() for t in self._state_tensors()] if weights else None
         opt_state: dict[Any, dict[str, Any]] = {}
         groups: list[dict[str, Any]] = []
         sched: dict[str, Any] = {}
@@ -790,16 +805,19 @@ class TrainerCore(abc.ABC):
                 for g in self.optimizer.param_groups
             ]
             sched = copy.deepcopy(self.scheduler.state_dict())
-        return Snapshot(weights, opt_state, groups, sched, self.global_step)
+        return Snapshot(kept, opt_state, groups, sched, self.global_step)
 
     @torch.no_grad()
     def _restore(self, snap: Snapshot) -> None:
         """Put back what `_snapshot` copied; drops the failed step's gradients."""
         self._fused = None
-        for t, saved in zip(self._state_tensors(), snap.weights, strict=True):
-            t.copy_(saved)
         for p in self.params:
             p.grad = None
+        if snap.weights is None:
+            self._reload_start()
+        else:
+            for t, saved in zip(self._state_tensors(), snap.weights, strict=True):
+                t.copy_(saved)
         if self.optimizer is not None and self.scheduler is not None:
             self.optimizer.state = defaultdict(dict, snap.opt_state)
             for group, saved_group in zip(self.optimizer.param_groups, snap.groups, strict=True):

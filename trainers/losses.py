@@ -202,8 +202,9 @@ class _LinearLogProbs(torch.autograd.Function):
     """The output layer, log-softmax, target gather and entropy of N tokens, chunk by chunk over the rows.
 
     Per chunk it keeps only ``log p`` ([rows, V] float32, for the backward) and never builds the logits, the
-    log-softmax, the softmax or their gradients for all N tokens at once (today's path materialises each of
-    those as a [N, V] tensor, and on a CPU every such pass costs as much as the output matmul itself)."""
+    log-softmax, the softmax or their gradients for all N tokens at once (on a CPU every such pass costs as much
+    as the output matmul itself). With ``recompute`` it keeps nothing per chunk: the backward runs the chunk's
+    forward again (bitwise the same ``log p``), trading one more output matmul for [N, V] float32 of memory."""
 
     @staticmethod
     def forward(
@@ -214,24 +215,24 @@ class _LinearLogProbs(torch.autograd.Function):
         temperature: float,
         chunk_rows: int,
         matmul_dtype: torch.dtype | None,
+        recompute: bool,
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
-        low = None if matmul_dtype is None else weight.detach().to(matmul_dtype)  # one copy per call
+        chunks = _Chunks(hidden, weight, temperature, matmul_dtype)
         log_probs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(n, dtype=torch.float32, device=hidden.device)
         saved: list[Tensor] = []
         for start in range(0, n, chunk_rows):
             rows = slice(start, min(n, start + chunk_rows))
-            if low is None:
-                log_p = _chunk_log_softmax(hidden[rows], weight, temperature)  # [rows, V] float32
-            else:
-                log_p = _chunk_log_softmax(hidden[rows].to(low.dtype), low, temperature)
+            log_p = chunks.log_softmax(rows)  # [rows, V] float32
             log_probs[rows] = log_p.gather(-1, tokens[rows, None]).squeeze(-1)
             # -sum p log p, term by term >= 0 (log p <= 0), as entropy_from_logits computes it
             entropy[rows] = -(log_p.exp() * log_p).sum(-1)
-            saved.append(log_p)
+            if not recompute:
+                saved.append(log_p)
         ctx.save_for_backward(hidden, weight, tokens, entropy)
         ctx.log_p, ctx.temperature, ctx.chunk_rows = saved, temperature, chunk_rows
+        ctx.matmul_dtype, ctx.recompute = matmul_dtype, recompute
         ctx.set_materialize_grads(False)
         return log_probs, entropy
 
@@ -239,14 +240,18 @@ class _LinearLogProbs(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(
         ctx: Any, grad_lp: Tensor | None, grad_ent: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None]:
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None]:
         hidden, weight, tokens, entropy = ctx.saved_tensors
         grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         if grad_lp is None and grad_ent is None:
-            return grad_h, grad_w, None, None, None, None
-        for i, log_p in enumerate(ctx.log_p):
-            rows = slice(i * ctx.chunk_rows, i * ctx.chunk_rows + log_p.shape[0])
+            return grad_h, grad_w, None, None, None, None, None
+        n = hidden.shape[0]
+        starts = range(0, n, ctx.chunk_rows)
+        chunks = _Chunks(hidden, weight, ctx.temperature, ctx.matmul_dtype) if ctx.recompute else None
+        for i, start in enumerate(starts):
+            rows = slice(start, min(n, start + ctx.chunk_rows))
+            log_p = chunks.log_softmax(rows) if chunks is not None else ctx.log_p[i]
             g = _chunk_logits_grad(
                 log_p,
                 tokens[rows],
@@ -262,7 +267,20 @@ class _LinearLogProbs(torch.autograd.Function):
             if grad_w is not None:
                 grad_w.addmm_(g.t(), hidden[rows])
         ctx.log_p = []  # the chunks were overwritten above: this backward runs once
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
+
+
+class _Chunks:
+    """``log_softmax(hidden @ weight.T / temperature)`` of a slice of rows, the matmul in ``matmul_dtype`` when
+    given (the weight cast once per forward or backward, not per chunk)."""
+
+    def __init__(self, hidden: Tensor, weight: Tensor, temperature: float, matmul_dtype: torch.dtype | None):
+        self.hidden, self.temperature = hidden, temperature
+        self.weight = weight if matmul_dtype is None else weight.detach().to(matmul_dtype)
+
+    def log_softmax(self, rows: slice) -> Tensor:
+        """[rows, V] float32."""
+        return _chunk_log_softmax(self.hidden[rows].to(self.weight.dtype), self.weight, self.temperature)
 
 
 def _chunk_log_softmax(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
@@ -302,6 +320,7 @@ def linear_log_probs_and_entropy(
     temperature: float = 1.0,
     chunk_rows: int | None = None,
     matmul_dtype: torch.dtype | None = None,
+    recompute: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Log-probability of each target token and entropy of each distribution, straight from the hidden states
     and the output layer, without materialising [N, V] logits, log-softmax or their gradients.
@@ -316,7 +335,9 @@ def linear_log_probs_and_entropy(
     Shapes: hidden [N, H], weight [V, H], tokens [N] int -> (log_probs [N], entropy [N]).
     ``chunk_rows`` defaults to :func:`chunk_rows_for` of V. ``matmul_dtype`` (bfloat16 under --precision bf16):
     the forward's logits matmul runs on ``hidden`` and ``weight`` cast to it, as a bf16 engine computes its
-    logits; the log-softmax, the outputs and the backward stay float32.
+    logits; the log-softmax, the outputs and the backward stay float32. ``recompute`` (activation
+    checkpointing): nothing [N, V] is kept for the backward, which recomputes each chunk; the gradients are
+    bitwise the same.
     """
     if (
         hidden.dim() != 2
@@ -330,7 +351,7 @@ def linear_log_probs_and_entropy(
         )
     rows = chunk_rows or chunk_rows_for(weight.shape[0])
     log_probs, entropy = _LinearLogProbs.apply(
-        hidden, weight, tokens.long(), float(temperature), rows, matmul_dtype
+        hidden, weight, tokens.long(), float(temperature), rows, matmul_dtype, recompute
     )
     return log_probs, entropy
 

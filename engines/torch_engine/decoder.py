@@ -44,7 +44,9 @@ class Decoder(Protocol):
 
 class FastWeights:
     """The HF model's parameters rearranged for `FastDecoder` (fused q/k/v and gate/up, the rotary
-    tables). Rebuilt by the engine whenever its weights change."""
+    tables). Rebuilt by the engine whenever its weights change. The fused tensors are the only copy: the
+    model's q/k/v and gate/up parameters are rebound to views (row slices) of them, so loading a weight into
+    the model writes the fused tensor and the model is not held twice."""
 
     def __init__(self, model: Any, max_positions: int) -> None:
         cfg = model.config
@@ -74,15 +76,15 @@ class FastWeights:
                 attn, mlp = layer.self_attn, layer.mlp
                 qkv_bias = None
                 if attn.q_proj.bias is not None:
-                    qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+                    qkv_bias = _fused([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
                 self.layers.append(
                     (
                         layer.input_layernorm.weight,
-                        torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                        _fused([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
                         qkv_bias,
                         attn.o_proj.weight,
                         layer.post_attention_layernorm.weight,
-                        torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                        _fused([mlp.gate_proj.weight, mlp.up_proj.weight]),
                         mlp.down_proj.weight,
                     )
                 )
@@ -96,6 +98,17 @@ class FastWeights:
             rot[half:, :half] = -torch.eye(half)
             rot[:half, half:] = torch.eye(half)
             self.rot = rot
+
+
+def _fused(params: list[torch.Tensor]) -> torch.Tensor:
+    """The parameters concatenated along dim 0, each then rebound to its (contiguous) slice of the result, which
+    frees its own storage."""
+    fused = torch.cat(params)
+    start = 0
+    for p in params:
+        p.data = fused[start : start + p.shape[0]]
+        start += p.shape[0]
+    return fused
 
 
 class FastDecoder:

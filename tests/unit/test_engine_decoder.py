@@ -149,3 +149,20 @@ def test_fast_weights_follow_a_weight_update(base_checkpoint):
     )
     eng.update_weights(w, version=2)
     assert eng.generate(req)[0].response_tokens == before.response_tokens
+
+
+def test_fast_weights_are_the_only_copy_of_the_fused_parameters(base_checkpoint):
+    eng = TorchEngine(base_checkpoint)
+    req = [GenerateRequest((2, 7, 11), seed=3, params=SamplingParams(max_new_tokens=4))]
+    before = eng.generate(req)[0]
+    layer = eng.model.model.layers[0]
+    _, qkv, _, _, _, gate_up, _ = eng._fast.layers[0]
+    for fused, parts in [(qkv, ["q_proj", "k_proj", "v_proj"]), (gate_up, ["gate_proj", "up_proj"])]:
+        mods = [getattr(layer.self_attn if p[0] in "qkv" else layer.mlp, p) for p in parts]
+        assert all(m.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr() for m in mods)
+        assert torch.equal(torch.cat([m.weight for m in mods]), fused)
+    # a checkpoint-shaped state dict still comes out (one contiguous tensor per name), and a round trip holds
+    state = eng.get_weights()
+    assert all(t.is_contiguous() for t in state.values())
+    eng.update_weights(state, version=0)
+    assert eng.generate(req)[0] == before

@@ -166,8 +166,14 @@ def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkp
     )
     initial = {k: v.clone() for k, v in trainer.export_weights().items()}
     restore_step = fail_second_scheduler_step(trainer)
+    snapshots = []
+    trainer._snapshot = lambda weights=True, take=trainer._snapshot: (
+        snapshots.append(take(weights)) or snapshots[-1]
+    )
     with pytest.raises(RuntimeError, match="planted failure"):
         trainer.train_step(ref, lp_ref)
+    # the first step held no copy of the weights: they were read back from the checkpoint setup loaded
+    assert [snap.weights for snap in snapshots] == [None]
     assert all(torch.equal(initial[k], v) for k, v in trainer.export_weights().items())
     assert not trainer.optimizer.state and trainer.global_step == 0
     assert trainer.optimizer.param_groups[0]["lr"] == clean.s.lr and trainer.scheduler.last_epoch == 0
@@ -176,6 +182,25 @@ def test_failed_step_restores_weights_optimizer_and_schedule(engine, base_checkp
     assert trainer.train_step(ref, lp_ref) == expected
     assert all(torch.equal(clean.export_weights()[k], v) for k, v in trainer.export_weights().items())
     assert trainer.optimizer.param_groups[0]["lr"] == clean.optimizer.param_groups[0]["lr"]
+
+
+def test_a_failed_first_step_refuses_to_read_back_a_checkpoint_changed_since_setup(
+    engine, base_checkpoint, tmp_path
+):
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(base_checkpoint, ckpt)
+    cfg = _config(str(ckpt), tmp_path)
+    _, ref = _rollout(engine, cfg, tmp_path)
+    trainer = _trainer(cfg, str(ckpt))
+    lp_ref = trainer.compute_log_probs(ref, str(tmp_path / "lp.parquet"))
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b"")  # rewritten: same bytes, a new modification time
+    os.utime(weights, ns=(0, 0))
+    fail_second_scheduler_step(trainer)
+    with pytest.raises(RuntimeError, match=r"weight files of .*ckpt changed since the trainer loaded them"):
+        trainer.train_step(ref, lp_ref)
 
 
 @pytest.mark.parametrize("boundary", ["memory", "disk"])
@@ -230,14 +255,21 @@ def test_wire_format_round_trips_bits(dtype):
         "a": (torch.randn(3, 5) * 100).to(dtype),
         "b.weight": torch.arange(7).to(dtype).reshape(7, 1)[::2],
     }
-    back = from_wire(to_wire(named))
-    for name, t in named.items():
-        assert back[name].dtype == dtype and back[name].shape == t.shape
-        assert torch.equal(
-            back[name].view(torch.uint8) if dtype != torch.int64 else back[name],
-            t.contiguous().view(torch.uint8) if dtype != torch.int64 else t,
-        )
-        assert back[name].is_contiguous()
+    wire = to_wire(named)
+    for _, array in wire.values():
+        array.flags.writeable = False  # as Ray's object store hands them out
+    for copy in (True, False):
+        back = from_wire(wire, copy=copy)
+        for name, t in named.items():
+            assert back[name].dtype == dtype and back[name].shape == t.shape
+            assert torch.equal(
+                back[name].view(torch.uint8) if dtype != torch.int64 else back[name],
+                t.contiguous().view(torch.uint8) if dtype != torch.int64 else t,
+            )
+            assert back[name].is_contiguous()
+            # a copy owns its memory; copy=False reads the array's own bytes (an engine's load copies them)
+            shares = back[name].data_ptr() == wire[name][1].ctypes.data
+            assert shares != copy
 
 
 def test_use_rollout_logprobs_trains_on_the_engine_log_probs(engine, base_checkpoint, tmp_path):

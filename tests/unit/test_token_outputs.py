@@ -17,13 +17,19 @@ from trainers.losses import entropy_from_logits, linear_log_probs_and_entropy, l
 from trainers.torch_trainer.trainer import TorchTrainer, has_plain_output_layer
 
 
+def _output_layer_case(seed: int, n: int) -> tuple[torch.Tensor, ...]:
+    """hidden [n, 16] and weight [300, 16] (both requiring grad), tokens [n], and upstream gradients of the
+    log-probs and the entropy, [n] each."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(300, 16, generator=gen, requires_grad=True)
+    tokens = torch.randint(0, 300, (n,), generator=gen)
+    return hidden, weight, tokens, torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_chunked_output_layer_matches_log_softmax_values_and_gradients(temperature):
-    gen = torch.Generator().manual_seed(0)
-    hidden = torch.randn(37, 16, generator=gen, requires_grad=True)
-    weight = torch.randn(300, 16, generator=gen, requires_grad=True)
-    tokens = torch.randint(0, 300, (37,), generator=gen)
-    g_lp, g_ent = torch.randn(37, generator=gen), torch.randn(37, generator=gen)
+    hidden, weight, tokens, g_lp, g_ent = _output_layer_case(0, 37)
 
     def grads(lp: torch.Tensor, ent: torch.Tensor) -> list[torch.Tensor]:
         return list(torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), [hidden, weight]))
@@ -41,6 +47,28 @@ def test_chunked_output_layer_matches_log_softmax_values_and_gradients(temperatu
     assert torch.allclose(g_hidden, ref_g_hidden, atol=1e-4)
     with pytest.raises(ValueError, match="expected hidden"):
         linear_log_probs_and_entropy(hidden[None], weight, tokens)
+
+
+@pytest.mark.parametrize("matmul_dtype", [None, torch.bfloat16])
+def test_recomputed_output_layer_keeps_no_chunk_and_gives_bitwise_the_same_gradients(matmul_dtype):
+    hidden, weight, tokens, g_lp, g_ent = _output_layer_case(1, 29)
+
+    def run(recompute: bool) -> list[torch.Tensor]:
+        lp, ent = linear_log_probs_and_entropy(
+            hidden,
+            weight,
+            tokens,
+            temperature=0.7,
+            chunk_rows=8,
+            matmul_dtype=matmul_dtype,
+            recompute=recompute,
+        )
+        kept = lp.grad_fn.log_p  # the [rows, V] chunks held for the backward
+        assert (kept == []) if recompute else (len(kept) == 4 and kept[0].shape == (8, 300))
+        return [lp, ent, *torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), [hidden, weight])]
+
+    for a, b in zip(run(False), run(True), strict=True):
+        assert torch.equal(a, b)
 
 
 def _cost(buckets: list[list[int]], lengths: list[int]) -> int:

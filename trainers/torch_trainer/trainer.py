@@ -56,6 +56,7 @@ class TorchTrainer(TrainerCore):
                 "gloo", init_method=rendezvous, rank=self.rank, world_size=self.world_size
             )
         torch.manual_seed(self.s.seed)
+        self._start_files = _weight_files(self.checkpoint)
         self.model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32)
         self._check_dropout(self.model, self.checkpoint)
         self.model.train()  # train mode matches what the loss sees (dropout too, where allowed)
@@ -131,9 +132,16 @@ class TorchTrainer(TrainerCore):
                 ]
         # bf16: the output layer's matmul in bfloat16 too, as the engine's; its log-softmax and backward in float32
         head_dtype = torch.bfloat16 if self.s.precision == "bf16" else None
+        # --recompute-granularity: the output layer's [tokens, V] log-softmax is recomputed in the backward too
+        recompute_head = self.s.recompute_granularity is not None
         for picked, tokens, target in parts:  # picked: [n, H], the hidden states predicting `tokens`
             lp, ent = linear_log_probs_and_entropy(
-                picked.float(), head, tokens, temperature=self.s.temperature, matmul_dtype=head_dtype
+                picked.float(),
+                head,
+                tokens,
+                temperature=self.s.temperature,
+                matmul_dtype=head_dtype,
+                recompute=recompute_head,
             )
             lps.append(lp)
             ents.append(ent)
@@ -281,6 +289,18 @@ class TorchTrainer(TrainerCore):
         self._publish_checkpoint(tmp, directory, rollout_id, snapshot=snapshot)
 
     restores_boundary_alone = True  # each rank reads the files rank 0 wrote, with no collective
+    reloads_start = True
+
+    def _reload_start(self) -> None:
+        """The policy's weights read again from the checkpoint setup loaded, which must be unchanged since (its
+        weight files' names, sizes and modification times)."""
+        if _weight_files(self.checkpoint) != self._start_files:
+            raise RuntimeError(
+                f"restoring a failed first step: the weight files of {self.checkpoint} changed since the trainer "
+                "loaded them, so its start weights cannot be read back; start the run again"
+            )
+        start = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32)
+        self.model.load_state_dict(start.state_dict())
 
     def load(self, directory: str) -> int:
         """Restore the latest (or the given iter_ dir's) checkpoint; returns its rollout id."""
@@ -346,3 +366,9 @@ def has_plain_output_layer(model: PreTrainedModel) -> bool:
 
 # mypy checks here that TorchTrainer (constructor included) satisfies the Trainer protocol
 _CHECKED: type[Trainer] = TorchTrainer
+
+
+def _weight_files(checkpoint: str) -> dict[str, tuple[int, int]]:
+    """{file name: (size, modification time in ns)} of a checkpoint directory's weight files."""
+    files = [f for f in Path(checkpoint).iterdir() if f.suffix in (".safetensors", ".bin")]
+    return {f.name: (f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(files)}
