@@ -137,6 +137,21 @@ class _Tensor:
     end: int
 
 
+def checkpoint_numel(checkpoint: Path) -> int:
+    """The elements of every tensor an HF checkpoint dir's safetensors files hold (its parameters; a tied embedding
+    stored once counts once), from their headers; ValueError naming a file whose header is unreadable, or the dir
+    when it holds no safetensors weights."""
+    total = 0
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        tensors, problems = read_safetensors_header(path)
+        if problems:
+            raise ValueError(f"{path}: {'; '.join(problems)}")
+        total += sum(math.prod(t.shape) for t in tensors.values())
+    if not total:
+        raise ValueError(f"{checkpoint}: no safetensors weights")
+    return total
+
+
 def read_safetensors_header(path: Path) -> tuple[dict[str, _Tensor], list[str]]:
     """The tensors a safetensors file declares (name -> dtype, shape, absolute byte range) and the problems
     of its layout: a header that cannot be read, a tensor whose bytes lie beyond the end of the file

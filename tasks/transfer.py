@@ -2,11 +2,16 @@
 engine backend) pair (slime keeps the same choice in `update_weight_from_{tensor,distributed,disk}`).
 
 - `FullTransfer`: rank 0 exports every weight as one object in Ray's object store; every engine fetches it and
-  loads it in one call. The embedded torch pair's path: the tiny models it runs cost one round trip.
+  loads it in one call: one round trip, for weights that fit one bucket.
 - `StreamedTransfer`: every trainer rank runs `stream_weights` in step (a backend whose weights live in shards
-  gathers them there). Rank 0 yields HF-named buckets of about `bucket_bytes` as they are ready. Each engine
-  loads them as they come, then commits the version once every weight arrived. No process holds two full
-  copies: rank 0 holds its shard plus one bucket, an engine its model plus one bucket.
+  gathers them there). Rank 0 yields HF-named buckets of about `bucket_bytes`, in the engines' dtype, as they are
+  ready. Each engine loads them as they come, then commits the version once every weight arrived. No process holds
+  two full copies: rank 0 holds its shard plus a bucket, an engine its model plus a bucket. At most `in_flight`
+  buckets exist at once, so the object store never holds the whole model: its shared memory stays resident in
+  every process that mapped it once it was used, so a whole-model object would cost the model's size again for
+  the rest of the run.
+- `SizedTransfer`: the embedded torch pair's choice, FullTransfer for a model within one bucket (the tiny
+  recipes), else StreamedTransfer.
 
 Both return what was pushed: the weights' sha256 (artifacts.hashing.weights_sha256) and the per-tensor hashes,
 which the weight-update checker and the engines-in-sync check compare against without moving weights again.
@@ -15,12 +20,18 @@ which the weight-update checker and the engines-in-sync check compare against wi
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from artifacts.hashing import weights_sha256_of
+from artifacts.lint import checkpoint_numel
 from config import RunConfig
 from tasks import actors
+
+# bytes of weights per streamed bucket, and the most a FullTransfer moves in one object
+BUCKET_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -55,19 +66,27 @@ class FullTransfer:
 class StreamedTransfer:
     """Buckets streamed from trainer rank 0 to the engines as they are gathered (see the module docstring)."""
 
-    def __init__(self, bucket_bytes: int = 64 << 20) -> None:
-        self.bucket_bytes = bucket_bytes
+    def __init__(self, bucket_bytes: int = BUCKET_BYTES, in_flight: int = 2) -> None:
+        self.bucket_bytes, self.in_flight = bucket_bytes, in_flight
 
     async def push(self, cfg: RunConfig, engines: list[Any], version: int, ctx: dict[str, Any]) -> Pushed:
         trainers = actors.trainers(cfg)
+        # the generator pauses while `in_flight` of its buckets are not taken from the stream
         streams = [
-            t.stream_weights.options(num_returns="streaming").remote(self.bucket_bytes, ctx) for t in trainers
+            t.stream_weights.options(
+                num_returns="streaming", _generator_backpressure_num_objects=self.in_flight
+            ).remote(self.bucket_bytes, ctx)
+            for t in trainers
         ]
         loads: list[Any] = []
 
         async def forward(stream: Any) -> None:
             async for bucket in stream:  # an ObjectRef per bucket: handed on, never fetched here
-                loads.extend(e.load_weight_bucket.remote([bucket], version, ctx) for e in engines)
+                loads.append(
+                    asyncio.gather(*[e.load_weight_bucket.remote([bucket], version, ctx) for e in engines])
+                )
+                if len(loads) >= self.in_flight:  # take the next bucket once an older one is loaded
+                    await loads[-self.in_flight]
 
         async def drain(stream: Any) -> None:
             async for ref in stream:  # the other ranks take part in the gathers and yield nothing
@@ -81,9 +100,24 @@ class StreamedTransfer:
         return Pushed(weights_sha256_of(summary["tensor_hashes"]), summary["tensor_hashes"])
 
 
+class SizedTransfer:
+    """FullTransfer for weights within one bucket, else StreamedTransfer (see the module docstring)."""
+
+    async def push(self, cfg: RunConfig, engines: list[Any], version: int, ctx: dict[str, Any]) -> Pushed:
+        whole = _float32_bytes(str(cfg.hf_checkpoint)) <= BUCKET_BYTES
+        chosen: WeightTransfer = FullTransfer() if whole else StreamedTransfer()
+        return await chosen.push(cfg, engines, version, ctx)
+
+
+@functools.lru_cache(maxsize=8)
+def _float32_bytes(checkpoint: str) -> int:
+    """The model's weights' bytes in float32 (the most a sync moves a parameter in), from the checkpoint's headers."""
+    return 4 * checkpoint_numel(Path(checkpoint))
+
+
 # (trainer backend, engine backend) -> how weights travel; a new backend pair is one line here
-TRANSFERS: dict[tuple[str, str], type[FullTransfer] | type[StreamedTransfer]] = {
-    ("torch", "torch"): FullTransfer,
+TRANSFERS: dict[tuple[str, str], type[FullTransfer] | type[StreamedTransfer] | type[SizedTransfer]] = {
+    ("torch", "torch"): SizedTransfer,
     ("megatron", "torch"): StreamedTransfer,
 }
 

@@ -134,13 +134,14 @@ class TrainerActor:
 
     def stream_weights(self, bucket_bytes: int, ctx: dict[str, Any] | None = None) -> Iterator[WireWeights]:
         """The backend's `iter_weights` as a Ray streaming generator (call it with num_returns="streaming"): rank
-        0's buckets go to the engines one by one (tasks/transfer.StreamedTransfer); their tensor hashes are kept
-        for `stream_summary`."""
+        0's buckets, cast to the engines' dtype, go to the engines one by one (tasks/transfer.StreamedTransfer);
+        their tensor hashes are kept for `stream_summary`."""
         self.faults.reach("trainer_export_weights_before_send", **(ctx or {}))
         self._streamed: dict[str, str] = {}
         for bucket in self.trainer.iter_weights(bucket_bytes):
-            self._streamed.update(tensor_hashes(as_dtype(bucket, self._held_as)))
-            yield to_wire(bucket)
+            held = dict(as_dtype(bucket, self._held_as))  # as the engines hold them: half the bytes in bf16
+            self._streamed.update(tensor_hashes(held))
+            yield to_wire(held)
 
     def stream_summary(self) -> dict[str, Any]:
         """What the last `stream_weights` sent: the weight names and their per-tensor hashes."""

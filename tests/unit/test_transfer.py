@@ -1,0 +1,105 @@
+"""tasks/transfer.py: which transfer a backend pair and a model size get, and that a streamed sync keeps at most
+`in_flight` buckets between the trainer and the engines (the object store never holds the whole model)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tasks import transfer
+
+
+class _Method:
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.opts = fn, {}
+
+    def options(self, **opts: Any) -> _Method:
+        self.opts = opts
+        return self
+
+    def remote(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class _Trainer:
+    """Rank 0 streaming `n` buckets; `state` counts the buckets made and not yet loaded by every engine."""
+
+    def __init__(self, n: int, state: dict[str, int]) -> None:
+        self.n, self.state = n, state
+
+        async def stream(bucket_bytes: int, ctx: dict) -> Any:
+            for i in range(self.n):
+                # Ray's backpressure: the generator waits while `in_flight` of its buckets are not taken
+                self.state["made"] += 1
+                self.state["peak"] = max(self.state["peak"], self.state["made"] - self.state["loaded"])
+                yield f"bucket-{i}"
+
+        async def summary() -> dict:
+            return {
+                "names": [f"w{i}" for i in range(self.n)],
+                "tensor_hashes": {f"w{i}": "0" * 64 for i in range(self.n)},
+            }
+
+        self.stream_weights = _Method(stream)
+        self.stream_summary = _Method(summary)
+
+
+class _Engine:
+    def __init__(self, state: dict[str, int], loaded: list[str]) -> None:
+        async def load(bucket: list[str], version: int, ctx: dict) -> None:
+            await asyncio.sleep(0.01)  # a load takes longer than making a bucket
+            loaded.append(bucket[0])
+
+        async def commit(version: int, names: list[str], ctx: dict) -> None:
+            state["committed"] = len(loaded)
+
+        self.load_weight_bucket = _Method(load)
+        self.commit_weights = _Method(commit)
+
+
+def test_a_streamed_sync_keeps_at_most_in_flight_buckets_and_commits_after_every_load(monkeypatch):
+    state = {"made": 0, "loaded": 0, "peak": 0}
+    loaded: list[str] = []
+    engines = [_Engine(state, loaded)]
+    trainer = _Trainer(12, state)
+
+    def counting_load(orig: Any) -> Any:
+        async def load(*args: Any) -> None:
+            await orig(*args)
+            state["loaded"] += 1
+
+        return load
+
+    engines[0].load_weight_bucket.fn = counting_load(engines[0].load_weight_bucket.fn)
+    monkeypatch.setattr(transfer.actors, "trainers", lambda cfg: [trainer])
+    pushed = asyncio.run(transfer.StreamedTransfer(in_flight=2).push(SimpleNamespace(), engines, 3, {}))
+    assert loaded == [f"bucket-{i}" for i in range(12)] and state["committed"] == 12
+    assert trainer.stream_weights.opts["_generator_backpressure_num_objects"] == 2
+    assert state["peak"] <= 2  # never more than in_flight buckets made and not loaded
+    assert len(pushed.tensor_hashes) == 12
+
+
+@pytest.mark.parametrize(
+    ("params", "chosen"), [(3_000_000, transfer.FullTransfer), (50_000_000, transfer.StreamedTransfer)]
+)
+def test_the_torch_pair_streams_a_model_larger_than_one_bucket(monkeypatch, params, chosen):
+    used = []
+
+    async def push(self: Any, cfg: Any, engines: Any, version: int, ctx: Any) -> str:
+        used.append(type(self))
+        return "pushed"
+
+    for cls in (transfer.FullTransfer, transfer.StreamedTransfer):
+        monkeypatch.setattr(cls, "push", push)
+    monkeypatch.setattr(transfer, "checkpoint_numel", lambda path: params)
+    transfer._float32_bytes.cache_clear()
+    cfg = SimpleNamespace(
+        hf_checkpoint=f"/models/m{params}",
+        train=SimpleNamespace(train_backend="torch"),
+        rollout=SimpleNamespace(rollout_backend="torch"),
+    )
+    assert asyncio.run(transfer.transfer_for(cfg).push(cfg, [], 1, {})) == "pushed"
+    assert used == [chosen]
