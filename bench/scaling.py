@@ -11,12 +11,14 @@ same precision (`--precision`, resolved once as `rollflow run` resolves it):
             (perf/tokens_per_sec), the log-prob pass (perf/log_probs_time; as a run does by default, it also
             runs the step's first micro-batch's forward and backward, fused), the train step
             (perf/actor_train_time: the other micro-batches and the optimizer's update), the weight sync (the `sync` task run's span, as Prefect recorded it), the
-            rollout's wall time (perf/step_time). Peak resident memory (VmHWM) of every process of the run: this
-            bench reads /proc for the run's whole process tree (driver, Ray's processes and actors, the Prefect
-            server) once a second.
+            rollout's wall time (perf/step_time). Peak resident memory (VmHWM) of every process of the run, and
+            the run's memory at once: this bench reads /proc for the run's whole process tree (driver, Ray's
+            processes and actors, the Prefect server) every half second and sums the processes' proportional
+            set sizes (Pss: a page that several processes map, such as Ray's shared-memory object store,
+            counts once, split between them; summed VmRSS would count it in every process).
   TRL       `GRPOTrainer` for `--steps` steps, as bench/vs_trl.py runs it (a child under `--trl-python` when this
             interpreter cannot import trl; `bf16=True`, CPU autocast, when the precision is bf16), its step's
-            seconds and its process's peak resident memory.
+            seconds and its memory at once, polled as the run's is (its process's VmHWM is given too).
   HF        `model.generate` (the checkpoint loaded in the engine's dtype: bfloat16 for bf16, float32 for fp32)
             and rollflow's TorchEngine alone, alternated on the same P x G rows (rollout 1's prompts, each G
             times), bench/generate.py's calls: tokens/s of each. One short warm-up call each, then `--steps` - 1
@@ -60,6 +62,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from artifacts.lint import checkpoint_numel  # noqa: E402
 from bench._plain_loop import mean, table  # noqa: E402
 
 SIZES = {"3.2M": "long-arith", "50M": "long-arith-50m", "0.5B": "long-arith-0.5b"}
@@ -118,10 +121,11 @@ class Cell:
     rollflow: dict[str, Any] = field(default_factory=dict)  # the --side rollflow child's JSON
     hf: dict[str, Any] = field(default_factory=dict)  # the --side hf child's JSON
     trl: list[float] = field(default_factory=list)  # seconds per TRL step, step 0 included
-    trl_peak_gib: float | None = None
+    trl_peak_gib: float | None = None  # TRL's memory at once, as mem_concurrent_gib
+    trl_proc_gib: float | None = None  # TRL's process's VmHWM
     trl_seconds: float | None = None  # the TRL side's wall time, set-up included
     mem: dict[str, float] = field(default_factory=dict)  # the run's processes: label -> peak GiB
-    mem_concurrent_gib: float | None = None  # the highest sum of the run's resident memory at one poll
+    mem_concurrent_gib: float | None = None  # the highest sum of the run's processes' Pss at one poll
     notes: list[str] = field(default_factory=list)  # why a side did not measure
     seconds: float = 0.0  # the cell's wall time, all sides
 
@@ -163,30 +167,16 @@ class Cell:
         return self.response_tokens() if along == "length" else self.params
 
 
-def param_count(checkpoint: Path) -> int:
-    """Parameters of an HF checkpoint dir (from its safetensors headers; a tied embedding counted once)."""
-    from artifacts.lint import read_safetensors_header
-
-    total = 0
-    for path in sorted(checkpoint.glob("*.safetensors")):
-        tensors, problems = read_safetensors_header(path)
-        if problems:
-            raise ValueError(f"{path}: {'; '.join(problems)}")
-        total += sum(math.prod(t.shape) for t in tensors.values())
-    if not total:
-        raise ValueError(f"{checkpoint}: no safetensors weights")
-    return total
-
-
 class PeakMemory(threading.Thread):
     """Polls /proc once every `every` seconds for the peak resident memory (VmHWM) of process `root` and all its
-    descendants, by pid, while it runs; `stop()` ends the polling."""
+    descendants, by pid, and for the tree's memory at once (the sum of their Pss), while it runs; `stop()` ends
+    the polling."""
 
-    def __init__(self, root: int, every: float = 1.0) -> None:
+    def __init__(self, root: int, every: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.root, self.every = root, every
         self.peaks: dict[int, tuple[str, float]] = {}  # pid -> (label, peak GiB)
-        self.concurrent = 0.0  # the highest sum of VmRSS over the tree at one poll, GiB
+        self.concurrent = 0.0  # the highest sum of Pss over the tree at one poll, GiB
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -205,7 +195,7 @@ class PeakMemory(threading.Thread):
                 label = _label(pid)
             except (OSError, ValueError):  # ended meanwhile (a kernel thread has no VmHWM)
                 continue
-            now += mem["rss"]
+            now += _pss_gib(pid, mem["rss"])
             held = self.peaks.get(pid, ("", 0.0))
             self.peaks[pid] = (label or held[0], max(held[1], mem["peak"]))
         self.concurrent = max(self.concurrent, now)
@@ -225,6 +215,17 @@ class PeakMemory(threading.Thread):
                 name = f"{label}#{n}"
             out[name] = peak
         return out
+
+
+def _pss_gib(pid: int, rss: float) -> float:
+    """Process `pid`'s proportional set size in GiB (/proc/PID/smaps_rollup); `rss` where the kernel has none."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024 / float(1 << 30)
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss
 
 
 def _tree(root: int) -> list[int]:
@@ -337,7 +338,8 @@ def trl_side(args: argparse.Namespace, cell: Cell, precision: str) -> None:
             trl.proc.wait()
         peaks = memory.stop()
         cell.trl_seconds = time.perf_counter() - began
-    cell.trl_peak_gib = sum(peaks.values()) if peaks else None
+    cell.trl_peak_gib = memory.concurrent if peaks else None
+    cell.trl_proc_gib = max(peaks.values()) if peaks else None
 
 
 def trl_missing(args: argparse.Namespace) -> str | None:
@@ -376,7 +378,7 @@ def measure_cell(args: argparse.Namespace, size: str, recipe: str, length: int, 
         if "error" in run:
             cell.notes.append(f"rollflow: {run['error']}")
         if run.get("checkpoint"):
-            cell.params = param_count(Path(run["checkpoint"]))
+            cell.params = checkpoint_numel(Path(run["checkpoint"]))
         if "error" not in run:  # a length the model cannot hold is refused the same way by every side
             why = trl_missing(args)
             if why:
@@ -421,18 +423,19 @@ def rollflow_child(args: argparse.Namespace, out: Path) -> None:
 
     recipe, length = args.sizes, int(args.lengths)
     precision, why = resolved_precision(args.precision)
-    run_dir = Path(tempfile.mkdtemp(prefix="rf-bench-scaling-")) / "run"
-    try:
-        cfg = cell_config(args, recipe, length, run_dir, precision)
-        resolved, _ = resolve(
-            cfg
-        )  # builds the recipe's checkpoint; a length the model cannot hold is named here
-    except ValueError as e:
-        out.write_text(json.dumps({"error": str(e)}))
-        return
-    timeline = Timeline()
-    durations, _, _, _, wall = flow_rollouts(cfg, timeline)
-    perf = flow_perf(cfg.resolved_run_dir, timeline.evaluating)
+    # removed once measured: a 0.5B run's step-boundary snapshots and checkpoint take ~13 GB
+    with tempfile.TemporaryDirectory(prefix="rf-bench-scaling-") as tmp:
+        run_dir = Path(tmp) / "run"
+        try:
+            cfg = cell_config(args, recipe, length, run_dir, precision)
+            # builds the recipe's checkpoint; a length the model cannot hold is named here
+            resolved, _ = resolve(cfg)
+        except ValueError as e:
+            out.write_text(json.dumps({"error": str(e)}))
+            return
+        timeline = Timeline()
+        durations, _, _, _, wall = flow_rollouts(cfg, timeline)
+        perf = flow_perf(cfg.resolved_run_dir, timeline.evaluating)
     result = {
         "checkpoint": resolved.hf_checkpoint,
         "precision": precision,
@@ -458,7 +461,8 @@ def hf_child(args: argparse.Namespace, out: Path) -> None:
 
     recipe, length = args.sizes, int(args.lengths)
     precision, _ = resolved_precision(args.precision)
-    cfg, src = resolve(cell_config(args, recipe, length, Path(tempfile.mkdtemp()) / "run", precision))
+    with tempfile.TemporaryDirectory(prefix="rf-bench-scaling-") as tmp:  # the run dir is never written
+        cfg, src = resolve(cell_config(args, recipe, length, Path(tmp) / "run", precision))
     assert src.train is not None and cfg.hf_checkpoint is not None
     prompts = prompts_for_rollout(
         src.train.prompts, args.prompts, 1, cfg.rollout.rollout_seed, cfg.data.rollout_shuffle
@@ -621,7 +625,9 @@ def conditions(args: argparse.Namespace, cells: list[Cell]) -> str:
         f"{args.prompts} prompts x {args.group} samples a step, {args.steps} steps a side (step 0 left out), "
         f"the sides one after the other; precision {', '.join(sorted(precisions)) or args.precision} "
         f"({'; '.join(sorted(why)) or '-'}), the HF model in {', '.join(sorted(dtypes)) or '-'}; extra run flags: "
-        f"{args.run_flags or '(none)'}." + (f" {args.note}" if args.note else "")
+        f"{args.run_flags or '(none)'}. Memory at once: the Pss of every process of a side summed, its highest "
+        "at one poll (every half second; shared pages such as Ray's object store count once)."
+        + (f" {args.note}" if args.note else "")
     )
 
 
@@ -658,8 +664,9 @@ def cell_lines(c: Cell) -> list[str]:
     if c.mem:
         procs = ", ".join(f"{k} {v:.2f}" for k, v in c.mem.items())
         lines.append(
-            f"  peak GiB by process: {procs}; the run's resident memory at its highest (polled once a second): "
-            f"{c.mem_concurrent_gib:.2f}"
+            f"  peak GiB by process: {procs}; the run's memory at its highest (Pss summed, polled every half "
+            f"second): {c.mem_concurrent_gib:.2f}"
+            + (f"; TRL's process peaked at {c.trl_proc_gib:.2f}" if c.trl_proc_gib else "")
         )
     return lines
 
@@ -784,7 +791,7 @@ def main() -> None:
     why = trl_missing(args)
     if why:
         print(f"TRL side skipped: {why}", flush=True)
-    work = Path(tempfile.mkdtemp(prefix="rf-bench-scaling-"))
+    work = Path(tempfile.mkdtemp(prefix="rf-bench-scaling-"))  # the sides' JSON answers, a few KB a cell
     cells: list[Cell] = []
     for size, length in plan:
         cells.append(measure_cell(args, size, SIZES.get(size, size), length, work))
