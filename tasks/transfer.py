@@ -11,7 +11,7 @@ engine backend) pair (slime keeps the same choice in `update_weight_from_{tensor
   every process that mapped it once it was used, so a whole-model object would cost the model's size again for
   the rest of the run.
 - `SizedTransfer`: the embedded torch pair's choice, FullTransfer for a model within one bucket (the tiny
-  recipes), else StreamedTransfer.
+  recipes), else StreamedTransfer (a model of unknown size too).
 
 Both return what was pushed: the weights' sha256 (artifacts.hashing.weights_sha256) and the per-tensor hashes,
 which the weight-update checker and the engines-in-sync check compare against without moving weights again.
@@ -104,15 +104,21 @@ class SizedTransfer:
     """FullTransfer for weights within one bucket, else StreamedTransfer (see the module docstring)."""
 
     async def push(self, cfg: RunConfig, engines: list[Any], version: int, ctx: dict[str, Any]) -> Pushed:
-        whole = _float32_bytes(str(cfg.hf_checkpoint)) <= BUCKET_BYTES
-        chosen: WeightTransfer = FullTransfer() if whole else StreamedTransfer()
+        nbytes = _float32_bytes(str(cfg.hf_checkpoint)) if cfg.hf_checkpoint else None
+        chosen: WeightTransfer = (
+            FullTransfer() if nbytes is not None and nbytes <= BUCKET_BYTES else StreamedTransfer()
+        )
         return await chosen.push(cfg, engines, version, ctx)
 
 
 @functools.lru_cache(maxsize=8)
-def _float32_bytes(checkpoint: str) -> int:
-    """The model's weights' bytes in float32 (the most a sync moves a parameter in), from the checkpoint's headers."""
-    return 4 * checkpoint_numel(Path(checkpoint))
+def _float32_bytes(checkpoint: str) -> int | None:
+    """The model's weights' bytes in float32 (the most a sync moves a parameter in), from the checkpoint's
+    safetensors headers; None when they do not tell (weights in another format): such a model is streamed."""
+    try:
+        return 4 * checkpoint_numel(Path(checkpoint))
+    except (OSError, ValueError):
+        return None
 
 
 # (trainer backend, engine backend) -> how weights travel; a new backend pair is one line here

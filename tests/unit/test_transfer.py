@@ -83,10 +83,23 @@ def test_a_streamed_sync_keeps_at_most_in_flight_buckets_and_commits_after_every
 
 
 @pytest.mark.parametrize(
-    ("params", "chosen"), [(3_000_000, transfer.FullTransfer), (50_000_000, transfer.StreamedTransfer)]
+    ("params", "chosen"),
+    [
+        (3_000_000, transfer.FullTransfer),
+        (50_000_000, transfer.StreamedTransfer),
+        (None, transfer.StreamedTransfer),
+    ],
+    ids=["3M", "50M", "no-safetensors"],
 )
 def test_the_torch_pair_streams_a_model_larger_than_one_bucket(monkeypatch, params, chosen):
+    """A model over 64 MiB in float32 is streamed, and so is one whose size its checkpoint's headers do not
+    tell (weights in another format): streaming bounds the memory of any size."""
     used = []
+
+    def numel(path: Any) -> int:
+        if params is None:
+            raise ValueError(f"{path}: no safetensors weights")
+        return params
 
     async def push(self: Any, cfg: Any, engines: Any, version: int, ctx: Any) -> str:
         used.append(type(self))
@@ -94,7 +107,7 @@ def test_the_torch_pair_streams_a_model_larger_than_one_bucket(monkeypatch, para
 
     for cls in (transfer.FullTransfer, transfer.StreamedTransfer):
         monkeypatch.setattr(cls, "push", push)
-    monkeypatch.setattr(transfer, "checkpoint_numel", lambda path: params)
+    monkeypatch.setattr(transfer, "checkpoint_numel", numel)
     transfer._float32_bytes.cache_clear()
     cfg = SimpleNamespace(
         hf_checkpoint=f"/models/m{params}",
