@@ -423,7 +423,7 @@ def rollflow_child(args: argparse.Namespace, out: Path) -> None:
 
     recipe, length = args.sizes, int(args.lengths)
     precision, why = resolved_precision(args.precision)
-    # removed once measured: a 0.5B run's step-boundary snapshots and checkpoint take ~13 GB
+    # removed once measured: a large model's step-boundary snapshots and checkpoint take many GB
     with tempfile.TemporaryDirectory(prefix="rf-bench-scaling-") as tmp:
         run_dir = Path(tmp) / "run"
         try:
