@@ -223,8 +223,8 @@ def _pss_gib(pid: int, rss: float) -> float:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
             if line.startswith("Pss:"):
                 return int(line.split()[1]) * 1024 / float(1 << 30)
-    except (OSError, ValueError, IndexError):
-        pass
+    except (OSError, ValueError, IndexError):  # no smaps_rollup (a kernel before 4.14), or the process ended
+        return rss
     return rss
 
 
