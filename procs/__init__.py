@@ -96,6 +96,27 @@ def memory_gib(status: str | None = None) -> dict[str, float]:
     return {"rss": kib["VmRSS"] * 1024 / _GIB, "peak": kib["VmHWM"] * 1024 / _GIB}
 
 
+# glibc's malloc as the run's processes use it (with_malloc_tunables says why)
+MALLOC_TUNABLES = {"glibc.malloc.mmap_threshold": "1048576", "glibc.malloc.hugetlb": "1"}
+
+
+def with_malloc_tunables(value: str | None) -> str:
+    """GLIBC_TUNABLES (a colon-separated list of name=value; `value` is the variable as set, or None) with
+    MALLOC_TUNABLES added; a tunable already named there keeps its value. glibc reads the variable once, as a
+    process starts: set here, it reaches the processes started after, a local Ray's raylet and its workers.
+
+    - mmap_threshold 1 MiB: every block this size or larger is mapped on its own and goes back to the OS when it
+      is freed. glibc's default threshold grows up to 32 MiB as large blocks are freed, and keeps such blocks
+      (activations, weight buckets, log-prob chunks) in its heap, resident until the process ends.
+    - hugetlb 1: malloc's memory in transparent huge pages where the kernel offers them on request, so those
+      mappings cost fewer page faults and TLB misses.
+    An older glibc ignores a tunable it does not know; other C libraries ignore the variable."""
+    pairs = [pair for pair in (value or "").split(":") if pair]
+    named = {pair.split("=", 1)[0] for pair in pairs}
+    pairs += [f"{name}={v}" for name, v in MALLOC_TUNABLES.items() if name not in named]
+    return ":".join(pairs)
+
+
 def trim_heap() -> bool:
     """Give the C heap's free pages back to the OS (glibc's malloc_trim), so that memory freed by dropping large
     objects leaves the resident set and not only Python's accounting; False where the C library has no such call."""

@@ -125,3 +125,12 @@ def test_a_local_rays_processes_start_in_a_session_of_their_own():
     )
     out, _ = child.communicate(timeout=60)
     assert int(out) == child.pid != os.getsid(0)  # its own session leader, out of this process group
+
+
+def test_malloc_tunables_are_added_and_a_users_own_stay():
+    assert procs.with_malloc_tunables(None) == "glibc.malloc.mmap_threshold=1048576:glibc.malloc.hugetlb=1"
+    assert procs.with_malloc_tunables("glibc.cpu.hwcaps=-AVX2:glibc.malloc.hugetlb=0") == (
+        "glibc.cpu.hwcaps=-AVX2:glibc.malloc.hugetlb=0:glibc.malloc.mmap_threshold=1048576"
+    )
+    once = procs.with_malloc_tunables(None)
+    assert procs.with_malloc_tunables(once) == once  # set again by a process the run started: unchanged
