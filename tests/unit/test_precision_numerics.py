@@ -141,6 +141,32 @@ def test_the_autocast_forward_is_the_bf16_one(base_checkpoint, tmp_path):
     assert 0 < float(diff) < BF16_LOGP_TOL
 
 
+def test_the_bf16_forward_caches_no_weight_copy_and_computes_what_autocasts_cache_would(
+    engines, base_checkpoint, tmp_path
+):
+    """Autocast's cache would hold a bfloat16 copy of every weight until the forward ends; the trainer's forward
+    runs without it, and its log-probs and float32 gradients are bitwise those of a forward with it."""
+    cfg = _config(base_checkpoint, tmp_path, precision="bf16")
+    trainer = _trainer(cfg, base_checkpoint)
+    _, ref = _rollout(engines[1], cfg, tmp_path)
+    mb = trainer._micro_batch(trainer._rollout(ref), [0, 1, 2, 3])
+    with trainer._autocast():
+        assert not torch.is_autocast_cache_enabled()
+
+    def outputs_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        trainer.model.zero_grad(set_to_none=True)
+        lp, _ = trainer._token_outputs(trainer.model, mb)
+        lp.sum().backward()
+        return lp.detach(), [p.grad.clone() for p in trainer.params if p.grad is not None]
+
+    without = outputs_and_grads()
+    trainer._autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=True)  # type: ignore[method-assign]
+    cached = outputs_and_grads()
+    assert torch.equal(without[0], cached[0])
+    assert len(without[1]) == len(cached[1]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(without[1], cached[1], strict=True))
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_engine_and_trainer_hashes_compare_like_with_like(engines, base_checkpoint, tmp_path, precision):
     cfg = _config(base_checkpoint, tmp_path, precision=precision)

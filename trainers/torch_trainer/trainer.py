@@ -156,9 +156,12 @@ class TorchTrainer(TrainerCore):
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         """The forward's precision: CPU autocast to bfloat16 under --precision bf16 (matmuls in bfloat16 on the
-        float32 master weights, whose gradients stay float32), else nothing."""
+        float32 master weights, whose gradients stay float32), else nothing. Without autocast's cache: it would
+        keep a bfloat16 copy of every weight until the forward ends (the model's size again in bfloat16, also in
+        a no-grad log-prob pass and under activation checkpointing); each weight is cast where it is used
+        instead, once per forward in these models, to the same values."""
         if self.s.precision == "bf16":
-            return torch.autocast("cpu", dtype=torch.bfloat16)
+            return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False)
         return contextlib.nullcontext()
 
     def _as_engines_hold(self, named: dict[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
