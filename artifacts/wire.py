@@ -36,10 +36,10 @@ def from_wire(wire: WireWeights, *, copy: bool = True) -> dict[str, torch.Tensor
     from the store): for a caller that only reads them, such as an engine copying them into its weights, which
     then never holds a second copy of the weights."""
     out = {}
-    for name, (dtype_name, array) in wire.items():
-        dtype = getattr(torch, dtype_name)
-        with warnings.catch_warnings():  # torch warns that a read-only array's tensor must not be written
-            warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings():  # torch warns that a read-only array's tensor must not be written
+        warnings.simplefilter("ignore", UserWarning)
+        for name, (dtype_name, array) in wire.items():
             t = torch.from_numpy(np.array(array, copy=True) if copy else array)
-        out[name] = t if t.dtype == dtype else t.view(dtype)
+            dtype = getattr(torch, dtype_name)
+            out[name] = t if t.dtype == dtype else t.view(dtype)
     return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -122,7 +123,7 @@ def _float32_bytes(checkpoint: str) -> int | None:
 
 
 # (trainer backend, engine backend) -> how weights travel; a new backend pair is one line here
-TRANSFERS: dict[tuple[str, str], type[FullTransfer] | type[StreamedTransfer] | type[SizedTransfer]] = {
+TRANSFERS: dict[tuple[str, str], Callable[[], WeightTransfer]] = {
     ("torch", "torch"): SizedTransfer,
     ("megatron", "torch"): StreamedTransfer,
 }

@@ -35,7 +35,7 @@ import math
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -774,18 +774,15 @@ class TrainerCore(abc.ABC):
         the failed step's gradients. A snapshot of another rollout is an error naming both."""
         raise NotImplementedError(f"{type(self).__name__} does not restore a step from disk")
 
-    # whether the backend can read its start weights back from the checkpoint setup loaded (_reload_start)
-    reloads_start = False
+    # A backend that can read the weights setup loaded back from its checkpoint defines this method, which puts
+    # them back (see _start_on_disk); None: a failed first step restores them from a copy.
+    _reload_start: Callable[[], None] | None = None
 
     def _start_on_disk(self) -> bool:
         """Whether a failed first step (no rollout applied: the weights are setup's) gets its weights back by
         reading the checkpoint setup loaded them from, instead of from a copy held through the step (the
         model's size again, on top of the first step's new gradients and AdamW state)."""
-        return self.reloads_start and self.last_applied_rollout < 0
-
-    def _reload_start(self) -> None:
-        """Put back the weights setup loaded, read again from its checkpoint (see `_start_on_disk`)."""
-        raise NotImplementedError(f"{type(self).__name__} does not read its start weights back")
+        return self._reload_start is not None and self.last_applied_rollout < 0
 
     def _snapshot(self, weights: bool = True) -> Snapshot:
         """Copies of everything a train step mutates: weights (unless `weights` is False: `_reload_start` puts
@@ -814,6 +811,7 @@ class TrainerCore(abc.ABC):
         for p in self.params:
             p.grad = None
         if snap.weights is None:
+            assert self._reload_start is not None, "a snapshot without weights needs _reload_start"
             self._reload_start()
         else:
             for t, saved in zip(self._state_tensors(), snap.weights, strict=True):

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
+from bench._memory import PeakMemory
 from bench.scaling import (
     HEADER,
     Cell,
-    PeakMemory,
     _grid,
     cell_plan,
     fit_lines,

@@ -292,7 +292,6 @@ class TorchTrainer(TrainerCore):
         self._publish_checkpoint(tmp, directory, rollout_id, snapshot=snapshot)
 
     restores_boundary_alone = True  # each rank reads the files rank 0 wrote, with no collective
-    reloads_start = True
 
     def _reload_start(self) -> None:
         """The policy's weights read again from the checkpoint setup loaded, which must be unchanged since (its
