@@ -50,7 +50,7 @@ def _scale(max_tokens_per_gpu: int) -> dict[str, dict[str, Any]]:
 RECIPE_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny-arith": _ARITH,
     "long-arith": _ARITH,
-    # the token budget bounds a micro-batch's activations and [tokens, vocab] log-probs (they grow with the model)
+    # the token budget bounds a micro-batch's activations without activation checkpointing (they grow with the model)
     "long-arith-50m": _scale(max_tokens_per_gpu=2048),
     "long-arith-0.5b": _scale(max_tokens_per_gpu=1024),
 }

@@ -92,7 +92,12 @@ class TrainConfig(Section):
         "(a longer sample alone), split further until every DP rank gets the same number (slime's packing).",
     )
     max_tokens_per_gpu: int | None = Field(
-        None, ge=1, description="Token budget of one micro-batch on one rank (--use-dynamic-batch-size)."
+        None,
+        ge=1,
+        description="Token budget of one micro-batch on one rank (--use-dynamic-batch-size). It bounds a "
+        "micro-batch's activations; with --recompute-granularity they are small, and every micro-batch after "
+        "a step's first holds a second [vocab, hidden] float32 gradient of the output layer through its backward "
+        "(the torch trainer), so a larger budget can lower the peak.",
     )
     recompute_granularity: Literal["full", "selective"] | None = Field(
         None,

@@ -216,6 +216,7 @@ class _LinearLogProbs(torch.autograd.Function):
         chunk_rows: int,
         matmul_dtype: torch.dtype | None,
         recompute: bool,
+        weight_grad_sink: Callable[[Tensor], bool] | None,
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         chunks = _Chunks(hidden, weight, temperature, matmul_dtype)
@@ -232,7 +233,7 @@ class _LinearLogProbs(torch.autograd.Function):
                 saved.append(log_p)
         ctx.save_for_backward(hidden, weight, tokens, entropy)
         ctx.log_p, ctx.temperature, ctx.chunk_rows = saved, temperature, chunk_rows
-        ctx.matmul_dtype, ctx.recompute = matmul_dtype, recompute
+        ctx.matmul_dtype, ctx.recompute, ctx.weight_grad_sink = matmul_dtype, recompute, weight_grad_sink
         ctx.set_materialize_grads(False)
         return log_probs, entropy
 
@@ -240,12 +241,12 @@ class _LinearLogProbs(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(
         ctx: Any, grad_lp: Tensor | None, grad_ent: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None]:
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None, None]:
         hidden, weight, tokens, entropy = ctx.saved_tensors
         grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         if grad_lp is None and grad_ent is None:
-            return grad_h, grad_w, None, None, None, None, None
+            return grad_h, grad_w, None, None, None, None, None, None
         n = hidden.shape[0]
         starts = range(0, n, ctx.chunk_rows)
         chunks = _Chunks(hidden, weight, ctx.temperature, ctx.matmul_dtype) if ctx.recompute else None
@@ -267,7 +268,9 @@ class _LinearLogProbs(torch.autograd.Function):
             if grad_w is not None:
                 grad_w.addmm_(g.t(), hidden[rows])
         ctx.log_p = []  # the chunks were overwritten above: this backward runs once
-        return grad_h, grad_w, None, None, None, None, None
+        if grad_w is not None and ctx.weight_grad_sink is not None and ctx.weight_grad_sink(grad_w):
+            grad_w = None  # the sink took it and gives it to autograd itself
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 class _Chunks:
@@ -321,6 +324,7 @@ def linear_log_probs_and_entropy(
     chunk_rows: int | None = None,
     matmul_dtype: torch.dtype | None = None,
     recompute: bool = False,
+    weight_grad_sink: Callable[[Tensor], bool] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Log-probability of each target token and entropy of each distribution, straight from the hidden states
     and the output layer, without materialising [N, V] logits, log-softmax or their gradients.
@@ -337,7 +341,9 @@ def linear_log_probs_and_entropy(
     the forward's logits matmul runs on ``hidden`` and ``weight`` cast to it, as a bf16 engine computes its
     logits; the log-softmax, the outputs and the backward stay float32. ``recompute`` (activation
     checkpointing): nothing [N, V] is kept for the backward, which recomputes each chunk; the gradients are
-    bitwise the same.
+    bitwise the same. ``weight_grad_sink``: offered the weight's [V, H] gradient in the backward; when it returns
+    True it has taken the gradient and passes it on to autograd itself (a tied embedding, see
+    trainers/torch_trainer/tied.py), so the backward returns none for the weight.
     """
     if (
         hidden.dim() != 2
@@ -351,7 +357,7 @@ def linear_log_probs_and_entropy(
         )
     rows = chunk_rows or chunk_rows_for(weight.shape[0])
     log_probs, entropy = _LinearLogProbs.apply(
-        hidden, weight, tokens.long(), float(temperature), rows, matmul_dtype, recompute
+        hidden, weight, tokens.long(), float(temperature), rows, matmul_dtype, recompute, weight_grad_sink
     )
     return log_probs, entropy
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from trainers.batching import SharedPrompts
 from trainers.recompute import recompute
+from trainers.torch_trainer.tied import TiedGrad, tied_embedding
 
 
 def supports(model: Any) -> bool:
@@ -27,11 +28,16 @@ def supports(model: Any) -> bool:
 
 
 def shared_hidden(
-    model: Any, sp: SharedPrompts, recomputed: frozenset[int] = frozenset(), selective: bool = False
+    model: Any,
+    sp: SharedPrompts,
+    recomputed: frozenset[int] = frozenset(),
+    selective: bool = False,
+    tied: TiedGrad | None = None,
 ) -> torch.Tensor:
     """Final-norm hidden states predicting each response token, [N, H] in `sp.source` order; differentiable.
     `recomputed`: layers whose activations are recomputed in the backward (whole layers, or with `selective`
-    their attention only: trainers/recompute.py).
+    their attention only: trainers/recompute.py). `tied`: the embedding's gradient goes through it (a tied
+    embedding: trainers/torch_trainer/tied.py).
 
     Every token-wise operation (norms, projections, rotary, MLP) runs on the packed rows, real tokens only: the
     matmuls set the time, and padding every response to the longest would multiply them (on tiny-arith by up to
@@ -45,7 +51,7 @@ def shared_hidden(
     slots = g * p  # the unpacked layout: [G, P] prompts, then [B, R] responses
     # its padding_idx (HF: the pad id) gets no gradient, as in the model's own forward
     embed = inner.embed_tokens
-    x = F.embedding(sp.ids, embed.weight, padding_idx=embed.padding_idx)  # [M, H]
+    x = tied_embedding(sp.ids, embed.weight, embed.padding_idx, tied)  # [M, H]
     cos, sin = inner.rotary_emb(x, sp.pos[None])
     cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [M, 1, d]: broadcast over heads
     eye = torch.eye(p, dtype=torch.bool)

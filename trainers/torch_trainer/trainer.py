@@ -36,6 +36,7 @@ from trainers.losses import linear_log_probs_and_entropy
 from trainers.settings import TrainerSettings
 from trainers.torch_trainer import shared_prompt
 from trainers.torch_trainer.shared_prompt import shared_hidden
+from trainers.torch_trainer.tied import TiedGrad, tied_embedding
 
 
 class TorchTrainer(TrainerCore):
@@ -110,19 +111,27 @@ class TorchTrainer(TrainerCore):
         if not self._plain_head:
             return super()._token_outputs(model, mb)
         hf: Any = model  # an HF PreTrainedModel (setup built it)
-        head, decoder = hf.get_output_embeddings().weight, hf.base_model
+        head, decoder, embed = hf.get_output_embeddings().weight, hf.base_model, hf.get_input_embeddings()
+        # one [V, H] gradient buffer for a tied embedding instead of two (tied.py)
+        tied = TiedGrad() if model is self.model and _plainly_tied(hf) and torch.is_grad_enabled() else None
         lps, ents, targets = [], [], []
         with self._autocast():  # the decoder only: the output layer below takes its own dtype
             if mb.shared is not None and self._shared_prompts:
                 selective = self.s.recompute_granularity == "selective"
                 hidden = shared_hidden(
-                    hf, mb.shared, self._recomputed if model is self.model else frozenset(), selective
+                    hf, mb.shared, self._recomputed if model is self.model else frozenset(), selective, tied
                 )
                 parts = [(hidden, mb.shared.tokens, mb.shared.target)]
             else:
+
+                def embedded(ids: torch.Tensor) -> dict[str, torch.Tensor]:
+                    if tied is None:
+                        return {"input_ids": ids}
+                    return {"inputs_embeds": tied_embedding(ids, embed.weight, embed.padding_idx, tied)}
+
                 parts = [
                     (
-                        decoder(input_ids=mb.input_ids[bucket.rows, : bucket.width], use_cache=False)
+                        decoder(**embedded(mb.input_ids[bucket.rows, : bucket.width]), use_cache=False)
                         .last_hidden_state.flatten(0, 1)
                         .index_select(0, bucket.source),
                         bucket.tokens,
@@ -142,6 +151,7 @@ class TorchTrainer(TrainerCore):
                 temperature=self.s.temperature,
                 matmul_dtype=head_dtype,
                 recompute=recompute_head,
+                weight_grad_sink=None if tied is None else tied.take_dense,
             )
             lps.append(lp)
             ents.append(ent)
@@ -344,6 +354,13 @@ class TorchTrainer(TrainerCore):
         if self.s.verify_checkpoint and (problem := content_hashes.verify_loaded(path, file, tensors)):
             raise ValueError(f"--load {path}: {problem} ({content_hashes.CHANGED})")
         return tensors
+
+
+def _plainly_tied(model: PreTrainedModel) -> bool:
+    """Whether `model`'s input embedding is a plain nn.Embedding (no scaling of its own) holding the output
+    layer's weight."""
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    return type(embed) is torch.nn.Embedding and head is not None and head.weight is embed.weight
 
 
 @torch.no_grad()
