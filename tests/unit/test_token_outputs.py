@@ -14,7 +14,7 @@ from tests.helpers import make_sample
 from trainers.batching import length_buckets, make_micro_batch
 from trainers.core import TrainerCore
 from trainers.losses import entropy_from_logits, linear_log_probs_and_entropy, log_probs_from_logits
-from trainers.torch_trainer.trainer import TorchTrainer, has_plain_output_layer
+from trainers.torch_trainer.trainer import TorchTrainer, _plainly_tied, has_plain_output_layer
 
 
 def _output_layer_case(seed: int, n: int) -> tuple[torch.Tensor, ...]:
@@ -117,6 +117,7 @@ def _fast_and_plain(
         ),
         device=torch.device("cpu"),
         _plain_head=True,
+        _tied_embedding=_plainly_tied(model),
         _shared_prompts=True,
         model=model,
         _recomputed=frozenset(),

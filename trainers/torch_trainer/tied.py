@@ -37,8 +37,7 @@ class TiedGrad:
         if self.lookups == 0:
             return False
         if self.buffer is None:
-            self.buffer = grad
-            torch.autograd.Variable._execution_engine.queue_callback(self._check_returned)
+            self._hold(grad)
         else:
             self.buffer.add_(grad)
         return True
@@ -46,14 +45,19 @@ class TiedGrad:
     def add_rows(self, ids: Tensor, grad_rows: Tensor, weight: Tensor) -> Tensor | None:
         """One lookup's backward: ``grad_rows`` [n, H] added at rows ``ids`` [n]; returns the buffer when this
         was the last lookup (the weight's whole gradient from this forward), else None (a later lookup returns it)."""
-        if self.buffer is None:
-            self.buffer = torch.zeros_like(weight, memory_format=torch.contiguous_format)
-        self.buffer.index_add_(0, ids, grad_rows.to(self.buffer.dtype))
+        buffer = self.buffer if self.buffer is not None else self._hold(torch.zeros_like(weight))
+        buffer.index_add_(0, ids, grad_rows.to(buffer.dtype))
         self.lookups -= 1
         if self.lookups > 0:
             return None
-        out, self.buffer = self.buffer, None
-        return out
+        self.buffer = None
+        return buffer
+
+    def _hold(self, buffer: Tensor) -> Tensor:
+        """Keep `buffer` as the gradient, checked at the end of this backward to have been returned."""
+        self.buffer = buffer
+        torch.autograd.Variable._execution_engine.queue_callback(self._check_returned)
+        return buffer
 
     def _check_returned(self) -> None:
         if self.buffer is not None:

@@ -72,6 +72,7 @@ class TorchTrainer(TrainerCore):
         self.params = [p for _, p in self.model.named_parameters()]
         self._recomputed = frozenset(self._set_recompute())
         self._plain_head = has_plain_output_layer(self.model)
+        self._tied_embedding = _plainly_tied(self.model)  # its gradient goes through one buffer (tied.py)
         # the shared-prompt forward has no dropout: a model that drops out takes the plain forward in every layout
         self._shared_prompts = self._plain_head and shared_prompt.supports(self.model) and not self._dropout
         self._build_optimizer()
@@ -112,8 +113,9 @@ class TorchTrainer(TrainerCore):
             return super()._token_outputs(model, mb)
         hf: Any = model  # an HF PreTrainedModel (setup built it)
         head, decoder, embed = hf.get_output_embeddings().weight, hf.base_model, hf.get_input_embeddings()
-        # one [V, H] gradient buffer for a tied embedding instead of two (tied.py)
-        tied = TiedGrad() if model is self.model and _plainly_tied(hf) and torch.is_grad_enabled() else None
+        tied = (
+            TiedGrad() if model is self.model and self._tied_embedding and torch.is_grad_enabled() else None
+        )
         lps, ents, targets = [], [], []
         with self._autocast():  # the decoder only: the output layer below takes its own dtype
             if mb.shared is not None and self._shared_prompts:
@@ -123,15 +125,12 @@ class TorchTrainer(TrainerCore):
                 )
                 parts = [(hidden, mb.shared.tokens, mb.shared.target)]
             else:
-
-                def embedded(ids: torch.Tensor) -> dict[str, torch.Tensor]:
-                    if tied is None:
-                        return {"input_ids": ids}
-                    return {"inputs_embeds": tied_embedding(ids, embed.weight, embed.padding_idx, tied)}
-
                 parts = [
                     (
-                        decoder(**embedded(mb.input_ids[bucket.rows, : bucket.width]), use_cache=False)
+                        decoder(
+                            **_decoder_inputs(embed, mb.input_ids[bucket.rows, : bucket.width], tied),
+                            use_cache=False,
+                        )
                         .last_hidden_state.flatten(0, 1)
                         .index_select(0, bucket.source),
                         bucket.tokens,
@@ -354,6 +353,16 @@ class TorchTrainer(TrainerCore):
         if self.s.verify_checkpoint and (problem := content_hashes.verify_loaded(path, file, tensors)):
             raise ValueError(f"--load {path}: {problem} ({content_hashes.CHANGED})")
         return tensors
+
+
+def _decoder_inputs(
+    embed: torch.nn.Embedding, ids: torch.Tensor, tied: TiedGrad | None
+) -> dict[str, torch.Tensor]:
+    """The decoder's keyword inputs for `ids` [B, T]: the ids themselves, or with `tied` their embeddings looked up
+    through it (the decoder's own lookup would give the embedding a dense gradient of its own)."""
+    if tied is None:
+        return {"input_ids": ids}
+    return {"inputs_embeds": tied_embedding(ids, embed.weight, embed.padding_idx, tied)}
 
 
 def _plainly_tied(model: PreTrainedModel) -> bool:
