@@ -1,4 +1,4 @@
-"""Every bad input and hostile file of tests/bad_inputs.py, run through `rollflow` in this process with the
+"""Every bad input and hostile file of tests/bad_inputs/, run through `rollflow` in this process with the
 points where work would start replaced by a refusal: prints each case with its exit code, the seconds to its
 refusal and the one line it was refused with, then how many were refused before any work. `--page` also writes
 the table (without the seconds, which vary by machine) and its counts as docs/reference/bad-inputs.md, whose

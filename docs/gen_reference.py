@@ -29,7 +29,10 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -122,7 +125,7 @@ def cli_page() -> str:
         default = "" if action.default in (None, argparse.SUPPRESS, False, "") else code(action.default)
         rows.append([code(", ".join(action.option_strings)), md(action.help or ""), default])
     out += [table(["flag", "meaning", "default"], rows), ""]
-    models: list[tuple[str, type]] = [("", RunConfig)] + list(SECTIONS.items())
+    models: list[tuple[str, type[BaseModel]]] = [("", RunConfig)] + list(SECTIONS.items())
     for section, model in models:
         title = f"`{section}`" if section else "top level"
         out += [f"## {title}", "", md((model.__doc__ or "").strip().split("\n\n")[0]), ""]
@@ -167,6 +170,11 @@ def _helps(parser: argparse.ArgumentParser) -> dict[str, str]:
     return {}
 
 
+def _metavar(action: argparse.Action) -> str | None:
+    """An action's metavar as one string (a tuple of them, one per value, joined by spaces); None without one."""
+    return " ".join(action.metavar) if isinstance(action.metavar, tuple) else action.metavar
+
+
 def commands_page() -> str:
     from flows.cli import make_parser
 
@@ -199,9 +207,9 @@ def commands_page() -> str:
                 continue  # a config field's flag: reference/cli.md lists them
             if name == "run" and "." in action.dest:
                 continue
-            what = ", ".join(action.option_strings) or action.metavar or action.dest
+            what = ", ".join(action.option_strings) or _metavar(action) or action.dest
             if action.option_strings and action.nargs != 0:
-                what += " " + (action.metavar or action.dest.upper())
+                what += " " + (_metavar(action) or action.dest.upper())
             elif not action.option_strings and action.nargs == "+":
                 what += " ..."
             needs = "required" if action.required else ""

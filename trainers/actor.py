@@ -121,7 +121,7 @@ class TrainerActor:
         if applied >= 0 and applied != self.snapshot_of:
             self.trainer.save(str(self.snapshots), applied, snapshot=True)
             self.snapshot_of = applied
-        if applied >= 0:  # a failed step can be put back from it (trainers/core.py, _boundary_on_disk)
+        if applied >= 0:  # a failed step can be put back from it (CheckpointState._boundary_on_disk)
             self.trainer.boundary_dir = str(self.snapshots)
         return applied
 

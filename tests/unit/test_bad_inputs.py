@@ -1,4 +1,4 @@
-"""Every bad input and hostile file of tests/bad_inputs.py is refused before any work: one line naming the flag
+"""Every bad input and hostile file of tests/bad_inputs/ is refused before any work: one line naming the flag
 or file, a non-zero exit, no traceback."""
 
 from __future__ import annotations

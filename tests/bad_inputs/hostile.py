@@ -1,0 +1,267 @@
+"""Hostile files and damaged directories for the commands other than `run`'s validation: `inspect`, `convert`,
+`diff`, `replay`, `serve`, `doctor`, `lint-ckpt`, `check-template` and `--load`."""
+
+from __future__ import annotations
+
+from tests.bad_inputs.common import Case, _fixed, _yaml
+from tests.bad_inputs.config_files import ALIAS_BOMB_FLOW
+from tests.bad_inputs.files import (
+    _checkpoint,
+    _damaged_run,
+    _file,
+    _prompts_declaring,
+    _replay_of,
+    _run_dir,
+    _save_dir,
+    good_rollout,
+    inspect,
+)
+
+HOSTILE_CASES: list[Case] = [
+    inspect("empty.parquet", "empty.parquet"),
+    inspect("noise.parquet", "noise.parquet"),
+    inspect("half.parquet", "half.parquet"),
+    inspect("retyped.parquet", "reward"),
+    inspect("dropped.parquet", "response_tokens"),
+    inspect("tampered.parquet", "checksum"),
+    inspect("future.parquet", "version"),
+    inspect("lists.parquet", "loss_mask"),
+    inspect("code.pt", "--trust-pickle"),
+    inspect("noise.pt", "noise.pt"),
+    inspect("empty.pt", "empty.pt"),
+    inspect("nosamples.pt", "samples"),
+    inspect("data.csv", "data.csv"),
+    Case(
+        "hostile file",
+        "`inspect` of a path that does not exist",
+        _fixed("inspect", "/nonexistent.parquet"),
+        "/nonexistent.parquet",
+    ),
+    Case("hostile file", "`inspect` of a directory", lambda tmp: ["inspect", str(tmp)], ""),
+    Case(
+        "hostile file",
+        "`convert` from a corrupt Parquet",
+        lambda tmp: ["convert", _file("half.parquet")(tmp), str(tmp / "out.pt")],
+        "half.parquet",
+    ),
+    Case(
+        "hostile file",
+        "`convert` to an unknown extension",
+        lambda tmp: ["convert", str(good_rollout(tmp)), str(tmp / "out.txt")],
+        "out.txt",
+    ),
+    Case(
+        "hostile file",
+        "`convert` into a directory that cannot be written",
+        lambda tmp: ["convert", str(good_rollout(tmp)), "/proc/out.parquet"],
+        "/proc/out.parquet",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a dir that is not a run",
+        lambda tmp: ["diff", str(tmp), str(tmp)],
+        "not a run directory",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a run with a corrupt rollout",
+        lambda tmp: ["diff", _run_dir(tmp, "rollout"), _run_dir(tmp, "ok")],
+        "rollout_000000.parquet",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a run whose config.yaml is not YAML",
+        lambda tmp: ["diff", _run_dir(tmp, "yaml"), _run_dir(tmp, "ok")],
+        "config.yaml",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a run without config.yaml",
+        lambda tmp: ["replay", _run_dir(tmp, "noconfig"), "--rollout-id", "0", "--task", "generate"],
+        "config.yaml",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a run whose config has an unknown key",
+        lambda tmp: ["replay", _run_dir(tmp, "unknown-key"), "--rollout-id", "0", "--task", "generate"],
+        "learning",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a rollout that was never recorded",
+        lambda tmp: ["replay", _run_dir(tmp, "ok"), "--rollout-id", "5", "--task", "train-step"],
+        "rollout_000005",
+    ),
+    Case(
+        "hostile file",
+        "`serve` with a config file that does not exist",
+        _fixed("serve", "--config", "/none.yaml"),
+        "/none.yaml",
+    ),
+    Case(
+        "hostile file",
+        "`serve` with a YAML syntax error",
+        lambda tmp: ["serve", "--config", _yaml(tmp, "rollout: {num_rollout: [\n", "serve-syntax")],
+        "line",
+    ),
+    Case(
+        "hostile file",
+        "`serve` with a config that gives a section twice",
+        lambda tmp: ["serve", "--config", _yaml(tmp, "rollout: {}\nrollout: {}\n", "serve-dup")],
+        "duplicate key 'rollout'",
+    ),
+    Case(
+        "hostile file",
+        "`replay` with an --override that is an alias bomb",
+        lambda tmp: [
+            "replay",
+            _run_dir(tmp, "ok"),
+            "--rollout-id",
+            "0",
+            "--task",
+            "generate",
+            "--override",
+            "train.lr=" + ALIAS_BOMB_FLOW,
+        ],
+        "--override train.lr",
+    ),
+    Case(
+        "hostile file",
+        "`doctor` of a run whose config.yaml gives a key twice",
+        lambda tmp: ["doctor", _run_dir(tmp, "dup-key")],
+        "duplicate key 'name'",
+    ),
+    Case(
+        "hostile file",
+        "`--load` of a checkpoint without optimizer.safetensors",
+        lambda tmp: ["run", "--load", _save_dir(tmp, "optimizer.safetensors")],
+        "optimizer.safetensors: missing",
+    ),
+    Case(
+        "hostile file",
+        "`--load` of a checkpoint without rng.safetensors",
+        lambda tmp: ["run", "--load", _save_dir(tmp, "rng.safetensors")],
+        "rng.safetensors: missing",
+    ),
+    Case(
+        "hostile file",
+        "`--load` of a checkpoint without scheduler.json",
+        lambda tmp: ["run", "--load", _save_dir(tmp, "scheduler.json")],
+        "scheduler.json: missing",
+    ),
+    Case(
+        "hostile file",
+        "`--load` of a regular file",
+        lambda tmp: ["run", "--load", str(good_rollout(tmp))],
+        "not a directory",
+    ),
+    Case(
+        "hostile file",
+        "`lint-ckpt` of a --save dir holding only an unfinished save",
+        lambda tmp: ["lint-ckpt", _save_dir(tmp, "only-tmp")],
+        "1 unfinished save(s) only: iter_0000002.tmp-4242",
+    ),
+    Case(
+        "hostile file",
+        "`--load` of a checkpoint whose meta.json is not JSON",
+        lambda tmp: ["run", "--load", _checkpoint(tmp, "meta")],
+        "meta.json",
+    ),
+    Case(
+        "hostile file",
+        "`check-template` of a model dir that does not exist",
+        _fixed("check-template", "--hf-checkpoint", "/nonexistent/model"),
+        "/nonexistent/model",
+    ),
+    Case(
+        "hostile file",
+        "`--load-debug-rollout-data` of a .pt whose unpickling runs code",
+        lambda tmp: ["run", "--load-debug-rollout-data", _file("code.pt")(tmp)],
+        "--trust-pickle",
+    ),
+    Case(
+        "hostile file",
+        "`--load-debug-rollout-data` of a corrupt Parquet",
+        lambda tmp: ["run", "--load-debug-rollout-data", _file("half.parquet")(tmp)],
+        "half.parquet",
+    ),
+]
+
+# Parquet files refused by the sizes their footers declare, and run dirs damaged for diff and replay
+DECLARED_SIZE_CASES: list[Case] = [
+    inspect("tokens.parquet", "declares 20000000 values of response_tokens.list.element in 1 row(s)"),
+    Case(
+        "hostile file",
+        "`convert` of an 8 KB Parquet declaring 20 M tokens",
+        lambda tmp: ["convert", _file("tokens.parquet")(tmp), str(tmp / "out.pt")],
+        "tokens.parquet: declares 20000000 values",
+    ),
+    Case(
+        "hostile file",
+        "`--load-debug-rollout-data` of samples longer than the model's 64 positions",
+        lambda tmp: [
+            "run",
+            "--run-dir",
+            str(tmp / "run"),
+            "--load-debug-rollout-data",
+            _file("long.parquet")(tmp),
+        ],
+        "long.parquet: declares 400 values of response_tokens.list.element in 4 row(s) (row group 0), more than 64",
+    ),
+    Case(
+        "hostile file",
+        "`--prompt-data` Parquet declaring 20 M values in one row",
+        lambda tmp: [
+            "run",
+            "--run-dir",
+            str(tmp / "run"),
+            "--prompt-data",
+            _prompts_declaring(20_000_000)(tmp),
+            "--rm-type",
+            "math",
+        ],
+        "prompts-big.parquet: declares 20000000 values of ids.list.element",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a run whose metrics record has no rollout_id",
+        lambda tmp: ["diff", _damaged_run(tmp, "no-id"), _run_dir(tmp, "ok")],
+        "metrics.jsonl line 1: 'rollout_id' is missing",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a run whose metrics record has a text step",
+        lambda tmp: ["diff", _run_dir(tmp, "ok"), _damaged_run(tmp, "text-step")],
+        "metrics.jsonl line 1: 'step' is 'zero', not an int",
+    ),
+    Case(
+        "hostile file",
+        "`diff` of a run whose rollout lacks a column (checksum kept)",
+        lambda tmp: ["diff", _damaged_run(tmp, "dropped.parquet"), _run_dir(tmp, "ok")],
+        "missing required column(s) ['response_tokens']",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a run whose rollout was tampered with",
+        _replay_of("tampered.parquet"),
+        "rollout_000000.parquet: content checksum mismatch",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a run whose rollout lacks a column (checksum kept)",
+        _replay_of("dropped.parquet"),
+        "missing required column(s) ['response_tokens']",
+    ),
+    Case(
+        "hostile file",
+        "`replay` of a run whose samples are longer than its model's positions",
+        _replay_of("long.parquet"),
+        "more than 64 per row",
+    ),
+    Case(
+        "hostile file",
+        "`replay --task check` of a run whose metrics record holds a list",
+        _replay_of("list-metrics", "check"),
+        "metrics.jsonl line 1: 'metrics' is ['xxxxxxxx",
+    ),
+]
