@@ -42,13 +42,40 @@ class Decoder(Protocol):
         ...
 
 
+def prepacked_linear_supported(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether oneDNN's prepacked linear serves `dtype` here: bfloat16 on a CPU with AVX512-BF16 or AMX."""
+    return (
+        dtype == torch.bfloat16
+        and device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    )
+
+
+def _prepacked_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(x, w, bias) with `weight` in oneDNN's prepacked layout (`_pack`)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] reordered into oneDNN's blocked layout for few-row products: a decode step multiplies a
+    handful of rows by every weight, and the plain layout is re-blocked on every call."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+
+
 class FastWeights:
     """The HF model's parameters rearranged for `FastDecoder` (fused q/k/v and gate/up, the rotary
     tables). Rebuilt by the engine whenever its weights change. The fused tensors are the only copy: the
     model's q/k/v and gate/up parameters are rebound to views (row slices) of them, so loading a weight into
-    the model writes the fused tensor and the model is not held twice."""
+    the model writes the fused tensor and the model is not held twice.
 
-    def __init__(self, model: Any, max_positions: int) -> None:
+    `prepack` (where `prepacked_linear_supported`): each layer's four matrices are held only in oneDNN's prepacked
+    layout, and the model's parameters behind them are left empty until `unpack` puts the weights back. Anything
+    that reads or writes the model's weights must call `unpack` first (the engine does)."""
+
+    def __init__(self, model: Any, max_positions: int, prepack: bool = False) -> None:
         cfg = model.config
         inner = model.model
         self.heads: int = cfg.num_attention_heads
@@ -58,6 +85,9 @@ class FastWeights:
         self.embed: torch.Tensor = inner.embed_tokens.weight
         self.final_norm: torch.Tensor = inner.norm.weight
         self.lm_head: torch.Tensor = model.lm_head.weight
+        self.linear = _prepacked_linear if prepack else F.linear
+        # what `unpack` puts back: each prepacked matrix, the parameters it holds (in row order) and their rows
+        self._held: list[tuple[torch.Tensor, list[torch.Tensor], list[int]]] = []
         # per layer: input norm, q|k|v weight, q|k|v bias (None for Llama), o weight, post-attention norm,
         # gate|up weight, down weight
         self.layers: list[
@@ -80,12 +110,12 @@ class FastWeights:
                 self.layers.append(
                     (
                         layer.input_layernorm.weight,
-                        _fused([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                        self._matrix([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], prepack),
                         qkv_bias,
-                        attn.o_proj.weight,
+                        self._matrix([attn.o_proj.weight], prepack),
                         layer.post_attention_layernorm.weight,
-                        _fused([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                        mlp.down_proj.weight,
+                        self._matrix([mlp.gate_proj.weight, mlp.up_proj.weight], prepack),
+                        self._matrix([mlp.down_proj.weight], prepack),
                     )
                 )
             # HF's own rotary module, evaluated once for every position this engine can reach
@@ -99,16 +129,46 @@ class FastWeights:
             rot[:half, half:] = torch.eye(half)
             self.rot = rot
 
+    @property
+    def prepacked(self) -> bool:
+        """Whether the model's layer matrices are held here, prepacked, and not in the model."""
+        return bool(self._held)
+
+    def _matrix(self, params: list[torch.Tensor], prepack: bool) -> torch.Tensor:
+        """The parameters as one [sum of rows, in] matrix: plain, each parameter rebound to its slice of it; or
+        prepacked, each parameter left empty (its rows kept for `unpack`)."""
+        if not prepack:
+            return params[0] if len(params) == 1 else _fused(params)
+        packed = _pack(torch.cat(params) if len(params) > 1 else params[0].data)
+        self._held.append((packed, params, [p.shape[0] for p in params]))
+        for p in params:
+            p.data = p.data.new_empty(0)
+        return packed
+
+    @torch.no_grad()
+    def unpack(self) -> None:
+        """Give the model its layer matrices back in the plain layout (bitwise the weights that were packed);
+        this object is then of no further use. A no-op unless `prepacked`."""
+        for packed, params, rows in self._held:
+            _rebind(packed.to_dense(), params, rows)
+        self._held, self.layers = [], []
+
 
 def _fused(params: list[torch.Tensor]) -> torch.Tensor:
     """The parameters concatenated along dim 0, each then rebound to its (contiguous) slice of the result, which
     frees its own storage."""
     fused = torch.cat(params)
-    start = 0
-    for p in params:
-        p.data = fused[start : start + p.shape[0]]
-        start += p.shape[0]
+    _rebind(fused, params)
     return fused
+
+
+def _rebind(fused: torch.Tensor, params: list[torch.Tensor], rows: list[int] | None = None) -> None:
+    """Rebind each parameter to its (contiguous) slice of `fused` along dim 0 (`rows` each, or its own first
+    dimension), which frees its own storage."""
+    start = 0
+    for p, n in zip(params, rows or [p.shape[0] for p in params], strict=True):
+        p.data = fused[start : start + n]
+        start += n
 
 
 class FastDecoder:
@@ -172,7 +232,7 @@ class FastDecoder:
         cos, sin = w.cos[positions][:, :, None, :], w.sin[positions][:, :, None, :]  # [B, T, 1, d]
         x = F.embedding(ids, w.embed)
         for (ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w), (kc, vc) in zip(w.layers, self.kv, strict=True):
-            qkv = F.linear(F.rms_norm(x, ln1.shape, ln1, w.eps), qkv_w, qkv_b).view(b, t, h + 2 * kvh, d)
+            qkv = w.linear(F.rms_norm(x, ln1.shape, ln1, w.eps), qkv_w, qkv_b).view(b, t, h + 2 * kvh, d)
             qk = qkv[:, :, : h + kvh]
             qk = qk * cos + (qk @ w.rot) * sin
             kc[:, :, start:end] = qk[:, :, h:].transpose(1, 2)
@@ -184,9 +244,9 @@ class FastDecoder:
                 )
             else:
                 att = grouped_attention(q, kc[:, :, :end], vc[:, :, :end], mask)
-            x = x + F.linear(att.transpose(1, 2).reshape(b, t, h * d), o_w)
-            gate, up = F.linear(F.rms_norm(x, ln2.shape, ln2, w.eps), gate_up_w).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, down_w)
+            x = x + w.linear(att.transpose(1, 2).reshape(b, t, h * d), o_w)
+            gate, up = w.linear(F.rms_norm(x, ln2.shape, ln2, w.eps), gate_up_w).chunk(2, dim=-1)
+            x = x + w.linear(F.silu(gate) * up, down_w)
         self.filled = end
         last = F.rms_norm(x[:, -1], w.final_norm.shape, w.final_norm, w.eps)
         return F.linear(last, w.lm_head).float()

@@ -15,7 +15,13 @@ from transformers import AutoModelForCausalLM
 
 from artifacts.hashing import tensor_hashes, weights_sha256
 from engines.base import Engine, EngineReleased, GenerateOutput, GenerateRequest
-from engines.torch_engine.decoder import Decoder, FastDecoder, FastWeights, HFDecoder
+from engines.torch_engine.decoder import (
+    Decoder,
+    FastDecoder,
+    FastWeights,
+    HFDecoder,
+    prepacked_linear_supported,
+)
 from procs import trim_heap
 
 
@@ -46,16 +52,20 @@ class TorchEngine:
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.layout_invariant = precision == "fp32"
         model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=self.dtype)
-        self.model = model.to(self.device)  # type: ignore[arg-type]
-        self.model.eval()
-        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self._model = model.to(self.device)  # type: ignore[arg-type]
+        self._model.eval()
+        self.pad_id = int(self._model.config.pad_token_id or 0)
         self.max_batch_size = max_batch_size
         self._version = 0
         self._sha256: str | None = None  # of the weights now held; None = not computed since the last change
         # the same, per tensor (asked for only on a mismatch)
         self._tensor_hashes: dict[str, str] | None = None
         self._fast: FastWeights | None = None  # FastDecoder's view of the weights; None = rebuild before use
-        self._names = list(self.model.state_dict())  # every persistent weight, as a sync names them
+        # bf16 on a CPU with AVX512-BF16 / AMX: the fast decoder holds the layer matrices prepacked for oneDNN
+        self._prepack = prepacked_linear_supported(self.dtype, self.device)
+        self._names = list(self._model.state_dict())  # every persistent weight, as a sync names them
+        # each parameter's shape and dtype (a tied weight once), whether its storage is held, released or prepacked
+        self._shapes = {name: (p.shape, p.dtype) for name, p in self._model.named_parameters()}
         # while released: each parameter's shape and dtype (its storage is gone); None = the memory is held
         self._released: dict[str, tuple[torch.Size, torch.dtype]] | None = None
         self._unloaded: set[str] = set()  # weights not loaded since the memory was released
@@ -72,11 +82,28 @@ class TorchEngine:
 
     def _decoder(self, length: int) -> Decoder:
         """A decoder for one batch; the fast one's rearranged weights are rebuilt after a weight change."""
-        if not FastDecoder.supports(self.model):
-            return HFDecoder(self.model)
+        if not FastDecoder.supports(self._model):
+            return HFDecoder(self._model)
         if self._fast is None or self._fast.cos.shape[0] < length:
-            self._fast = FastWeights(self.model, max(length, self.model.config.max_position_embeddings))
+            self._plain()
+            positions = max(length, self._model.config.max_position_embeddings)
+            self._fast = FastWeights(self._model, positions, prepack=self._prepack)
         return FastDecoder(self._fast, length)
+
+    def _plain(self) -> dict[str, torch.Tensor]:
+        """The model's weights (its state_dict), first put back into its parameters if the fast decoder holds them
+        prepacked; every read or write of the weights goes through here."""
+        if self._fast is not None and self._fast.prepacked:
+            self._fast.unpack()
+            self._fast = None
+        return self._model.state_dict()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The HF model with its weights in place (put back from the prepacked layout first): for callers outside
+        the engine, such as a test that runs the model's own forward."""
+        self._plain()
+        return self._model
 
     def _generate_batch(self, reqs: list[GenerateRequest]) -> list[GenerateOutput]:
         b, width = len(reqs), max(len(r.prompt_tokens) for r in reqs)
@@ -169,7 +196,7 @@ class TorchEngine:
     @torch.no_grad()
     def update_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
         """Copy every named tensor in place and hold `version`; unknown or missing names are an error."""
-        missing = sorted(set(self.model.state_dict()) - set(named_tensors))
+        missing = sorted(set(self._names) - set(named_tensors))
         if missing:
             raise KeyError(f"weight update does not match the engine's model: missing={missing[:5]}")
         self.load_weights(named_tensors)
@@ -180,7 +207,7 @@ class TorchEngine:
         """Copy these tensors in place (a bucket of a streamed sync), cast to the engine's dtype (a float32
         trainer's weights become bfloat16 in a bf16 engine); unknown names are an error."""
         self.resume_memory()  # a load is what released memory is taken back for
-        params = dict(self.model.state_dict())
+        params = self._plain()
         unknown = sorted(set(named_tensors) - set(params))
         if unknown:
             raise KeyError(f"weight update does not match the engine's model: unknown={unknown[:5]}")
@@ -195,13 +222,13 @@ class TorchEngine:
 
     def weight_names(self) -> list[str]:
         """Names of every persistent weight (what a complete sync must deliver)."""
-        return list(self.model.state_dict())
+        return list(self._names)
 
     def get_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """Copies of the named persistent weights (all when `names` is None); EngineReleased for a weight not
         loaded back since a release."""
         self._require_weights("read weights", names)
-        state = self.model.state_dict()
+        state = self._plain()
         return {n: state[n].detach().clone().cpu() for n in (names or list(state))}
 
     @torch.no_grad()
@@ -209,9 +236,9 @@ class TorchEngine:
         """Keep a copy of every persistent weight, then overwrite each with noise (the weight-update
         check: only a complete, correct sync can restore them). Returns the number of tensors."""
         self.resume_memory()
+        state = self._plain()
         self._sha256, self._tensor_hashes, self._fast = None, None, None
         gen = torch.Generator().manual_seed(seed)
-        state = self.model.state_dict()
         for t in state.values():
             t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype))
         return len(state)
@@ -226,7 +253,7 @@ class TorchEngine:
         the identity of the weights it released."""
         if self._sha256 is None:
             self._require_weights("hash its weights")
-            self._sha256 = weights_sha256(self.model.state_dict())
+            self._sha256 = weights_sha256(self._plain())
         return self._sha256
 
     def tensor_hashes(self) -> dict[str, str]:
@@ -234,7 +261,7 @@ class TorchEngine:
         weights_sha256 mismatch can name the tensors; cached until the weights change, like weights_sha256."""
         if self._tensor_hashes is None:
             self._require_weights("hash its weights")
-            self._tensor_hashes = tensor_hashes(self.model.state_dict())
+            self._tensor_hashes = tensor_hashes(self._plain())
         return self._tensor_hashes
 
     def release_memory(self) -> None:
@@ -245,9 +272,8 @@ class TorchEngine:
         if self._released is not None:
             return
         self.weights_sha256()  # cached after a check; the identity outlives the storage
-        params = dict(self.model.named_parameters())  # a tied weight is one parameter
-        self._released = {name: (p.shape, p.dtype) for name, p in params.items()}
-        for p in params.values():
+        self._released = dict(self._shapes)  # a prepacked parameter's own storage is already empty
+        for p in self._model.parameters():  # a tied weight is one parameter
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         self._unloaded, self._tensor_hashes, self._fast = set(self._names), None, None
         if self.device.type == "cuda":
@@ -259,7 +285,7 @@ class TorchEngine:
         while the memory is held."""
         if self._released is None:
             return
-        params = dict(self.model.named_parameters())
+        params = dict(self._model.named_parameters())
         for name, (shape, dtype) in self._released.items():
             params[name].data = torch.empty(shape, dtype=dtype, device=self.device)
         self._released = None
@@ -288,11 +314,12 @@ class TorchEngine:
             "threads": torch.get_num_threads(),
             "released": self.released,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "linear": "onednn-prepacked" if self._prepack else "torch",
         }
 
     def shutdown(self) -> None:
         """Drop the model."""
-        del self.model
+        del self._model
 
 
 _MASK64 = (1 << 64) - 1
