@@ -149,9 +149,13 @@ class FastWeights:
     def unpack(self) -> None:
         """Give the model its layer matrices back in the plain layout (bitwise the weights that were packed);
         this object is then of no further use. A no-op unless `prepacked`."""
-        for packed, params, rows in self._held:
+        if not self._held:
+            return
+        self.layers = []
+        while self._held:  # one matrix at a time: each prepacked copy is freed as its plain one is made
+            packed, params, rows = self._held.pop()
             _rebind(packed.to_dense(), params, rows)
-        self._held, self.layers = [], []
+            del packed
 
 
 def _fused(params: list[torch.Tensor]) -> torch.Tensor:
