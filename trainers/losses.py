@@ -190,12 +190,17 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 # Elements of one chunk's [rows, V] logits in linear_log_probs_and_entropy: 1M float32 (4 MiB) stays in a CPU's
 # L2/L3 cache for the half-dozen passes over it, and is large enough that the chunk's matmuls run at full speed.
 CHUNK_ELEMENTS = 1 << 20
+# A chunk's rows at least: each chunk's backward adds its rows' products into the whole [V, H] weight gradient, a
+# pass over V x H floats however few the rows, so a large vocabulary's chunks must be tall enough that the matmul,
+# not that pass, sets the backward's time. Its [rows, V] float32 buffers then outgrow the cache, which a large
+# vocabulary's do anyway.
+MIN_CHUNK_ROWS = 128
 
 
 def chunk_rows_for(vocab_size: int) -> int:
-    """Rows per chunk of :func:`linear_log_probs_and_entropy` for a vocabulary of ``vocab_size`` (at least 16,
-    so a huge vocabulary still gets matmuls of some height)."""
-    return max(16, CHUNK_ELEMENTS // max(vocab_size, 1))
+    """Rows per chunk of :func:`linear_log_probs_and_entropy` for a vocabulary of ``vocab_size``: CHUNK_ELEMENTS
+    logits, and at least MIN_CHUNK_ROWS."""
+    return max(MIN_CHUNK_ROWS, CHUNK_ELEMENTS // max(vocab_size, 1))
 
 
 class _LinearLogProbs(torch.autograd.Function):
