@@ -66,8 +66,9 @@ class TorchEngine:
         self._names = list(self._model.state_dict())  # every persistent weight, as a sync names them
         # each parameter's shape and dtype (a tied weight once), whether its storage is held, released or prepacked
         self._shapes = {name: (p.shape, p.dtype) for name, p in self._model.named_parameters()}
-        # while released: each parameter's shape and dtype (its storage is gone); None = the memory is held
-        self._released: dict[str, tuple[torch.Size, torch.dtype]] | None = None
+        self._memory_released = (
+            False  # every parameter's storage dropped (release_memory), not yet allocated again
+        )
         self._unloaded: set[str] = set()  # weights not loaded since the memory was released
 
     # -- generation ----------------------------------------------------------------------------
@@ -269,10 +270,10 @@ class TorchEngine:
         copies; the KV cache lives only within a generate call), and give the freed pages back. The engine then
         refuses to generate or hand out weights until every weight is loaded again (resume_memory, then a full
         sync). Its weights' identity (weights_sha256) is kept: the sync compares with it."""
-        if self._released is not None:
+        if self._memory_released:
             return
         self.weights_sha256()  # cached after a check; the identity outlives the storage
-        self._released = dict(self._shapes)  # a prepacked parameter's own storage is already empty
+        self._memory_released = True
         for p in self._model.parameters():  # a tied weight is one parameter
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         self._unloaded, self._tensor_hashes, self._fast = set(self._names), None, None
@@ -283,12 +284,12 @@ class TorchEngine:
     def resume_memory(self) -> None:
         """Allocate the released weights' storage again (uninitialized: the sync that follows fills it); a no-op
         while the memory is held."""
-        if self._released is None:
+        if not self._memory_released:
             return
         params = dict(self._model.named_parameters())
-        for name, (shape, dtype) in self._released.items():
+        for name, (shape, dtype) in self._shapes.items():
             params[name].data = torch.empty(shape, dtype=dtype, device=self.device)
-        self._released = None
+        self._memory_released = False
 
     @property
     def released(self) -> bool:
