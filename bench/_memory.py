@@ -18,6 +18,9 @@ class PeakMemory(threading.Thread):
         self.root, self.every = root, every
         self.peaks: dict[int, tuple[str, float]] = {}  # pid -> (label, peak GiB)
         self.concurrent = 0.0  # the highest sum of Pss over the tree at one poll, GiB
+        self.at_peak: dict[
+            str, float
+        ] = {}  # label -> Pss GiB at that poll (labels several processes share summed)
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -28,7 +31,7 @@ class PeakMemory(threading.Thread):
     def poll(self) -> None:
         from procs import memory_gib
 
-        now = 0.0
+        now, by_label = 0.0, {}
         for pid in _tree(self.root):
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
@@ -36,10 +39,13 @@ class PeakMemory(threading.Thread):
                 label = _label(pid)
             except (OSError, ValueError):  # ended meanwhile (a kernel thread has no VmHWM)
                 continue
-            now += _pss_gib(pid, mem["rss"])
+            pss = _pss_gib(pid, mem["rss"])
+            now += pss
+            by_label[label] = by_label.get(label, 0.0) + pss
             held = self.peaks.get(pid, ("", 0.0))
             self.peaks[pid] = (label or held[0], max(held[1], mem["peak"]))
-        self.concurrent = max(self.concurrent, now)
+        if now > self.concurrent:
+            self.concurrent, self.at_peak = now, by_label
 
     def stop(self) -> dict[str, float]:
         """End the polling (one last poll first); {label: peak GiB} (a label several processes share is

@@ -129,6 +129,7 @@ class Cell:
     trl_seconds: float | None = None  # the TRL side's wall time, set-up included
     mem: dict[str, float] = field(default_factory=dict)  # the run's processes: label -> peak GiB
     mem_concurrent_gib: float | None = None  # the highest sum of the run's processes' Pss at one poll
+    mem_at_peak: dict[str, float] = field(default_factory=dict)  # label -> its Pss at that poll, GiB
     notes: list[str] = field(default_factory=list)  # why a side did not measure
     seconds: float = 0.0  # the cell's wall time, all sides
 
@@ -187,9 +188,9 @@ def big_lock(path: str, held: bool) -> Iterator[None]:
 
 def run_child(
     args: argparse.Namespace, side: str, recipe: str, length: int, out: Path
-) -> tuple[dict[str, Any], dict[str, float], float]:
+) -> tuple[dict[str, Any], dict[str, float], PeakMemory]:
     """Run `--side side` of one cell in a child process: its JSON (or {"error": ...}), the peak resident memory
-    of each process of its tree (PeakMemory.stop) and the tree's highest resident memory at one poll, GiB."""
+    of each process of its tree (PeakMemory.stop) and the poller (its highest sum at one poll, and what made it)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--sizes", recipe]
     cmd += ["--lengths", str(length), "--steps", str(args.steps), "--prompts", str(args.prompts)]
     cmd += ["--group", str(args.group), "--precision", args.precision, "--threads", str(args.threads)]
@@ -204,7 +205,7 @@ def run_child(
     if rc and "error" not in result:
         result["error"] = f"the {side} side exited with status {rc} (its output is above)"
     result["seconds"] = time.perf_counter() - began
-    return result, peaks, memory.concurrent
+    return result, peaks, memory
 
 
 def trl_side(args: argparse.Namespace, cell: Cell, precision: str) -> None:
@@ -269,9 +270,10 @@ def measure_cell(args: argparse.Namespace, size: str, recipe: str, length: int, 
     print(f"\n=== {cell.name} ({recipe}) ===", flush=True)
     precision, _ = resolved_precision(args.precision)
     with big_lock(args.lock, recipe not in SMALL_RECIPES):
-        run, cell.mem, cell.mem_concurrent_gib = run_child(
+        run, cell.mem, memory = run_child(
             args, "rollflow", recipe, length, work / f"{cell.name}-rollflow.json"
         )
+        cell.mem_concurrent_gib, cell.mem_at_peak = memory.concurrent, memory.at_peak
         cell.rollflow = run
         # the run's figures as soon as it ends: the other sides of a big cell take many minutes more
         print(
@@ -357,6 +359,7 @@ def hf_child(args: argparse.Namespace, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from bench._flops import decode_products_seconds
     from bench.generate import engine_call, hf_call
     from engines.torch_engine.engine import TorchEngine
     from flows.resolve import resolve
@@ -394,8 +397,11 @@ def hf_child(args: argparse.Namespace, out: Path) -> None:
         ):
             totals[side][0] += n
             totals[side][1] += s
+    assert engine._fast is not None  # built by the calls above
     result = {
         "dtype": str(dtype).removeprefix("torch."),
+        "rows": len(rows),
+        "products_s": decode_products_seconds(engine._fast, len(rows)),
         "engine_tps": totals["engine"][0] / totals["engine"][1],
         "hf_tps": totals["hf"][0] / totals["hf"][1],
         "hf_seconds": totals["hf"][1] / repeats,
@@ -571,6 +577,18 @@ def cell_lines(c: Cell) -> list[str]:
             f"  peak GiB by process: {procs}; the run's memory at its highest (Pss summed, polled every half "
             f"second): {c.mem_concurrent_gib:.2f}"
             + (f"; TRL's process peaked at {c.trl_proc_gib:.2f}" if c.trl_proc_gib else "")
+        )
+    products, hf = c.hf.get("products_s"), c.hf.get("hf_tps")
+    if products and hf:  # each decode step gives every row a token
+        ceiling = c.hf["rows"] / products
+        lines.append(
+            f"  the engine's weight products alone, one decode step of {c.hf['rows']} rows: {products * 1e3:.1f} ms, "
+            f"a ceiling of {ceiling:,.0f} tok/s = {ceiling / hf:.2f}x HF generate"
+        )
+    if c.mem_at_peak:
+        at_peak = sorted(c.mem_at_peak.items(), key=lambda kv: -kv[1])
+        lines.append(
+            "  at the run's highest, Pss GiB by process: " + ", ".join(f"{k} {v:.2f}" for k, v in at_peak)
         )
     return lines
 

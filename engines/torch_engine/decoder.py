@@ -71,9 +71,11 @@ class FastWeights:
     model's q/k/v and gate/up parameters are rebound to views (row slices) of them, so loading a weight into
     the model writes the fused tensor and the model is not held twice.
 
-    `prepack` (where `prepacked_linear_supported`): each layer's four matrices are held only in oneDNN's prepacked
-    layout, and the model's parameters behind them are left empty until `unpack` puts the weights back. Anything
-    that reads or writes the model's weights must call `unpack` first (the engine does)."""
+    `prepack` (where `prepacked_linear_supported`): each layer's four matrices and the output layer are held only in
+    oneDNN's prepacked layout, and the model's parameters behind them are left empty until `unpack` puts the weights
+    back. A tied output layer is the embedding, whose lookup needs the plain layout: its prepacked copy is a second
+    one, dropped by `unpack`. Anything that reads or writes the model's weights must call `unpack` first (the
+    engine does)."""
 
     def __init__(self, model: Any, max_positions: int, prepack: bool = False) -> None:
         cfg = model.config
@@ -84,10 +86,16 @@ class FastWeights:
         self.eps = float(cfg.rms_norm_eps)
         self.embed: torch.Tensor = inner.embed_tokens.weight
         self.final_norm: torch.Tensor = inner.norm.weight
-        self.lm_head: torch.Tensor = model.lm_head.weight
         self.linear = _prepacked_linear if prepack else F.linear
         # what `unpack` puts back: each prepacked matrix, the parameters it holds (in row order) and their rows
         self._held: list[tuple[torch.Tensor, list[torch.Tensor], list[int]]] = []
+        head = model.lm_head.weight
+        if not prepack:
+            self.lm_head: torch.Tensor = head
+        elif head is self.embed:  # tied: the lookup needs the plain layout, so the product gets its own copy
+            self.lm_head = _pack(head.data)
+        else:
+            self.lm_head = self._matrix([head], prepack)
         # per layer: input norm, q|k|v weight, q|k|v bias (None for Llama), o weight, post-attention norm,
         # gate|up weight, down weight
         self.layers: list[
@@ -151,7 +159,7 @@ class FastWeights:
         this object is then of no further use. A no-op unless `prepacked`."""
         if not self._held:
             return
-        self.layers = []
+        self.layers, self.lm_head = [], self.embed  # a tied output layer's prepacked copy is dropped
         while self._held:  # one matrix at a time: each prepacked copy is freed as its plain one is made
             packed, params, rows = self._held.pop()
             _rebind(packed.to_dense(), params, rows)
@@ -253,7 +261,7 @@ class FastDecoder:
             x = x + w.linear(F.silu(gate) * up, down_w)
         self.filled = end
         last = F.rms_norm(x[:, -1], w.final_norm.shape, w.final_norm, w.eps)
-        return F.linear(last, w.lm_head).float()
+        return w.linear(last, w.lm_head).float()
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

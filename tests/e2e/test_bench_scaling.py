@@ -35,6 +35,8 @@ def test_one_tiny_cell_prints_its_table(tmp_path, prefect_home):
     # response tokens, generate, log-prob, train, sync, rollout seconds and the engine's tokens/s in the run
     assert all(c not in ("-", "") for c in cells[2:9]), lines[header + 2]
     assert "peak GiB by process: driver (rollflow side)" in text and "ray::TrainerActor" in text
+    assert "at the run's highest, Pss GiB by process: " in text
+    assert "the engine's weight products alone, one decode step of 8 rows: " in text
     assert "Fitted growth" in text
     page = saved.read_text()
     assert page.startswith("---\ntitle: ") and "| tiny-arithx8 | 0.3M |" in page

@@ -55,12 +55,18 @@ def synthetic(size: str, params: int, length: int, trl_factor: float = 2.5) -> C
     cell.trl = [99.0, trl_factor * 6.5 * scale]
     cell.trl_peak_gib = 8.0
     cell.hf = {"engine_tps": 200.0, "hf_tps": 80.0, "hf_seconds": 4.0 * scale, "dtype": "bfloat16"}
+    cell.hf.update(rows=N, products_s=N / 400.0)  # a ceiling of 400 tok/s
     cell.mem = {
         "driver (rollflow side)": 0.5,
         "ray::trainer-0:TrainerActor": 5.0,
         "ray::engine-0:EngineActor": 1.5,
     }
     cell.mem_concurrent_gib = 6.0
+    cell.mem_at_peak = {
+        "ray::trainer-0:TrainerActor": 4.5,
+        "driver (rollflow side)": 0.4,
+        "ray::engine-0:EngineActor": 1.1,
+    }
     return cell
 
 
@@ -149,6 +155,9 @@ def test_report_and_results_file_render():
     head, _, body = page.partition("\n---\n")
     assert head.startswith("---\ntitle: ") and "\nmeasured: " in head and "\nmachine: " in head
     assert "| cell | params |" in body and body.count("\n| 0.5Bx") == 3
+    # what the run held at its highest, largest first, and the engine's ceiling from its weight products alone
+    assert "at the run's highest, Pss GiB by process: ray::trainer-0:TrainerActor 4.50, ray::engine-0" in text
+    assert "a ceiling of 400 tok/s = 5.00x HF generate" in text
 
 
 def test_peak_memory_reads_this_process():
@@ -156,4 +165,4 @@ def test_peak_memory_reads_this_process():
     memory.poll()
     peaks = memory.stop()
     assert len(peaks) >= 1 and all(v > 0 for v in peaks.values())
-    assert memory.concurrent > 0
+    assert memory.concurrent > 0 and sum(memory.at_peak.values()) == pytest.approx(memory.concurrent)

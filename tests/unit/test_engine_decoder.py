@@ -28,6 +28,21 @@ def test_gumbel_argmax_equals_the_full_computation(scale):
         assert torch.equal(gumbel_argmax(logp, seeds, step), _dense_argmax(logp, seeds, step))
 
 
+def test_the_dense_path_in_blocks_of_columns_is_argmax_of_the_whole_row(monkeypatch):
+    """Blocks of 7 columns over 50: ties across blocks go to the first index, a NaN wins, a -inf row gives 0."""
+    monkeypatch.setattr(engine_mod, "_NOISE_COLUMNS", 7)
+    gen = torch.Generator().manual_seed(1)
+    logp = torch.log_softmax(torch.randn(6, 50, generator=gen) * 0.1, dim=-1)
+    logp[1] = float("-inf")  # everything filtered
+    logp[2, 33] = float("nan")  # a broken row: argmax picks the NaN
+    logp[3, [5, 12, 40]] = float("inf")  # a tie across blocks: the first one
+    seeds = torch.arange(6) * 104729
+    for step in range(10):
+        got = engine_mod._dense_gumbel_argmax(logp, seeds, step)
+        assert torch.equal(got, _dense_argmax(logp, seeds, step)), step
+        assert got[1] == 0 and got[2] == 33 and got[3] == 5
+
+
 def _splitmix64(x: int) -> int:
     """The reference splitmix64 output function on Python ints (uint64)."""
     mask = (1 << 64) - 1

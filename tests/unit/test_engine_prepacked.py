@@ -1,6 +1,7 @@
-"""A bf16 engine on a CPU with AVX512-BF16 / AMX holds its layer matrices in oneDNN's prepacked layout while it
-generates, and only there: the model's own parameters are empty meanwhile, every read or write of the weights
-gets them back bitwise, a release drops them, and without bf16 support (or at fp32) the plain layout is used."""
+"""A bf16 engine on a CPU with AVX512-BF16 / AMX holds its layer matrices and output layer in oneDNN's prepacked
+layout while it generates, and only there (a tied output layer keeps its plain embedding too): the model's own
+parameters are empty meanwhile, every read or write of the weights gets them back bitwise, a release drops them, and
+without bf16 support (or at fp32) the plain layout is used."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from engines.base import GenerateRequest, SamplingParams
 from engines.torch_engine import engine as engine_module
 from engines.torch_engine.decoder import prepacked_linear_supported
 from engines.torch_engine.engine import TorchEngine
+from tests.unit.test_engine_decoder import _llama
 from tests.unit.test_precision_numerics import BF16_LOGP_TOL
 
 needs_bf16 = pytest.mark.skipif(
@@ -29,27 +31,38 @@ def _layer_weights(engine: TorchEngine) -> list[torch.Tensor]:
     return [layer.self_attn.q_proj.weight, layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight]
 
 
+@pytest.fixture(params=["tied", "untied"])
+def checkpoint(request, base_checkpoint, tmp_path):
+    """tiny-arith's model (its output layer is the embedding) and a Llama with its own output layer."""
+    return base_checkpoint if request.param == "tied" else _llama(tmp_path)
+
+
 @needs_bf16
-def test_the_weights_are_held_once_prepacked_and_read_back_bitwise(base_checkpoint):
-    engine = TorchEngine(base_checkpoint, precision="bf16")
+def test_the_weights_are_held_once_prepacked_and_read_back_bitwise(checkpoint):
+    engine = TorchEngine(checkpoint, precision="bf16")
     assert engine.health()["linear"] == "onednn-prepacked"
     before, sha = engine.get_weights(), engine.weights_sha256()
     first = engine.generate(_requests())
     # while generating the matrices live only in the prepacked copy: the model's parameters hold no storage
     assert engine._fast is not None and engine._fast.prepacked
     assert all(p.numel() == 0 for p in _layer_weights(engine))
+    head = engine._model.lm_head.weight
+    tied = head is engine._model.model.embed_tokens.weight
+    assert (
+        head.numel() > 0
+    ) == tied  # a tied output layer stays plain for the lookup, an untied one is emptied
     again = engine.generate(_requests())
     assert [o.log_probs for o in again] == [o.log_probs for o in first]  # replay is bitwise
     engine._sha256 = None  # computed again, from the weights read back
     assert engine.weights_sha256() == sha
     after = engine.get_weights()
     assert all(torch.equal(after[name], before[name]) for name in before)
-    assert engine._fast is None and all(p.numel() > 0 for p in _layer_weights(engine))
+    assert engine._fast is None and all(p.numel() > 0 for p in [*_layer_weights(engine), head])
 
 
 @needs_bf16
-def test_loads_scrambles_and_releases_of_a_prepacked_engine_keep_every_weight(base_checkpoint):
-    engine = TorchEngine(base_checkpoint, precision="bf16")
+def test_loads_scrambles_and_releases_of_a_prepacked_engine_keep_every_weight(checkpoint):
+    engine = TorchEngine(checkpoint, precision="bf16")
     weights = engine.get_weights()
     first = engine.generate(_requests())
     engine.load_weights({"model.norm.weight": weights["model.norm.weight"]})  # a bucket that leaves the rest
@@ -67,12 +80,12 @@ def test_loads_scrambles_and_releases_of_a_prepacked_engine_keep_every_weight(ba
 
 
 @needs_bf16
-def test_prepacked_products_score_as_the_plain_layout_within_bf16(base_checkpoint, monkeypatch):
+def test_prepacked_products_score_as_the_plain_layout_within_bf16(checkpoint, monkeypatch):
     """Both layouts run bf16 products with float32 accumulation; the kernels behind them may round differently
     on different CPUs, so only the bf16 bound is held."""
-    packed = TorchEngine(base_checkpoint, precision="bf16")
+    packed = TorchEngine(checkpoint, precision="bf16")
     monkeypatch.setattr(engine_module, "prepacked_linear_supported", lambda dtype, device: False)
-    plain = TorchEngine(base_checkpoint, precision="bf16")
+    plain = TorchEngine(checkpoint, precision="bf16")
     assert plain.health()["linear"] == "torch"
     ids, positions, mask = (
         torch.tensor([[3, 4, 5, 6]]),
