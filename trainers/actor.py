@@ -9,7 +9,7 @@ from typing import Any
 import ray
 import torch
 
-from artifacts.hashing import as_dtype, tensor_hashes
+from artifacts.hashing import tensor_hashes
 from artifacts.store import ArtifactRef
 from artifacts.wire import WireWeights, to_wire
 from faults import FaultHookRequest, FaultInjector
@@ -138,10 +138,10 @@ class TrainerActor:
         their tensor hashes are kept for `stream_summary`."""
         self.faults.reach("trainer_export_weights_before_send", **(ctx or {}))
         self._streamed: dict[str, str] = {}
-        for bucket in self.trainer.iter_weights(bucket_bytes):
-            held = dict(as_dtype(bucket, self._held_as))  # as the engines hold them: half the bytes in bf16
-            self._streamed.update(tensor_hashes(held))
-            yield to_wire(held)
+        # cast as each tensor is copied, as the engines hold them: half the bytes in bf16
+        for bucket in self.trainer.iter_weights(bucket_bytes, self._held_as):
+            self._streamed.update(tensor_hashes(bucket))
+            yield to_wire(bucket)
 
     def stream_summary(self) -> dict[str, Any]:
         """What the last `stream_weights` sent: the weight names and their per-tensor hashes."""

@@ -60,10 +60,13 @@ class Trainer(Protocol):
         perf/actor_train_time (slime's names)."""
         ...
 
-    def iter_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+    def iter_weights(
+        self, bucket_bytes: int, dtype: torch.dtype | None = None
+    ) -> Iterator[dict[str, torch.Tensor]]:
         """Collective (every rank iterates it): the weights by HF name (what engines load) as CPU tensors in
-        buckets of about `bucket_bytes`, every weight once, on global rank 0; other ranks yield nothing. A
-        sharded backend gathers one tensor at a time: no rank holds two full copies."""
+        buckets of about `bucket_bytes` (counted in the bytes yielded), every weight once, on global rank 0; other
+        ranks yield nothing. `dtype`: the floating ones cast to it as each is copied (one copy per tensor, already
+        in `dtype`). A sharded backend gathers one tensor at a time: no rank holds two full copies."""
         ...
 
     def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

@@ -68,6 +68,15 @@ from trainers.rollout_stats import logprob_stats
 from trainers.settings import TrainerSettings
 
 
+def copy_as(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A CPU copy of `t` (detached), cast to `dtype` on the way when `t` is floating: one copy, never a float32 one
+    first (a large embedding would otherwise be held twice over while a sync casts it)."""
+    t = t.detach()
+    if dtype is not None and t.is_floating_point():
+        return t.to(device="cpu", dtype=dtype, copy=True)
+    return t.to(device="cpu", copy=True)
+
+
 def buckets(
     groups: Iterable[dict[str, torch.Tensor]], bucket_bytes: int
 ) -> Iterator[dict[str, torch.Tensor]]:

@@ -187,6 +187,14 @@ def test_engine_and_trainer_hashes_compare_like_with_like(engines, base_checkpoi
     master = tensor_hashes(trainer.model.state_dict())
     assert (master == trainer.tensor_hashes()) == (precision == "fp32")  # bf16: the cast, not the master
     assert tensor_hashes(as_dtype(trainer.model.state_dict(), None)) == master
+    # the streamed sync: the same tensors, every weight once, each copied straight into the engines' dtype, in
+    # buckets counted in those bytes (tiny-arith's model is ~1.3 MB in float32)
+    streamed = list(trainer.iter_weights(100_000, held))
+    assert len(streamed) > 2 and all(sum(t.nbytes for t in b.values()) < 400_000 for b in streamed)
+    flat = {k: v for b in streamed for k, v in b.items()}
+    assert sum(map(len, streamed)) == len(flat) and tensor_hashes(flat) == tensor_hashes(sent)
+    master_ptrs = {t.data_ptr() for t in trainer.model.state_dict().values()}
+    assert not master_ptrs & {t.data_ptr() for t in flat.values()}  # copies, never the live weights
 
 
 # -- the doctor's precision-mismatch rule -----------------------------------------------------------------------

@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 
 from artifacts.checkpoints import model_dir
-from artifacts.hashing import as_dtype, layer_hashes, tensor_hashes, weights_sha256_of
+from artifacts.hashing import layer_hashes, tensor_hashes, weights_sha256_of
 from trainers.base import Trainer
 from trainers.batching import MicroBatch
 from trainers.collectives import init_method
-from trainers.core import TrainerCore, buckets
+from trainers.core import TrainerCore, buckets, copy_as
 from trainers.megatron import checkpoint, convert, persistence
 from trainers.megatron.arch import ModelArch
 from trainers.megatron.model import Memory, build_model, causal_mask, init_parallel
@@ -175,17 +175,19 @@ class MegatronTrainer(TrainerCore):
 
     # -- weights -------------------------------------------------------------------------------
     @torch.no_grad()
-    def iter_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+    def iter_weights(
+        self, bucket_bytes: int, dtype: torch.dtype | None = None
+    ) -> Iterator[dict[str, torch.Tensor]]:
         """Collective (every rank iterates it): each parameter's TP shards gathered to TP rank 0 of DP replica 0
         (global rank 0) one parameter at a time and converted to HF names there; global rank 0 yields buckets
         of about `bucket_bytes` (every weight once), the other ranks yield nothing. Rank 0 holds its shards plus
-        one bucket, never a second full copy."""
+        one bucket, never a second full copy. `dtype`: the floating ones cast to it as each is copied."""
         if self.layout.dp_rank == 0:
-            yield from buckets(self._hf_tensors(), bucket_bytes)
+            yield from buckets(self._hf_tensors(dtype), bucket_bytes)
 
-    def _hf_tensors(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Collective over the TP group: per parameter, its HF tensors as CPU copies on TP rank 0 (the other
-        TP ranks send their shards and yield nothing)."""
+    def _hf_tensors(self, dtype: torch.dtype | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """Collective over the TP group: per parameter, its HF tensors as CPU copies (in `dtype` when given) on TP
+        rank 0 (the other TP ranks send their shards and yield nothing)."""
         lay = self.layout
         params = dict(self.model.named_parameters())
         for name in convert.megatron_names(self.arch):
@@ -196,13 +198,12 @@ class MegatronTrainer(TrainerCore):
                 parts = [torch.empty_like(local) for _ in range(lay.tp_size)] if lay.tp_rank == 0 else None
                 dist.gather(local, parts, group=lay.tp_group, group_dst=0)
             if parts is not None:
-                yield {k: v.detach().cpu().clone() for k, v in convert.to_hf(name, parts, self.arch).items()}
+                yield {k: copy_as(v, dtype) for k, v in convert.to_hf(name, parts, self.arch).items()}
 
     def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Collective: every weight by HF name on global rank 0 ({} elsewhere), the floating ones in `dtype` when
         given."""
-        weights = {k: v for bucket in self.iter_weights(1 << 62) for k, v in bucket.items()}
-        return weights if dtype is None else dict(as_dtype(weights, dtype))
+        return {k: v for bucket in self.iter_weights(1 << 62, dtype) for k, v in bucket.items()}
 
     def weights_sha256(self) -> str:
         """Collective: artifacts.hashing.weights_sha256 of the HF weights on global rank 0 ("" elsewhere)."""

@@ -30,7 +30,7 @@ from trainers import recompute
 from trainers.base import Trainer
 from trainers.batching import MicroBatch
 from trainers.collectives import all_reduce_sum, init_method
-from trainers.core import TrainerCore, buckets
+from trainers.core import TrainerCore, buckets, copy_as
 from trainers.dropout import describe, dropout_keys
 from trainers.losses import linear_log_probs_and_entropy
 from trainers.settings import TrainerSettings
@@ -220,12 +220,14 @@ class TorchTrainer(TrainerCore):
         return list(self.model.state_dict().values())  # buffers too (all of the model's persistent state)
 
     # -- weights and checkpoints ---------------------------------------------------------------
-    def iter_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-        """CPU copies of the weights by HF name in buckets of about `bucket_bytes`, on rank 0 (every rank holds
-        the same weights, so the others yield nothing)."""
+    def iter_weights(
+        self, bucket_bytes: int, dtype: torch.dtype | None = None
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """CPU copies of the weights by HF name (the floating ones in `dtype` when given) in buckets of about
+        `bucket_bytes`, on rank 0 (every rank holds the same weights, so the others yield nothing)."""
         if self.rank != 0:
             return
-        copies = ({k: v.detach().clone().cpu()} for k, v in self.model.state_dict().items())
+        copies = ({k: copy_as(v, dtype)} for k, v in self.model.state_dict().items())
         yield from buckets(copies, bucket_bytes)
 
     def export_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -233,14 +235,7 @@ class TorchTrainer(TrainerCore):
         from the float32 master weights), on rank 0 ({} elsewhere: the ranks agree)."""
         if self.rank != 0:
             return {}
-        return {
-            k: (
-                v.detach().to(dtype, copy=True)
-                if dtype is not None and v.is_floating_point()
-                else v.detach().clone()
-            ).cpu()
-            for k, v in self.model.state_dict().items()
-        }
+        return {k: copy_as(v, dtype) for k, v in self.model.state_dict().items()}
 
     def weights_sha256(self) -> str:
         """Identity of the weights as the engines hold them (export_weights() cast to the engines' dtype: bfloat16
