@@ -1,8 +1,10 @@
 """The memory of a process tree while it runs, read from /proc: each process's peak resident memory (VmHWM) and
-the tree's memory at once (the sum of the processes' proportional set sizes), for bench/scaling.py's sides."""
+the tree's memory at once (the sum of the processes' proportional set sizes, plus its weight-sync files in shared
+memory), for bench/scaling.py's sides."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -18,9 +20,8 @@ class PeakMemory(threading.Thread):
         self.root, self.every = root, every
         self.peaks: dict[int, tuple[str, float]] = {}  # pid -> (label, peak GiB)
         self.concurrent = 0.0  # the highest sum of Pss over the tree at one poll, GiB
-        self.at_peak: dict[
-            str, float
-        ] = {}  # label -> Pss GiB at that poll (labels several processes share summed)
+        # label -> Pss GiB at that poll (labels several processes share summed)
+        self.at_peak: dict[str, float] = {}
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -32,7 +33,8 @@ class PeakMemory(threading.Thread):
         from procs import memory_gib
 
         now, by_label = 0.0, {}
-        for pid in _tree(self.root):
+        pids = _tree(self.root)
+        for pid in pids:
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
                 mem = memory_gib(status)
@@ -44,6 +46,11 @@ class PeakMemory(threading.Thread):
             by_label[label] = by_label.get(label, 0.0) + pss
             held = self.peaks.get(pid, ("", 0.0))
             self.peaks[pid] = (label or held[0], max(held[1], mem["peak"]))
+        files = _sync_files_gib(pids)
+        # memory no process's Pss holds until an engine maps it (then counted twice: an upper bound)
+        if files:
+            now += files
+            by_label[SYNC_FILES] = files
         if now > self.concurrent:
             self.concurrent, self.at_peak = now, by_label
 
@@ -62,6 +69,23 @@ class PeakMemory(threading.Thread):
                 name = f"{label}#{n}"
             out[name] = peak
         return out
+
+
+SYNC_FILES = "sync files (shared memory)"
+
+
+def _sync_files_gib(pids: list[int]) -> float:
+    """GiB of the weight-sync files in shared memory (tasks/transfer.sync_files_dir) of the processes `pids`."""
+    from tasks.transfer import SHARED_MEMORY, SYNC_FILES_PREFIX
+
+    total, mine = 0, {str(p) for p in pids}
+    with contextlib.suppress(OSError):
+        for d in SHARED_MEMORY.glob(f"{SYNC_FILES_PREFIX}*"):
+            if d.name.removeprefix(SYNC_FILES_PREFIX).split("-")[0] in mine:
+                for f in d.iterdir():
+                    with contextlib.suppress(OSError):  # deleted meanwhile
+                        total += f.stat().st_blocks * 512
+    return total / float(1 << 30)
 
 
 def _pss_gib(pid: int, rss: float) -> float:

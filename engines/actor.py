@@ -9,7 +9,7 @@ from typing import Any
 import ray
 import torch
 
-from artifacts.wire import WireWeights, from_wire, to_wire
+from artifacts.wire import WireFile, WireWeights, from_wire, read_file, to_wire
 from engines.base import Engine, EngineAnswer, GenerateRequest, StaleWeights
 from engines.regenerate import regenerate_and_compare
 from engines.registry import get_engine_class
@@ -132,11 +132,15 @@ class EngineActor:
     def load_weight_bucket(
         self, bucket: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None
     ) -> None:
-        """One bucket of a streamed sync to `version` (`[ref]` of TrainerActor.stream_weights)."""
+        """One bucket of a streamed sync to `version` (`[ref]` of TrainerActor.stream_weights: the weights, or the
+        WireFile they were written to)."""
         if self._receiving is None:  # the first bucket of this sync
             self.faults.reach("engine_update_weights_before_receive", weight_version=version, **(ctx or {}))
             self._receiving = set()
-        named_tensors = self._dropping(from_wire(ray.get(bucket[0]), copy=False))
+        sent = ray.get(bucket[0])
+        named_tensors = self._dropping(
+            read_file(sent) if isinstance(sent, WireFile) else from_wire(sent, copy=False)
+        )
         self.engine.load_weights(named_tensors)
         self._receiving.update(named_tensors)
 

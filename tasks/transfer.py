@@ -2,16 +2,18 @@
 engine backend) pair (slime keeps the same choice in `update_weight_from_{tensor,distributed,disk}`).
 
 - `FullTransfer`: rank 0 exports every weight as one object in Ray's object store; every engine fetches it and
-  loads it in one call: one round trip, for weights that fit one bucket.
+  loads it in one call: one round trip, for small models.
 - `StreamedTransfer`: every trainer rank runs `stream_weights` in step (a backend whose weights live in shards
   gathers them there). Rank 0 yields HF-named buckets of about `bucket_bytes`, in the engines' dtype, as they are
   ready. Each engine loads them as they come, then commits the version once every weight arrived. No process holds
   two full copies: rank 0 holds its shard plus a bucket, an engine its model plus a bucket. At most `in_flight`
   buckets exist at once, so the object store never holds the whole model: its shared memory stays resident in
   every process that mapped it once it was used, so a whole-model object would cost the model's size again for
-  the rest of the run.
-- `SizedTransfer`: the embedded torch pair's choice, FullTransfer for a model within one bucket (the tiny
-  recipes), else StreamedTransfer (a model of unknown size too).
+  the rest of the run. In a local run (one machine) the buckets do not go through the store at all: rank 0 writes
+  each into a file in shared memory and sends its WireFile, the engines map it, and the file is deleted once every
+  engine has loaded it, which frees its memory (the store's pages, once used, would stay resident).
+- `SizedTransfer`: the embedded torch pair's choice, FullTransfer for a model of at most `FULL_TRANSFER_BYTES` in
+  float32 (the tiny recipes), else StreamedTransfer (a model of unknown size too).
 
 Both return what was pushed: the weights' sha256 (artifacts.hashing.weights_sha256) and the per-tensor hashes,
 which the weight-update checker and the engines-in-sync check compare against without moving weights again.
@@ -21,6 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +36,14 @@ from artifacts.lint import checkpoint_numel
 from config import RunConfig
 from tasks import actors
 
-# bytes of weights per streamed bucket, and the most a FullTransfer moves in one object
-BUCKET_BYTES = 64 << 20
+# bytes per streamed bucket, counted as sent (in the engines' dtype): the store's pages stay resident once an
+# object has used them, so its objects are kept small
+BUCKET_BYTES = 32 << 20
+# the most a FullTransfer moves in one object, counted in float32
+FULL_TRANSFER_BYTES = 64 << 20
+# where a local run's streamed buckets are written (tmpfs: memory, freed as each file is deleted)
+SHARED_MEMORY = Path("/dev/shm")
+SYNC_FILES_PREFIX = "rollflow-sync-"
 
 
 @dataclass(frozen=True)
@@ -71,21 +82,38 @@ class StreamedTransfer:
         self.bucket_bytes, self.in_flight = bucket_bytes, in_flight
 
     async def push(self, cfg: RunConfig, engines: list[Any], version: int, ctx: dict[str, Any]) -> Pushed:
+        files = sync_files_dir(cfg)
+        try:
+            return await self._push(cfg, engines, version, ctx, files)
+        finally:
+            if files is not None:
+                shutil.rmtree(files, ignore_errors=True)  # what a failed sync left behind
+
+    async def _push(
+        self, cfg: RunConfig, engines: list[Any], version: int, ctx: dict[str, Any], files: Path | None
+    ) -> Pushed:
         trainers = actors.trainers(cfg)
         # the generator pauses while `in_flight` of its buckets are not taken from the stream
         streams = [
             t.stream_weights.options(
                 num_returns="streaming", _generator_backpressure_num_objects=self.in_flight
-            ).remote(self.bucket_bytes, ctx)
+            ).remote(self.bucket_bytes, ctx, None if files is None else str(files))
             for t in trainers
         ]
         loads: list[Any] = []
 
+        async def load(bucket: Any, index: int) -> None:
+            try:
+                await asyncio.gather(*[e.load_weight_bucket.remote([bucket], version, ctx) for e in engines])
+            finally:
+                if files is not None:  # every engine has read it: deleting it frees its memory
+                    (files / f"{index}.bin").unlink(missing_ok=True)
+
         async def forward(stream: Any) -> None:
+            index = 0
             async for bucket in stream:  # an ObjectRef per bucket: handed on, never fetched here
-                loads.append(
-                    asyncio.gather(*[e.load_weight_bucket.remote([bucket], version, ctx) for e in engines])
-                )
+                loads.append(asyncio.ensure_future(load(bucket, index)))
+                index += 1
                 if len(loads) >= self.in_flight:  # take the next bucket once an older one is loaded
                     await loads[-self.in_flight]
 
@@ -93,7 +121,12 @@ class StreamedTransfer:
             async for ref in stream:  # the other ranks take part in the gathers and yield nothing
                 await ref
 
-        await asyncio.gather(forward(streams[0]), *[drain(s) for s in streams[1:]])
+        try:
+            await asyncio.gather(forward(streams[0]), *[drain(s) for s in streams[1:]])
+        except Exception:
+            # the loads in flight end (or fail, their errors read here) before their files are deleted
+            await asyncio.gather(*loads, return_exceptions=True)
+            raise
         summary = await trainers[0].stream_summary.remote()
         await asyncio.gather(
             *loads, *[e.commit_weights.remote(version, summary["names"], ctx) for e in engines]
@@ -107,9 +140,18 @@ class SizedTransfer:
     async def push(self, cfg: RunConfig, engines: list[Any], version: int, ctx: dict[str, Any]) -> Pushed:
         nbytes = _float32_bytes(str(cfg.hf_checkpoint)) if cfg.hf_checkpoint else None
         chosen: WeightTransfer = (
-            FullTransfer() if nbytes is not None and nbytes <= BUCKET_BYTES else StreamedTransfer()
+            FullTransfer() if nbytes is not None and nbytes <= FULL_TRANSFER_BYTES else StreamedTransfer()
         )
         return await chosen.push(cfg, engines, version, ctx)
+
+
+def sync_files_dir(cfg: RunConfig) -> Path | None:
+    """A new directory in shared memory (`SHARED_MEMORY`) for one streamed sync's bucket files, named after this
+    process (`sync-files-<pid>-`), when the run's Ray is local: the trainers and engines are on this machine. None
+    (the buckets go through the object store) for a Ray cluster, or where there is no writable shared memory."""
+    if cfg.ray_address or not os.access(SHARED_MEMORY, os.W_OK):
+        return None
+    return Path(tempfile.mkdtemp(prefix=f"{SYNC_FILES_PREFIX}{os.getpid()}-", dir=SHARED_MEMORY))
 
 
 @functools.lru_cache(maxsize=8)

@@ -11,7 +11,7 @@ import torch
 
 from artifacts.hashing import tensor_hashes
 from artifacts.store import ArtifactRef
-from artifacts.wire import WireWeights, to_wire
+from artifacts.wire import WireFile, WireWeights, to_wire, write_file
 from faults import FaultHookRequest, FaultInjector
 from procs import freeze_heap, memory_gib, preload_arrow, trim_heap
 from trainers.base import Trainer
@@ -132,16 +132,19 @@ class TrainerActor:
         """This process's resident memory now and at its peak, GiB (procs.memory_gib)."""
         return memory_gib()
 
-    def stream_weights(self, bucket_bytes: int, ctx: dict[str, Any] | None = None) -> Iterator[WireWeights]:
+    def stream_weights(
+        self, bucket_bytes: int, ctx: dict[str, Any] | None = None, files: str | None = None
+    ) -> Iterator[WireWeights | WireFile]:
         """The backend's `iter_weights` as a Ray streaming generator (call it with num_returns="streaming"): rank
         0's buckets, cast to the engines' dtype, go to the engines one by one (tasks/transfer.StreamedTransfer);
-        their tensor hashes are kept for `stream_summary`."""
+        their tensor hashes are kept for `stream_summary`. `files`: a directory on the engines' machine, where
+        bucket i is written as `i.bin` and only its WireFile travels (the object store then never holds it)."""
         self.faults.reach("trainer_export_weights_before_send", **(ctx or {}))
         self._streamed: dict[str, str] = {}
         # cast as each tensor is copied, as the engines hold them: half the bytes in bf16
-        for bucket in self.trainer.iter_weights(bucket_bytes, self._held_as):
+        for i, bucket in enumerate(self.trainer.iter_weights(bucket_bytes, self._held_as)):
             self._streamed.update(tensor_hashes(bucket))
-            yield to_wire(bucket)
+            yield to_wire(bucket) if files is None else write_file(bucket, Path(files) / f"{i}.bin")
 
     def stream_summary(self) -> dict[str, Any]:
         """What the last `stream_weights` sent: the weight names and their per-tensor hashes."""

@@ -166,3 +166,18 @@ def test_peak_memory_reads_this_process():
     peaks = memory.stop()
     assert len(peaks) >= 1 and all(v > 0 for v in peaks.values())
     assert memory.concurrent > 0 and sum(memory.at_peak.values()) == pytest.approx(memory.concurrent)
+
+
+def test_the_runs_weight_sync_files_count_in_its_memory(monkeypatch, tmp_path):
+    """A sync's bucket files in shared memory belong to the run whose process named their directory."""
+    from bench import _memory
+    from tasks import transfer
+
+    monkeypatch.setattr(transfer, "SHARED_MEMORY", tmp_path)
+    for pid in (os.getpid(), 1):  # this process's, and another's that is not in the tree polled
+        d = tmp_path / f"{transfer.SYNC_FILES_PREFIX}{pid}-abc"
+        d.mkdir()
+        (d / "0.bin").write_bytes(b"x" * (1 << 20))
+    memory = PeakMemory(os.getpid())
+    memory.poll()
+    assert memory.at_peak[_memory.SYNC_FILES] == pytest.approx(1 / 1024, rel=0.01)

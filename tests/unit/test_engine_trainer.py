@@ -272,6 +272,29 @@ def test_wire_format_round_trips_bits(dtype):
             assert shares != copy
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_a_bucket_written_to_a_file_reads_back_bitwise_and_is_never_overwritten(dtype, tmp_path):
+    from artifacts.wire import read_file, write_file
+
+    named = {
+        "a": (torch.randn(3, 5) * 100).to(dtype),
+        "b.weight": torch.arange(7).to(dtype).reshape(7, 1)[::2],  # not contiguous
+        "empty": torch.zeros(0, 4, dtype=dtype),
+    }
+    wire = write_file(named, tmp_path / "0.bin")
+    back = read_file(wire)
+    assert list(back) == list(named)
+    for name, t in named.items():
+        assert back[name].dtype == dtype and back[name].shape == t.shape
+        assert torch.equal(back[name].view(torch.uint8), t.contiguous().view(torch.uint8))
+    assert all(offset % 64 == 0 for *_, offset in wire.tensors)
+    with pytest.raises(FileExistsError):
+        write_file({"a": named["a"]}, tmp_path / "0.bin")
+    assert torch.equal(read_file(wire)["a"], named["a"])  # the file is as first written
+    only_empty = write_file({"empty": named["empty"]}, tmp_path / "1.bin")
+    assert read_file(only_empty)["empty"].shape == (0, 4)
+
+
 def test_use_rollout_logprobs_trains_on_the_engine_log_probs(engine, base_checkpoint, tmp_path):
     from artifacts.store import read_rollout
 

@@ -1,14 +1,18 @@
 """tasks/transfer.py: which transfer a backend pair and a model size get, and that a streamed sync keeps at most
-`in_flight` buckets between the trainer and the engines (the object store never holds the whole model)."""
+`in_flight` buckets between the trainer and the engines (the object store never holds the whole model); in a local
+run the buckets travel as files in shared memory, each deleted once every engine loaded it."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
+from artifacts.wire import WireFile, read_file, write_file
 from tasks import transfer
 
 
@@ -30,12 +34,16 @@ class _Trainer:
     def __init__(self, n: int, state: dict[str, int]) -> None:
         self.n, self.state = n, state
 
-        async def stream(bucket_bytes: int, ctx: dict) -> Any:
+        async def stream(bucket_bytes: int, ctx: dict, files: str | None) -> Any:
             for i in range(self.n):
                 # Ray's backpressure: the generator waits while `in_flight` of its buckets are not taken
                 self.state["made"] += 1
                 self.state["peak"] = max(self.state["peak"], self.state["made"] - self.state["loaded"])
-                yield f"bucket-{i}"
+                if files is None:
+                    yield f"bucket-{i}"
+                else:
+                    yield write_file({f"w{i}": torch.full((3,), float(i))}, Path(files) / f"{i}.bin")
+                    self.state["files"] = max(self.state.get("files", 0), len(list(Path(files).iterdir())))
 
         async def summary() -> dict:
             return {
@@ -49,9 +57,13 @@ class _Trainer:
 
 class _Engine:
     def __init__(self, state: dict[str, int], loaded: list[str]) -> None:
-        async def load(bucket: list[str], version: int, ctx: dict) -> None:
+        async def load(bucket: list[Any], version: int, ctx: dict) -> None:
             await asyncio.sleep(0.01)  # a load takes longer than making a bucket
-            loaded.append(bucket[0])
+            if isinstance(bucket[0], WireFile):
+                (name, value), *_ = read_file(bucket[0]).items()
+                loaded.append(f"bucket-{int(value[0])}")
+            else:
+                loaded.append(bucket[0])
 
         async def commit(version: int, names: list[str], ctx: dict) -> None:
             state["committed"] = len(loaded)
@@ -60,7 +72,11 @@ class _Engine:
         self.commit_weights = _Method(commit)
 
 
-def test_a_streamed_sync_keeps_at_most_in_flight_buckets_and_commits_after_every_load(monkeypatch):
+@pytest.mark.parametrize("ray_address", ["ray://cluster:10001", None], ids=["object-store", "local-files"])
+def test_a_streamed_sync_keeps_at_most_in_flight_buckets_and_commits_after_every_load(
+    monkeypatch, tmp_path, ray_address
+):
+    monkeypatch.setattr(transfer, "SHARED_MEMORY", tmp_path)
     state = {"made": 0, "loaded": 0, "peak": 0}
     loaded: list[str] = []
     engines = [_Engine(state, loaded)]
@@ -75,11 +91,30 @@ def test_a_streamed_sync_keeps_at_most_in_flight_buckets_and_commits_after_every
 
     engines[0].load_weight_bucket.fn = counting_load(engines[0].load_weight_bucket.fn)
     monkeypatch.setattr(transfer.actors, "trainers", lambda cfg: [trainer])
-    pushed = asyncio.run(transfer.StreamedTransfer(in_flight=2).push(SimpleNamespace(), engines, 3, {}))
+    cfg = SimpleNamespace(ray_address=ray_address)
+    pushed = asyncio.run(transfer.StreamedTransfer(in_flight=2).push(cfg, engines, 3, {}))
     assert loaded == [f"bucket-{i}" for i in range(12)] and state["committed"] == 12
     assert trainer.stream_weights.opts["_generator_backpressure_num_objects"] == 2
     assert state["peak"] <= 2  # never more than in_flight buckets made and not loaded
     assert len(pushed.tensor_hashes) == 12
+    if ray_address is None:  # each file deleted once loaded: at most in_flight (+ the one being made) at once
+        assert 1 <= state["files"] <= 3
+    assert list(tmp_path.iterdir()) == []  # nothing left in shared memory
+
+
+def test_a_failed_local_sync_leaves_no_files(monkeypatch, tmp_path):
+    monkeypatch.setattr(transfer, "SHARED_MEMORY", tmp_path)
+    state = {"made": 0, "loaded": 0, "peak": 0}
+    engine = _Engine(state, [])
+
+    async def broken(bucket: list[Any], version: int, ctx: dict) -> None:
+        raise RuntimeError("the engine died while loading")
+
+    engine.load_weight_bucket.fn = broken
+    monkeypatch.setattr(transfer.actors, "trainers", lambda cfg: [_Trainer(5, state)])
+    with pytest.raises(RuntimeError, match="died while loading"):
+        asyncio.run(transfer.StreamedTransfer().push(SimpleNamespace(ray_address=None), [engine], 1, {}))
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
