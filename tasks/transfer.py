@@ -147,11 +147,28 @@ class SizedTransfer:
 
 def sync_files_dir(cfg: RunConfig) -> Path | None:
     """A new directory in shared memory (`SHARED_MEMORY`) for one streamed sync's bucket files, named after this
-    process (`sync-files-<pid>-`), when the run's Ray is local: the trainers and engines are on this machine. None
-    (the buckets go through the object store) for a Ray cluster, or where there is no writable shared memory."""
+    process (`rollflow-sync-<pid>-...`), when the run's Ray is local: the trainers and engines are on this machine.
+    None (the buckets go through the object store) for a Ray cluster, or where there is no writable shared memory.
+    The directories of processes that no longer run (a driver killed mid-sync) are removed first: shared memory is
+    not freed until its files are deleted."""
     if cfg.ray_address or not os.access(SHARED_MEMORY, os.W_OK):
         return None
+    for stale in SHARED_MEMORY.glob(f"{SYNC_FILES_PREFIX}*"):
+        pid = stale.name.removeprefix(SYNC_FILES_PREFIX).split("-")[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{SYNC_FILES_PREFIX}{os.getpid()}-", dir=SHARED_MEMORY))
+
+
+def _running(pid: int) -> bool:
+    """Whether a process `pid` exists (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
 
 
 @functools.lru_cache(maxsize=8)

@@ -151,3 +151,25 @@ def test_the_torch_pair_streams_a_model_larger_than_one_bucket(monkeypatch, para
     )
     assert asyncio.run(transfer.transfer_for(cfg).push(cfg, [], 1, {})) == "pushed"
     assert used == [chosen]
+
+
+def test_a_local_sync_removes_the_files_a_killed_driver_left(monkeypatch, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(transfer, "SHARED_MEMORY", tmp_path)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    left = tmp_path / f"{transfer.SYNC_FILES_PREFIX}{gone.stdout.strip()}-x"  # its process has ended
+    live = tmp_path / f"{transfer.SYNC_FILES_PREFIX}{os.getppid()}-y"  # a running process's sync
+    for d in (left, live):
+        d.mkdir()
+        (d / "0.bin").write_bytes(b"w")
+    made = transfer.sync_files_dir(SimpleNamespace(ray_address=None))
+    assert (
+        made is not None and made.parent == tmp_path and made.name.startswith(f"rollflow-sync-{os.getpid()}-")
+    )
+    assert not left.exists() and (live / "0.bin").exists()
+    assert transfer.sync_files_dir(SimpleNamespace(ray_address="ray://cluster:10001")) is None
