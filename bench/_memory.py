@@ -76,12 +76,12 @@ SYNC_FILES = "sync files (shared memory)"
 
 def _sync_files_gib(pids: list[int]) -> float:
     """GiB of the weight-sync files in shared memory (tasks/transfer.sync_files_dir) of the processes `pids`."""
-    from tasks.transfer import SHARED_MEMORY, SYNC_FILES_PREFIX
+    from tasks.transfer import SHARED_MEMORY, SYNC_FILES_PREFIX, sync_files_owner
 
-    total, mine = 0, {str(p) for p in pids}
+    total, mine = 0, set(pids)
     with contextlib.suppress(OSError):
         for d in SHARED_MEMORY.glob(f"{SYNC_FILES_PREFIX}*"):
-            if d.name.removeprefix(SYNC_FILES_PREFIX).split("-")[0] in mine:
+            if sync_files_owner(d) in mine:
                 for f in d.iterdir():
                     with contextlib.suppress(OSError):  # deleted meanwhile
                         total += f.stat().st_blocks * 512

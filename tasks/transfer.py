@@ -154,21 +154,21 @@ def sync_files_dir(cfg: RunConfig) -> Path | None:
     if cfg.ray_address or not os.access(SHARED_MEMORY, os.W_OK):
         return None
     for stale in SHARED_MEMORY.glob(f"{SYNC_FILES_PREFIX}*"):
-        pid = stale.name.removeprefix(SYNC_FILES_PREFIX).split("-")[0]
-        if pid.isdigit() and not _running(int(pid)):
+        pid = sync_files_owner(stale)
+        if pid is not None and not _running(pid):
             shutil.rmtree(stale, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{SYNC_FILES_PREFIX}{os.getpid()}-", dir=SHARED_MEMORY))
 
 
+def sync_files_owner(directory: Path) -> int | None:
+    """The pid that made a `sync_files_dir` directory, from its name; None for a name not of that form."""
+    pid = directory.name.removeprefix(SYNC_FILES_PREFIX).split("-")[0]
+    return int(pid) if directory.name.startswith(SYNC_FILES_PREFIX) and pid.isdigit() else None
+
+
 def _running(pid: int) -> bool:
-    """Whether a process `pid` exists (one of another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        pass
-    return True
+    """Whether a process `pid` exists (any user's; /dev/shm implies Linux, and so /proc)."""
+    return Path(f"/proc/{pid}").exists()
 
 
 @functools.lru_cache(maxsize=8)

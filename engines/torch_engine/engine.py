@@ -66,9 +66,8 @@ class TorchEngine:
         self._names = list(self._model.state_dict())  # every persistent weight, as a sync names them
         # each parameter's shape and dtype (a tied weight once), whether its storage is held, released or prepacked
         self._shapes = {name: (p.shape, p.dtype) for name, p in self._model.named_parameters()}
-        self._memory_released = (
-            False  # every parameter's storage dropped (release_memory), not yet allocated again
-        )
+        # every parameter's storage dropped (release_memory), not yet allocated again
+        self._memory_released = False
         self._unloaded: set[str] = set()  # weights not loaded since the memory was released
 
     # -- generation ----------------------------------------------------------------------------
@@ -420,18 +419,18 @@ def _dense_gumbel_argmax(logp: torch.Tensor, seeds: torch.Tensor, step: int) -> 
     that the first maximal index wins (argmax's rule) and a NaN wins as in argmax."""
     v = logp.shape[1]
     index = torch.arange(v, dtype=torch.long, device=logp.device)[None, :]
-    best = arg = None
-    for start in range(0, v, _NOISE_COLUMNS):
-        stop = min(start + _NOISE_COLUMNS, v)
-        noise = _neg_log_neg_log_(_uniform_at(seeds[:, None], step, v, index[:, start:stop]))
-        top, at = torch.max(logp[:, start:stop] - noise, dim=-1)
-        if best is None or arg is None:
-            best, arg = top, at
-            continue
+
+    def block(start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(max, argmax within the block) of columns [start, start + _NOISE_COLUMNS), per row."""
+        cols = slice(start, start + _NOISE_COLUMNS)
+        noise = _neg_log_neg_log_(_uniform_at(seeds[:, None], step, v, index[:, cols]))
+        return torch.max(logp[:, cols] - noise, dim=-1)
+
+    best, arg = block(0)
+    for start in range(_NOISE_COLUMNS, v, _NOISE_COLUMNS):
+        top, at = block(start)
         take = (top > best) | (top.isnan() & ~best.isnan())
-        best = torch.where(take, top, best)
-        arg = torch.where(take, at + start, arg)
-    assert arg is not None  # V >= 1
+        best, arg = torch.where(take, top, best), torch.where(take, at + start, arg)
     return arg
 
 
