@@ -38,3 +38,14 @@ def test_a_ray_worker_maps_large_blocks_of_its_own(ray_session):
         ray_session.remote(_mapped_bytes_of_a_block_after_a_larger_one_was_freed).remote()
     )
     assert mapped >= 16 * MIB, (mapped, os.environ.get("GLIBC_TUNABLES"))
+
+
+def test_a_ray_worker_caps_the_kernel_caches(ray_session):
+    import os
+
+    from procs import KERNEL_CACHES
+
+    def caches() -> dict[str, str | None]:
+        return {name: os.environ.get(name) for name in KERNEL_CACHES}
+
+    assert ray_session.get(ray_session.remote(caches).remote()) == KERNEL_CACHES

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 import procs
 from config import RunConfig
@@ -134,3 +135,58 @@ def test_malloc_tunables_are_added_and_a_users_own_stay():
     )
     once = procs.with_malloc_tunables(None)
     assert procs.with_malloc_tunables(once) == once  # set again by a process the run started: unchanged
+
+
+def test_kernel_caches_are_capped_and_a_users_own_stay():
+    env = {"LRU_CACHE_CAPACITY": "8"}
+    procs.cap_kernel_caches(env)
+    assert env == {"LRU_CACHE_CAPACITY": "8", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+    procs.cap_kernel_caches(env)  # set again by a process the run started: unchanged
+    assert env == {"LRU_CACHE_CAPACITY": "8", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+
+
+# bf16 products of 300 shapes, none repeated (as decode steps' attention is); prints the bytes malloc holds after
+# them beyond what it held before
+_KERNELS_OF_NEW_SHAPES = """
+import ctypes, ctypes.util, torch
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL(ctypes.util.find_library("c")); libc.mallinfo2.restype = Info
+def held():
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+torch.set_num_threads(1)
+x = torch.ones(4, 64, dtype=torch.bfloat16)
+torch.nn.functional.linear(x, torch.ones(2, 64, dtype=torch.bfloat16))
+before = held()
+for n in range(3, 303):
+    torch.nn.functional.linear(x, torch.ones(n, 64, dtype=torch.bfloat16))
+print(held() - before)
+"""
+
+
+def test_capped_kernel_caches_keep_fewer_kernels_of_shapes_that_do_not_come_back():
+    from engines.torch_engine.decoder import prepacked_linear_supported
+
+    if not prepacked_linear_supported(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("this CPU has no bf16 matmul support: the run's bf16 products do not go through oneDNN")
+
+    def grown(capacity: str | None) -> int:
+        env = {k: v for k, v in os.environ.items() if k not in procs.KERNEL_CACHES}
+        if capacity is None:
+            procs.cap_kernel_caches(env)
+        else:
+            env.update(dict.fromkeys(procs.KERNEL_CACHES, capacity))
+        run = subprocess.run(
+            [sys.executable, "-c", _KERNELS_OF_NEW_SHAPES],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stderr
+        return int(run.stdout)
+
+    libraries_default, the_runs = grown("1024"), grown(None)
+    # 300 cached kernels against 64: the run's processes keep well under half
+    assert the_runs < libraries_default / 2, (the_runs, libraries_default)
