@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ _CHUNK = 1 << 24
 
 def record(
     directory: str | Path,
-    tensors: dict[str, dict[str, torch.Tensor]],
+    tensors: Mapping[str, Mapping[str, torch.Tensor]],
     ranges: dict[str, dict[str, tuple[int, int]]] | None = None,
 ) -> None:
     """Write `directory`/tensor_hashes.json.

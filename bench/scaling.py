@@ -23,8 +23,9 @@ same precision (`--precision`, resolved once as `rollflow run` resolves it):
             and rollflow's TorchEngine alone, alternated on the same P x G rows (rollout 1's prompts, each G
             times), bench/generate.py's calls: tokens/s of each. One short warm-up call each, then `--steps` - 1
             timed calls each.
-Every side's processes start with the same GLIBC_TUNABLES: the malloc settings a run gives its local Ray
-(procs.with_malloc_tunables), which TRL and HF get too (the conditions line names them).
+Every side's processes start with the same GLIBC_TUNABLES and oneDNN / ideep kernel cache sizes: the settings a
+run gives its local Ray (procs.with_malloc_tunables, procs.cap_kernel_caches), which TRL and HF get too (the
+conditions line names them).
 The length: every side stops a row at the model's EOS, as a run does; the random-weight models (50M, 0.5B: one
 EOS among 151,936 ids) practically never sample it, so their rows run to L; the warm-started 3.2M model ends
 its answers (64-256 tokens), so its rows can be shorter than L. The table gives the mean response length each
@@ -66,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from artifacts.lint import checkpoint_numel  # noqa: E402
 from bench._memory import PeakMemory  # noqa: E402
 from bench._plain_loop import mean, table  # noqa: E402
-from procs import with_malloc_tunables  # noqa: E402
+from procs import KERNEL_CACHES, cap_kernel_caches, with_malloc_tunables  # noqa: E402
 
 SIZES = {"3.2M": "long-arith", "50M": "long-arith-50m", "0.5B": "long-arith-0.5b"}
 SMALL_RECIPES = {"tiny-arith", "long-arith"}  # below the size that takes the lock
@@ -536,7 +537,9 @@ def conditions(args: argparse.Namespace, cells: list[Cell]) -> str:
         f"({'; '.join(sorted(why)) or '-'}), the HF model in {', '.join(sorted(dtypes)) or '-'}; extra run flags: "
         f"{args.run_flags or '(none)'}. Memory at once: the Pss of every process of a side summed, its highest "
         "at one poll (every half second; shared pages such as Ray's object store count once). Every side's "
-        f"processes start with GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}."
+        f"processes start with GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')} and "
+        + ", ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in KERNEL_CACHES)
+        + "."
         + (f" {args.note}" if args.note else "")
     )
 
@@ -710,8 +713,9 @@ def main() -> None:
         plan = cell_plan(args.sizes, args.lengths, args.cells, sorted(RECIPES))
     except ValueError as e:
         p.error(str(e))
-    # TRL and HF allocate as the run's Ray processes do, whatever this process imported
+    # TRL and HF allocate and cache kernels as the run's Ray processes do, whatever this process imported
     os.environ["GLIBC_TUNABLES"] = with_malloc_tunables(os.environ.get("GLIBC_TUNABLES"))
+    cap_kernel_caches(os.environ)
     why = trl_missing(args)
     if why:
         print(f"TRL side skipped: {why}", flush=True)

@@ -96,12 +96,14 @@ _PARTIAL = (
 )
 _OPTIMIZER_STATE = (
     "rollflow's trainers keep their float32 AdamW state on the device (no CPU offload, no low-precision state); "
-    "leave it out: the results are the same, the memory it saves is not"
+    "leave it out: the results are the same, the memory it saves is not. A CPU trainer's moments can leave memory "
+    "for a file on disk instead: --optimizer-offload-dir DIR"
 )
 _TIS = "truncated importance sampling is not implemented in rollflow's losses; leave the TIS flags out"
 _OFFLOAD_TRAIN = (
     "on one machine a colocated run peaks while the trainer steps, when its weights, gradients and AdamW state "
-    "must all be resident (the engines' weights are released then with --offload-rollout); spilling the trainer's "
+    "are resident (the engines' weights are released then with --offload-rollout; --optimizer-offload-dir keeps "
+    "the AdamW moments on disk, in memory only a chunk at a time as a step updates them); spilling the trainer's "
     "state while the engines generate would lower only the generation phase, which is below that peak already, "
     "and cost a write and read of the state every rollout. The trainers drop their gradients after every step "
     "anyway. Leave it out; --offload-rollout releases the engines' weights"

@@ -146,6 +146,13 @@ class TrainConfig(Section):
         description="adam = AdamW (decoupled --weight-decay); sgd = SGD with --sgd-momentum (Megatron's).",
     )
     sgd_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum (--optimizer sgd).")
+    optimizer_offload_dir: str | None = Field(
+        None,
+        description="Keep AdamW's two moments in a file under this directory (on a disk, not tmpfs) instead of "
+        "in memory, as DeepSpeed's optimizer offload to NVMe does: each step reads and writes them a chunk at a "
+        "time, and they leave memory after every use. Lowers the trainer's peak by 8 bytes a parameter (0.5B: "
+        "3.7 GiB) for a read and a write of them per optimizer step. CPU trainers, --optimizer adam only.",
+    )
     deterministic_mode: bool = Field(
         False,
         description="torch.use_deterministic_algorithms(True) on every trainer rank and Megatron's "
@@ -202,6 +209,15 @@ class TrainConfig(Section):
         elif self.recompute_granularity == "selective" and self.recompute_num_layers is not None:
             raise ValueError(
                 "--recompute-granularity selective takes no --recompute-num-layers (Megatron's rule)"
+            )
+        if self.optimizer_offload_dir is not None and self.train_backend == "megatron":
+            raise ValueError(
+                "--optimizer-offload-dir is the torch trainer's (--train-backend torch): the megatron trainer "
+                "loads its AdamW state through megatron's distributed checkpoint, which would not put it on disk"
+            )
+        if self.optimizer_offload_dir is not None and self.optimizer != "adam":
+            raise ValueError(
+                "--optimizer-offload-dir keeps AdamW's moments on disk; --optimizer sgd has none to move: leave it out"
             )
         if self.kl_coef and self.kl_loss_coef:
             raise ValueError("--kl-coef and --kl-loss-coef: set only one of them (slime's rule)")

@@ -310,6 +310,7 @@ def _check_writable(cfg: RunConfig) -> None:
         ("--run-dir", str(cfg.resolved_run_dir)),
         ("--save", cfg.checkpoint.save),
         ("--dump-details", cfg.debug.dump_details),
+        ("--optimizer-offload-dir", cfg.train.optimizer_offload_dir),
     ]
     for flag, template in (
         ("--save-debug-rollout-data", cfg.debug.save_debug_rollout_data),

@@ -25,6 +25,7 @@ import torch
 from artifacts.atomic import atomic_write_text, fsync_tree
 from artifacts.checkpoints import LATEST_FILE
 from faults import FaultInjector
+from trainers.offload import DiskMoments
 from trainers.settings import TrainerSettings
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class CheckpointState(abc.ABC):
     optimizer: torch.optim.Optimizer | None
     scheduler: torch.optim.lr_scheduler.LambdaLR | None
     _fused: FusedStep | None  # the fused first step's gradients, void once the weights change
+    _moments: DiskMoments | None  # --optimizer-offload-dir: where AdamW's moments live
 
     @abc.abstractmethod
     def _state_tensors(self) -> list[torch.Tensor]:
@@ -135,7 +137,14 @@ class CheckpointState(abc.ABC):
             for group, saved_group in zip(self.optimizer.param_groups, snap.groups, strict=True):
                 group.update(saved_group)
             self.scheduler.load_state_dict(snap.sched)
+            self._offload_moments()
         self.global_step = snap.global_step
+
+    def _offload_moments(self) -> None:
+        """With --optimizer-offload-dir: AdamW's moments into their file where a load or restore brought tensors of
+        its own, and out of memory (reading them, as a save or snapshot does, brings their pages back)."""
+        if self._moments is not None and self.optimizer is not None:
+            self._moments.adopt(self.optimizer)
 
     # -- checkpoint bookkeeping shared by every format ---------------------------------------------------
     def _checkpoint_meta(self, rollout_id: int, **extra: Any) -> dict[str, Any]:
@@ -186,6 +195,7 @@ class CheckpointState(abc.ABC):
         sd = self.optimizer.state_dict()
         sd["state"] = state
         self.optimizer.load_state_dict(sd)
+        self._offload_moments()
 
     def _check_optimizer_fields(self, path: Path, saved: set[str]) -> None:
         """A checkpoint's per-parameter optimizer fields must be this run's optimizer's (AdamW's step and moments,

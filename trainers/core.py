@@ -64,6 +64,7 @@ from trainers.custom_loss import build_batch, plugin_loss, resolve_loss
 from trainers.determinism import MicroRun, compare_log_probs, compare_train, micro_run
 from trainers.losses import entropy_from_logits, get_kl_estimator, log_probs_from_logits, policy_objective
 from trainers.lr_schedule import lr_lambda
+from trainers.offload import DiskMoments
 from trainers.rollout_stats import logprob_stats
 from trainers.settings import TrainerSettings
 
@@ -166,6 +167,7 @@ class TrainerCore(CheckpointState, abc.ABC):
         self._cached: _CachedRollout | None = None
         self._written_logprobs: tuple[str, list[dict]] | None = None
         self._fused: FusedStep | None = None  # left by compute_log_probs for the next train_step
+        self._moments: DiskMoments | None = None  # --optimizer-offload-dir (trainers/offload.py)
         # --ci-test's re-execution check (trainers/determinism.py): the rollout's first micro-batch as it ran
         self._capture_first = False
         self._first_run: MicroRun | None = None
@@ -265,6 +267,8 @@ class TrainerCore(CheckpointState, abc.ABC):
                 # one kernel per tensor instead of ~10 ops; elementwise, so bitwise run to run
                 fused=True,
             )
+            if self.s.optimizer_offload_dir is not None:
+                self._moments = DiskMoments(self.s.optimizer_offload_dir, self.params, self.rank)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_lambda(
@@ -339,6 +343,7 @@ class TrainerCore(CheckpointState, abc.ABC):
         Fused (module docstring): the first step's micro-batches also run their loss and backward.
         AlreadyApplied, before anything is computed or written, for a rollout whose step was applied."""
         samples = self._rollout(rollout_ref)
+        self._offload_moments()  # out of memory for this pass's (fused first step's) backward
         if samples and samples[0].rollout_id <= self.last_applied_rollout:
             # version k holds the steps of rollouts < k: rollout N's log-probs need version N
             rollout_id = samples[0].rollout_id
@@ -439,6 +444,7 @@ class TrainerCore(CheckpointState, abc.ABC):
             fused = None
         boundary = self._boundary_on_disk()
         snapshot = None if boundary else self._snapshot(weights=not self._start_on_disk())
+        self._offload_moments()  # out of memory for the step's backward (a snapshot just read them)
         began = time.perf_counter()
         try:
             again = None
@@ -593,7 +599,10 @@ class TrainerCore(CheckpointState, abc.ABC):
             record.update({"train/grad_norm": float(grad_norm), "train/step": self.global_step})
             if self.optimizer is not None and self.scheduler is not None:
                 record["train/lr-pg_0"] = self.optimizer.param_groups[0]["lr"]
-                self.optimizer.step()
+                if self._moments is not None:
+                    self._moments.step(self.optimizer)
+                else:
+                    self.optimizer.step()
                 self.scheduler.step()
             self.global_step += 1
             out.append(record)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,7 @@ class TrainerSettings:
     normalize_advantages: bool = False
     optimizer: str = "adam"
     sgd_momentum: float = 0.9
+    optimizer_offload_dir: str | None = None  # absolute: the actors' working directory is not the driver's
     deterministic_mode: bool = False
     recompute_granularity: str | None = None
     recompute_method: str | None = None
@@ -135,6 +137,7 @@ def trainer_settings(cfg: RunConfig) -> TrainerSettings:
         normalize_advantages=t.normalize_advantages,
         optimizer=t.optimizer,
         sgd_momentum=t.sgd_momentum,
+        optimizer_offload_dir=os.path.abspath(t.optimizer_offload_dir) if t.optimizer_offload_dir else None,
         deterministic_mode=t.deterministic_mode,
         recompute_granularity=t.recompute_granularity,
         recompute_method=t.recompute_method,

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from artifacts import content_hashes
 from artifacts.atomic import atomic_write_json
 from artifacts.checkpoints import model_dir, resolve_checkpoint
 from artifacts.hashing import as_dtype, layer_hashes, tensor_hashes, weights_sha256
+from artifacts.safetensors_stream import write_safetensors
 from trainers import recompute
 from trainers.base import Trainer
 from trainers.batching import MicroBatch
@@ -280,12 +281,17 @@ class TorchTrainer(TrainerCore):
                 for key, value in state.items():
                     if value is not None:  # SGD without momentum keeps a None buffer
                         opt[f"{names[idx]}::{key}"] = torch.as_tensor(value)
-        save_file(opt, str(tmp / "optimizer.safetensors"))
+        # one tensor at a time: moments on disk (--optimizer-offload-dir) leave memory as the next one is read
+        reading: Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]] = (
+            self._moments.reading if self._moments is not None else dict
+        )
+        write_safetensors(tmp / "optimizer.safetensors", reading(opt))
         rng = {"torch_rng": torch.get_rng_state()}
         save_file(rng, str(tmp / "rng.safetensors"))
         if not snapshot:  # what --load and lint-ckpt verify the files' content against
             content_hashes.record(
-                tmp, {"model.safetensors": weights, "optimizer.safetensors": opt, "rng.safetensors": rng}
+                tmp,
+                {"model.safetensors": weights, "optimizer.safetensors": reading(opt), "rng.safetensors": rng},
             )
         sched = self.scheduler.state_dict() if self.scheduler is not None else {}
         atomic_write_json(tmp / "scheduler.json", {k: v for k, v in sched.items() if k != "lr_lambdas"})
@@ -294,6 +300,7 @@ class TorchTrainer(TrainerCore):
                 atomic_write_json(tmp / f"model_hash_tp0_pp0_dp{rank}_cp0.json", layer_hash)
         atomic_write_json(tmp / "meta.json", self._checkpoint_meta(rollout_id))
         self._publish_checkpoint(tmp, directory, rollout_id, snapshot=snapshot)
+        self._offload_moments()  # writing them brought their pages back
 
     restores_boundary_alone = True  # each rank reads the files rank 0 wrote, with no collective
 
