@@ -4,8 +4,8 @@ Every flow is a module of this package. So this runs before anything a flow impo
 started the flow run. A process that did not set Ray's environment itself (the flow run a Prefect worker
 starts from prefect.yaml) gets token authentication with Ray's own token file, and gloo on loopback.
 `rollflow run` and `rollflow serve` set a run's own token before (flows.cli.configure_ray_env). The processes
-started from here on (a local Ray's) get glibc's malloc settings of procs.with_malloc_tunables and the kernel cache sizes of
-procs.cap_kernel_caches. A user's own settings stay."""
+started from here on (a local Ray's) get glibc's malloc settings of procs.with_malloc_tunables and the kernel cache
+sizes of procs.cap_kernel_caches. A user's own settings stay."""
 
 import os
 

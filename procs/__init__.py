@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Iterable, MutableMapping
+from typing import Any
 
 
 def freeze_heap() -> None:
@@ -134,18 +135,29 @@ def cap_kernel_caches(environ: MutableMapping[str, str]) -> None:
         environ.setdefault(name, value)
 
 
+def libc() -> Any:
+    """The C library, loaded once, with errno kept for ctypes.get_errno; None where none is found."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC = ctypes.CDLL(name, use_errno=True) if name is not None else False
+        except OSError:
+            _LIBC = False
+    return _LIBC or None
+
+
+_LIBC: Any = None  # libc(): None until loaded, False where there is none
+
+
 def trim_heap() -> bool:
     """Give the C heap's free pages back to the OS (glibc's malloc_trim), so that memory freed by dropping large
     objects leaves the resident set and not only Python's accounting; False where the C library has no such call."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS)
+    trim = getattr(libc(), "malloc_trim", None)  # not glibc (musl, macOS): none
+    if trim is None:
         return False
     trim(0)
     return True

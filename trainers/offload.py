@@ -16,7 +16,6 @@ deleted as soon as it is mapped: it takes disk space while the trainer runs and 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 import tempfile
@@ -25,6 +24,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
+
+from procs import libc
 
 CHUNK_BYTES = 256 << 20  # the moments one step brings into memory at once
 _MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -88,7 +89,11 @@ class DiskMoments:
             os.unlink(path)  # the mapping and `fd` keep the file while the process lives
         self._fd = fd
         weakref.finalize(self, os.close, fd)  # the file's disk space goes back with the last reference
-        self._libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        self._libc = libc()
+        if self._libc is None:
+            raise OSError(
+                "--optimizer-offload-dir needs the C library's msync and madvise, which this system lacks"
+            )
         self._chunks = _chunks([2 * 4 * p.numel() for p in self.params], CHUNK_BYTES)
 
     def views(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,12 +125,14 @@ class DiskMoments:
         grads = [p.grad for p in self.params]
         try:
             for first, last in self._chunks:
+                chunk = range(first, last + 1)
                 for i, (p, g) in enumerate(zip(self.params, grads, strict=True)):
-                    p.grad = g if first <= i <= last else None
-                    if first <= i <= last and g is not None and not optimizer.state.get(p):
-                        optimizer.state[p] = self._initial_state(i)
+                    p.grad = g if i in chunk else None
+                for i in chunk:
+                    if grads[i] is not None and not optimizer.state.get(self.params[i]):
+                        optimizer.state[self.params[i]] = self._initial_state(i)
                 optimizer.step()
-                self.adopt(optimizer, range(first, last + 1))
+                self.adopt(optimizer, chunk)
         finally:
             for p, g in zip(self.params, grads, strict=True):
                 p.grad = g
