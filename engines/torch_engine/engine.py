@@ -1,9 +1,9 @@
 """Embedded torch inference engine.
 
-Batched sampling with a KV cache over any HF causal LM. Sampling uses the Gumbel-max trick with
-one `torch.Generator` per request, seeded from the request: every row draws its own noise at every
-step, so a request's tokens depend only on its seed, its prompt and the weights, never on which
-other requests share the batch.
+Batched sampling with a KV cache over any HF causal LM. Each request draws its token at every step by inversion
+of its own distribution with a uniform that is a pure function of (its seed, the step) (`sample_by_inversion`), so
+a request's tokens depend only on its seed, its prompt and the weights, never on which other requests share the
+batch.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class TorchEngine:
                 f"engine precision {precision!r}: expected bf16 or fp32 (auto is resolved before)"
             )
         # bf16: weights, activations and KV cache in bfloat16; the decoders return float32 logits, so the
-        # log-softmax, the Gumbel-max sampling and the recorded log-probs stay float32
+        # log-softmax, the sampling and the recorded log-probs stay float32
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.layout_invariant = precision == "fp32"
         model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=self.dtype)
@@ -157,8 +157,8 @@ class TorchEngine:
             logits = decoder.prefill(ids, positions, key_mask)
         next_pos = positions[:, -1] + 1
         for step in range(steps):
-            logp = torch.log_softmax(logits / temps[:, None], dim=-1)
-            picked = gumbel_argmax(_filter_top_k_top_p(logp, filters, rows), seeds, step)
+            logp = torch.log_softmax(logits.div_(temps[:, None]), dim=-1)  # the decoders' own float32 logits
+            picked = sample_by_inversion(_filter_top_k_top_p(logp, filters, rows), seeds, step)
             at = rows[live]
             tokens[at, step] = picked[live]
             logps[at, step] = logp.gather(-1, picked[:, None]).squeeze(-1)[live]
@@ -322,9 +322,6 @@ class TorchEngine:
         del self._model
 
 
-_MASK64 = (1 << 64) - 1
-
-
 def _signed(x: int) -> int:
     """A uint64 constant as the int64 with the same bits (torch has no uint64 arithmetic)."""
     return x - (1 << 64) if x >= 1 << 63 else x
@@ -333,14 +330,8 @@ def _signed(x: int) -> int:
 _GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
 
 
-def _srl(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
-    return (x >> n) & ((1 << (64 - n)) - 1)
-
-
 def _splitmix64_(z: torch.Tensor) -> torch.Tensor:
-    """splitmix64's output function of `z`, in place. Over a [B, V] counter the passes are bound by memory
-    traffic, and integer arithmetic gives the same bits in place or not."""
+    """splitmix64's output function of `z` (int64 holding uint64 bits), in place."""
     z += _GOLDEN
     for shift, mul in ((30, _MIX1), (27, _MIX2), (31, None)):
         t = z >> shift
@@ -351,87 +342,30 @@ def _splitmix64_(z: torch.Tensor) -> torch.Tensor:
     return z
 
 
-def counter_uniform(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
-    """Uniform noise in (0, 1), [B, V] float32, a pure function of (seed, step, vocab index).
-
-    A counter-based generator (splitmix64 over the counter) instead of one torch.Generator per
-    request: the same bits per request whatever the batch, but computed for the whole batch at once.
-    """
-    return _uniform_at(
-        seeds[:, None], step, vocab, torch.arange(vocab, dtype=torch.long, device=seeds.device)[None, :]
-    )
-
-
-def _uniform_at(seeds: torch.Tensor, step: int, vocab: int, index: torch.Tensor) -> torch.Tensor:
-    """`counter_uniform`'s entries at vocab `index` for rows seeded `seeds` (broadcast together)."""
-    counter = _splitmix64_(seeds.clone()) + (step * vocab + index) * _GOLDEN
+def counter_uniform(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """One uniform in (0, 1) per row, [B] float32: a pure function of (seed, step), the top 24 bits of splitmix64
+    over the counter (splitmix64(seed) + step x golden ratio). A counter-based generator instead of one
+    torch.Generator per request: the same bits per request whatever the batch, computed for the whole batch at
+    once."""
+    counter = _splitmix64_(seeds.clone()) + _signed(step * _GOLDEN % (1 << 64))
     bits = _splitmix64_(counter)
-    bits >>= 40  # the top 24 bits: exact in float32
-    bits &= (1 << 24) - 1
-    u = bits.to(torch.float32)
-    u += 0.5
-    u /= float(1 << 24)
-    # float32 rounds the top value's (2^24 - 0.5) / 2^24 up to 1.0, whose Gumbel noise is +inf (any token,
-    # filtered ones too, would win): it becomes the largest float32 below 1; no other value changes
-    return u.clamp_(max=_U_MAX)
+    bits >>= 40
+    bits &= (1 << 24) - 1  # the top 24 bits: exact in float32
+    return (bits.to(torch.float32) + 0.5) / float(1 << 24)
 
 
-_U_MAX = 1.0 - 2.0**-24
+def sample_by_inversion(logp: torch.Tensor, seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """A token per row drawn from exp(logp), [B, V] -> [B] long (-inf = excluded, as top-k / top-p leave it): the
+    first index whose running sum of probabilities exceeds u x the row's total, u = counter_uniform(seeds, step).
 
-
-def _neg_log_neg_log_(u: torch.Tensor) -> torch.Tensor:
-    """log(-log(u)) in place of `u` (minus the Gumbel noise of uniforms `u`)."""
-    return u.log_().neg_().log_()
-
-
-# Gumbel noise from the uniforms lies in [-log(-log(2^-25)), -log(-log(1 - 2^-24))] = [-2.86, 16.64]: a
-# token whose log-prob is more than 19.5 below its row's best can never win the argmax. 21 leaves margin
-# for float32 rounding of both bounds.
-_GUMBEL_SPAN = 21.0
-
-
-def gumbel_argmax(logp: torch.Tensor, seeds: torch.Tensor, step: int) -> torch.Tensor:
-    """argmax(logp - log(-log(counter_uniform(seeds, step, V)))) per row: Gumbel-max sampling. [B, V] -> [B].
-
-    Hashing the noise costs ~20 int64 passes over [B, V]; it is computed only for the tokens that can
-    still win (within _GUMBEL_SPAN of their row's best), which for a trained model is a small share of
-    a large vocabulary. The same expression on the same entries: the result is identical to the full one.
-    """
-    b, v = logp.shape
-    candidate = logp >= logp.max(dim=-1, keepdim=True).values - _GUMBEL_SPAN
-    if int(candidate.sum()) * 4 > b * v:  # a flat distribution: gathering would cost more than it saves
-        return _dense_gumbel_argmax(logp, seeds, step)
-    row, col = candidate.nonzero(as_tuple=True)
-    noise = _uniform_at(seeds[row], step, v, col)
-    scores = torch.full_like(logp, float("-inf"))
-    scores[row, col] = logp[row, col] - _neg_log_neg_log_(noise)
-    return torch.argmax(scores, dim=-1)
-
-
-# Columns of [B, V] the dense Gumbel-max hashes at a time: the ~20 integer passes then stay in the core's cache
-# instead of each streaming the whole [B, V] int64 counter through memory.
-_NOISE_COLUMNS = 8192
-
-
-def _dense_gumbel_argmax(logp: torch.Tensor, seeds: torch.Tensor, step: int) -> torch.Tensor:
-    """`torch.argmax(logp - log(-log(counter_uniform(seeds, step, V))), dim=-1)`, [B, V] -> [B], computed a block
-    of columns at a time. Each entry is the same expression on the same bits; the blocks' maxima are combined so
-    that the first maximal index wins (argmax's rule) and a NaN wins as in argmax."""
-    v = logp.shape[1]
-    index = torch.arange(v, dtype=torch.long, device=logp.device)[None, :]
-
-    def block(start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(max, argmax within the block) of columns [start, start + _NOISE_COLUMNS), per row."""
-        cols = slice(start, start + _NOISE_COLUMNS)
-        noise = _neg_log_neg_log_(_uniform_at(seeds[:, None], step, v, index[:, cols]))
-        return torch.max(logp[:, cols] - noise, dim=-1)
-
-    best, arg = block(0)
-    for start in range(_NOISE_COLUMNS, v, _NOISE_COLUMNS):
-        top, at = block(start)
-        take = (top > best) | (top.isnan() & ~best.isnan())
-        best, arg = torch.where(take, top, best), torch.where(take, at + start, arg)
-    return arg
+    Each row is drawn from its own values and its own u alone, so its token does not depend on the batch. Three
+    passes over [B, V] (exp, running sum, search): Gumbel-max would hash a noise value for every entry. A token
+    of zero probability is never drawn, also where u x total rounds up to the total."""
+    cdf = logp.exp().cumsum_(dim=-1)
+    total = cdf[:, -1:].contiguous()
+    picked = torch.searchsorted(cdf, counter_uniform(seeds, step)[:, None] * total, right=True)
+    # the first index reaching the total is the last token with a probability
+    return torch.minimum(picked, torch.searchsorted(cdf, total)).squeeze(1)
 
 
 def _row_filters(reqs: list[GenerateRequest]) -> list[tuple[int, float]] | None:

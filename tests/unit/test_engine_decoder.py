@@ -1,4 +1,5 @@
-"""The embedded engine's fast decoder and sampler give what the plain HF forward and full Gumbel-max give."""
+"""The embedded engine's fast decoder gives what the plain HF forward gives; its sampler draws each row from its
+distribution."""
 
 from __future__ import annotations
 
@@ -11,36 +12,36 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from engines.base import GenerateRequest, SamplingParams
 from engines.torch_engine import engine as engine_mod
 from engines.torch_engine.decoder import FastDecoder, FastWeights, HFDecoder
-from engines.torch_engine.engine import TorchEngine, counter_uniform, gumbel_argmax
+from engines.torch_engine.engine import TorchEngine, counter_uniform, sample_by_inversion
 
 
-def _dense_argmax(logp: torch.Tensor, seeds: torch.Tensor, step: int) -> torch.Tensor:
-    return torch.argmax(logp - torch.log(-torch.log(counter_uniform(seeds, step, logp.shape[-1]))), dim=-1)
-
-
-@pytest.mark.parametrize("scale", [0.5, 8.0, 40.0])  # flat (dense path), peaked, very peaked
-def test_gumbel_argmax_equals_the_full_computation(scale):
+@pytest.mark.parametrize("scale", [0.5, 8.0])  # flat, peaked
+def test_sampling_by_inversion_draws_each_row_from_its_distribution(scale):
+    """Each token's share of 4,000 draws (one per seed) is its probability, and a row draws the same token alone
+    as in a batch."""
     gen = torch.Generator().manual_seed(0)
-    logp = torch.log_softmax(torch.randn(32, 4096, generator=gen) * scale, dim=-1)
-    logp[3, 100:] = float("-inf")  # a top-k-filtered row
-    seeds = torch.arange(32) * 7919
-    for step in range(20):
-        assert torch.equal(gumbel_argmax(logp, seeds, step), _dense_argmax(logp, seeds, step))
+    logp = torch.log_softmax(torch.randn(12, generator=gen) * scale, dim=-1)
+    seeds = torch.arange(4000) * 7919 + 1
+    drawn = sample_by_inversion(logp.expand(4000, -1).contiguous(), seeds, step=3)
+    share = torch.bincount(drawn, minlength=12) / 4000
+    assert (share - logp.exp()).abs().max() < 0.03, (share, logp.exp())
+    mixed = torch.log_softmax(torch.randn(4000, 12, generator=gen), dim=-1)
+    mixed[::2] = logp
+    assert torch.equal(sample_by_inversion(mixed, seeds, 3)[::2], drawn[::2])
+    assert not torch.equal(sample_by_inversion(logp.expand(4000, -1).contiguous(), seeds, 4), drawn)
 
 
-def test_the_dense_path_in_blocks_of_columns_is_argmax_of_the_whole_row(monkeypatch):
-    """Blocks of 7 columns over 50: ties across blocks go to the first index, a NaN wins, a -inf row gives 0."""
-    monkeypatch.setattr(engine_mod, "_NOISE_COLUMNS", 7)
-    gen = torch.Generator().manual_seed(1)
-    logp = torch.log_softmax(torch.randn(6, 50, generator=gen) * 0.1, dim=-1)
-    logp[1] = float("-inf")  # everything filtered
-    logp[2, 33] = float("nan")  # a broken row: argmax picks the NaN
-    logp[3, [5, 12, 40]] = float("inf")  # a tie across blocks: the first one
-    seeds = torch.arange(6) * 104729
-    for step in range(10):
-        got = engine_mod._dense_gumbel_argmax(logp, seeds, step)
-        assert torch.equal(got, _dense_argmax(logp, seeds, step)), step
-        assert got[1] == 0 and got[2] == 33 and got[3] == 5
+@pytest.mark.parametrize("u", [1.0, 0.5 / 2**24])  # u x total rounds to the total; the smallest uniform
+def test_a_token_of_zero_probability_is_never_drawn(u, monkeypatch):
+    """Filtered tokens (-inf) at both ends of a row and between its tokens: the draw at either extreme of u is the
+    last or the first token with a probability; a row with one token left always draws it."""
+    monkeypatch.setattr(engine_mod, "counter_uniform", lambda seeds, step: torch.full(seeds.shape, u))
+    logp = torch.full((3, 9), float("-inf"))
+    logp[0, [2, 5, 6]] = torch.log_softmax(torch.tensor([0.3, 1.0, 2.0]), dim=-1)
+    logp[1, 4] = 0.0
+    logp[2, [0, 8]] = math.log(0.5)
+    got = sample_by_inversion(logp, torch.arange(3), 0).tolist()
+    assert got == ([6, 4, 8] if u == 1.0 else [2, 4, 0])
 
 
 def _splitmix64(x: int) -> int:
@@ -53,31 +54,18 @@ def _splitmix64(x: int) -> int:
 
 
 def test_counter_uniform_is_splitmix64_of_the_counter():
-    """The sampler's noise, bit for bit: recorded rollouts replay only while these bits stay the same."""
+    """The sampler's uniforms, bit for bit: a request's tokens are a function of its seed only while these bits
+    stay the same."""
     seeds = torch.tensor([0, 7919, -(2**62) - 5, 2**62 + 3])
-    vocab, step, before = 1000, 17, seeds.clone()
-    u = counter_uniform(seeds, step, vocab)
+    before = seeds.clone()
     mask = (1 << 64) - 1
-    for r, seed in enumerate(seeds.tolist()):
-        for i in (0, 1, 499, 999):
-            counter = (_splitmix64(seed & mask) + (step * vocab + i) * 0x9E3779B97F4A7C15) & mask
+    for step in (0, 17, 2**40 + 1):
+        u = counter_uniform(seeds, step)
+        for r, seed in enumerate(seeds.tolist()):
+            counter = (_splitmix64(seed & mask) + step * 0x9E3779B97F4A7C15) & mask
             bits = torch.tensor(_splitmix64(counter) >> 40, dtype=torch.float32)
-            assert u[r, i] == (bits + 0.5) / 2**24, (r, i)  # in float32, as the engine computes it
+            assert u[r] == (bits + 0.5) / 2**24, (step, r)  # in float32, as the engine computes it
     assert torch.equal(seeds, before)  # computed in place on temporaries only
-
-
-# seed 7919 at step 4 of a 2^22-id vocabulary draws the top 24-bit value at this id: (2^24 - 0.5) / 2^24
-# rounds to 1.0 in float32, whose Gumbel noise is +inf
-_TOP = (torch.tensor([7919]), 4, 1 << 22, 2940376)
-
-
-def test_the_top_uniform_stays_below_one_and_a_filtered_token_never_wins():
-    seeds, step, vocab, top = _TOP
-    u = engine_mod._uniform_at(seeds, step, vocab, torch.tensor([top, top - 1]))
-    assert u[0] == 1.0 - 2.0**-24 and u[1] < 1.0
-    logp = torch.full((1, vocab), float("-inf"))
-    logp[0, : vocab // 2] = -math.log(vocab // 2)  # a flat half, dense path; `top` lies in the filtered half
-    assert int(gumbel_argmax(logp, seeds, step)) < vocab // 2
 
 
 def _llama(tmp_path):
