@@ -343,8 +343,8 @@ def _splitmix64_(z: torch.Tensor) -> torch.Tensor:
 
 
 def counter_uniform(seeds: torch.Tensor, step: int) -> torch.Tensor:
-    """One uniform in (0, 1) per row, [B] float32: a pure function of (seed, step), the top 24 bits of splitmix64
-    over the counter (splitmix64(seed) + step x golden ratio). A counter-based generator instead of one
+    """One uniform in (0, 1] per row, [B] float32 (the top value, (2^24 - 0.5) / 2^24, rounds to 1.0): a pure function
+    of (seed, step), the top 24 bits of splitmix64 over the counter (splitmix64(seed) + step x golden ratio). A counter-based generator instead of one
     torch.Generator per request: the same bits per request whatever the batch, computed for the whole batch at
     once."""
     counter = _splitmix64_(seeds.clone()) + _signed(step * _GOLDEN % (1 << 64))
@@ -360,12 +360,17 @@ def sample_by_inversion(logp: torch.Tensor, seeds: torch.Tensor, step: int) -> t
 
     Each row is drawn from its own values and its own u alone, so its token does not depend on the batch. Three
     passes over [B, V] (exp, running sum, search): Gumbel-max would hash a noise value for every entry. A token
-    of zero probability is never drawn, also where u x total rounds up to the total."""
+    of zero probability is never drawn, also where u x total rounds up to the total. A row holding a NaN draws its
+    first NaN, so that the recorded log-prob shows it."""
     cdf = logp.exp().cumsum_(dim=-1)
     total = cdf[:, -1:].contiguous()
     picked = torch.searchsorted(cdf, counter_uniform(seeds, step)[:, None] * total, right=True)
     # the first index reaching the total is the last token with a probability
-    return torch.minimum(picked, torch.searchsorted(cdf, total)).squeeze(1)
+    picked = torch.minimum(picked, torch.searchsorted(cdf, total)).squeeze(1)
+    broken = total.squeeze(1).isnan()  # a NaN anywhere in a row runs through the rest of its sum
+    if bool(broken.any()):
+        picked[broken] = logp[broken].isnan().int().argmax(dim=-1)
+    return picked
 
 
 def _row_filters(reqs: list[GenerateRequest]) -> list[tuple[int, float]] | None:

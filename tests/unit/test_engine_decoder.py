@@ -44,6 +44,19 @@ def test_a_token_of_zero_probability_is_never_drawn(u, monkeypatch):
     assert got == ([6, 4, 8] if u == 1.0 else [2, 4, 0])
 
 
+def test_a_row_holding_a_nan_draws_its_first_nan():
+    """A broken row (a NaN in its logits) draws where its NaN is, so that its recorded log-prob is NaN and the run's
+    checks report it; the other rows draw as alone."""
+    logp = torch.log_softmax(torch.randn(4, 10, generator=torch.Generator().manual_seed(3)), dim=-1)
+    broken = logp.clone()
+    broken[1, [4, 7]] = float("nan")
+    broken[2] = float("nan")
+    seeds = torch.arange(4)
+    got = sample_by_inversion(broken, seeds, 0)
+    assert got[1] == 4 and got[2] == 0
+    assert torch.equal(got[[0, 3]], sample_by_inversion(logp, seeds, 0)[[0, 3]])
+
+
 def _splitmix64(x: int) -> int:
     """The reference splitmix64 output function on Python ints (uint64)."""
     mask = (1 << 64) - 1
