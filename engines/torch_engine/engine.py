@@ -343,10 +343,10 @@ def _splitmix64_(z: torch.Tensor) -> torch.Tensor:
 
 
 def counter_uniform(seeds: torch.Tensor, step: int) -> torch.Tensor:
-    """One uniform in (0, 1] per row, [B] float32 (the top value, (2^24 - 0.5) / 2^24, rounds to 1.0): a pure function
-    of (seed, step), the top 24 bits of splitmix64 over the counter (splitmix64(seed) + step x golden ratio). A counter-based generator instead of one
-    torch.Generator per request: the same bits per request whatever the batch, computed for the whole batch at
-    once."""
+    """One uniform in (0, 1] per row, [B] float32, a pure function of (seed, step): the top 24 bits of splitmix64
+    over the counter splitmix64(seed) + step x golden ratio (the top value, (2^24 - 0.5) / 2^24, rounds to 1.0).
+    A counter-based generator instead of one torch.Generator per request: the same bits per request whatever the
+    batch, computed for the whole batch at once."""
     counter = _splitmix64_(seeds.clone()) + _signed(step * _GOLDEN % (1 << 64))
     bits = _splitmix64_(counter)
     bits >>= 40
