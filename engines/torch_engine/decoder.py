@@ -30,11 +30,12 @@ class Decoder(Protocol):
 
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """Run the prompts. ids, positions: [B, W] long; key_mask: [B, L] bool (False = left padding).
-        Returns the logits of each row's last prompt token, [B, V] float32."""
+        Returns the logits of each row's last prompt token, [B, V] float32 (as `decode` returns them)."""
         ...
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Append one token per row. tokens, positions: [B] long. Returns the next logits, [B, V]."""
+        """Append one token per row. tokens, positions: [B] long. Returns the next logits, [B, V] float32 (a
+        decoder may return them in a buffer of its own, valid until its next call: the caller may write it)."""
         ...
 
     def keep(self, rows: torch.Tensor) -> None:
@@ -206,6 +207,7 @@ class FastDecoder:
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, allocated by prefill
         self.filled = 0  # cache slots written so far (the same for every row: left padding aligns them)
         self.key_mask: torch.Tensor | None = None  # [B, 1, 1, L] bool
+        self._logits: torch.Tensor | None = None  # float32 [B, V] that a low-precision model's logits go to
 
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         batch, width = ids.shape
@@ -261,7 +263,14 @@ class FastDecoder:
             x = x + w.linear(F.silu(gate) * up, down_w)
         self.filled = end
         last = F.rms_norm(x[:, -1], w.final_norm.shape, w.final_norm, w.eps)
-        return w.linear(last, w.lm_head).float()
+        logits = w.linear(last, w.lm_head)
+        if logits.dtype == torch.float32:
+            return logits
+        # float32 in a buffer kept for the next steps: a fresh [B, V] each step would be a fresh mapping (large
+        # allocations are mmap'd) whose pages all fault in on first touch
+        if self._logits is None or self._logits.shape[0] < b:
+            self._logits = torch.empty((b, logits.shape[-1]), dtype=torch.float32, device=logits.device)
+        return self._logits[:b].copy_(logits)
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

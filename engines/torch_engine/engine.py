@@ -156,9 +156,17 @@ class TorchEngine:
         else:
             logits = decoder.prefill(ids, positions, key_mask)
         next_pos = positions[:, -1] + 1
+        scaled = any(r.params.temperature != 1.0 for r in reqs)  # x / 1.0 is x: no pass for it
+        # the step's float32 [rows, V] log-probs, in one buffer for every step: a fresh one each step would be a
+        # fresh mapping (large allocations are mmap'd) whose pages all fault in on first touch
+        logp_buf = torch.empty(logits.shape, dtype=torch.float32, device=self.device)
         for step in range(steps):
-            logp = torch.log_softmax(logits.div_(temps[:, None]), dim=-1)  # the decoders' own float32 logits
-            picked = sample_by_inversion(_filter_top_k_top_p(logp, filters, rows), seeds, step)
+            if scaled:
+                logits.div_(temps[:, None])  # the decoders' own float32 logits, in place
+            logp = torch._log_softmax(logits, -1, False, out=logp_buf[: logits.shape[0]])
+            # the logits are not read again this step: their buffer takes the sampler's running sum
+            filtered = _filter_top_k_top_p(logp, filters, rows)
+            picked = sample_by_inversion(filtered, seeds, step, out=logits)
             at = rows[live]
             tokens[at, step] = picked[live]
             logps[at, step] = logp.gather(-1, picked[:, None]).squeeze(-1)[live]
@@ -354,15 +362,18 @@ def counter_uniform(seeds: torch.Tensor, step: int) -> torch.Tensor:
     return (bits.to(torch.float32) + 0.5) / float(1 << 24)
 
 
-def sample_by_inversion(logp: torch.Tensor, seeds: torch.Tensor, step: int) -> torch.Tensor:
+def sample_by_inversion(
+    logp: torch.Tensor, seeds: torch.Tensor, step: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """A token per row drawn from exp(logp), [B, V] -> [B] long (-inf = excluded, as top-k / top-p leave it): the
     first index whose running sum of probabilities exceeds u x the row's total, u = counter_uniform(seeds, step).
+    `out`: a float32 [B, V] tensor other than `logp` that the running sum is written into (None = a new one).
 
     Each row is drawn from its own values and its own u alone, so its token does not depend on the batch. Three
     passes over [B, V] (exp, running sum, search): Gumbel-max would hash a noise value for every entry. A token
     of zero probability is never drawn, also where u x total rounds up to the total. A row holding a NaN draws its
     first NaN, so that the recorded log-prob shows it."""
-    cdf = logp.exp().cumsum_(dim=-1)
+    cdf = torch.exp(logp, out=out).cumsum_(dim=-1)
     total = cdf[:, -1:].contiguous()
     picked = torch.searchsorted(cdf, counter_uniform(seeds, step)[:, None] * total, right=True)
     # the first index reaching the total is the last token with a probability

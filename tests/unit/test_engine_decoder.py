@@ -29,6 +29,11 @@ def test_sampling_by_inversion_draws_each_row_from_its_distribution(scale):
     mixed[::2] = logp
     assert torch.equal(sample_by_inversion(mixed, seeds, 3)[::2], drawn[::2])
     assert not torch.equal(sample_by_inversion(logp.expand(4000, -1).contiguous(), seeds, 4), drawn)
+    # the running sum written into a caller's buffer (the engine's logits, spent by then) draws the same, and
+    # leaves the log-probs as they were
+    before, scratch = mixed.clone(), torch.full_like(mixed, float("nan"))
+    assert torch.equal(sample_by_inversion(mixed, seeds, 3, out=scratch)[::2], drawn[::2])
+    assert torch.equal(mixed, before) and not scratch.isnan().any()
 
 
 @pytest.mark.parametrize("u", [1.0, 0.5 / 2**24])  # u x total rounds to the total; the smallest uniform

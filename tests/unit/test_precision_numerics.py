@@ -63,6 +63,11 @@ def test_a_bf16_engine_holds_bf16_weights_and_cache_and_returns_float32_logits(e
         logits = decoder.prefill(ids, torch.arange(4)[None], torch.ones(1, 12, dtype=torch.bool))
     assert logits.dtype == torch.float32
     assert isinstance(decoder, FastDecoder) and decoder.kv[0][0].dtype == torch.bfloat16
+    # every step's float32 logits go to one buffer (a fresh [B, V] a step would fault its pages in each time)
+    with torch.inference_mode():
+        steps = [decoder.decode(torch.tensor([7]), torch.tensor([4 + i])).clone() for i in range(2)]
+        again = decoder.decode(torch.tensor([8]), torch.tensor([6]))
+    assert again.data_ptr() == logits.data_ptr() and not torch.equal(steps[0], steps[1])
 
 
 def test_bf16_log_probs_are_close_to_fp32_and_replay_bitwise(engines):
