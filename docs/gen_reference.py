@@ -461,6 +461,7 @@ SCALING = (
     RESULTS / "80-scaling.md",
     RESULTS / "82-scaling-0.5b-offload.md",
     RESULTS / "83-scaling-0.5b-1024.md",
+    RESULTS / "84-scaling-0.5b-epyc.md",
 )
 README = ROOT / "README.md"
 README_BEGIN = (
