@@ -157,8 +157,7 @@ class TorchEngine:
             logits = decoder.prefill(ids, positions, key_mask)
         next_pos = positions[:, -1] + 1
         scaled = any(r.params.temperature != 1.0 for r in reqs)  # x / 1.0 is x: no pass for it
-        # the step's float32 [rows, V] log-probs, in one buffer for every step: a fresh one each step would be a
-        # fresh mapping (large allocations are mmap'd) whose pages all fault in on first touch
+        # the step's float32 [rows, V] log-probs, in one buffer for every step (why: FastDecoder._forward's logits)
         logp_buf = torch.empty(logits.shape, dtype=torch.float32, device=self.device)
         for step in range(steps):
             if scaled:
