@@ -1,8 +1,9 @@
 """A run leaves nothing behind, however its driver ends (`kill -9` included).
 
 `rollflow run` starts Prefect's ephemeral server and a local Ray (GCS, raylet, agents, workers) as child
-processes. When the driver is killed they are orphaned and keep running. `start_reaper` forks a small watcher
-before any of them exist. It records the driver's process tree every half second. Once the driver is gone, it
+processes. When the driver is killed they are orphaned and keep running. `start_reaper` starts a small watcher
+before any of them exist: this file run by a fresh interpreter, which holds none of the driver's memory (a fork
+would keep a copy of every page the driver has written since, hundreds of MB once torch is imported). It records the driver's process tree every half second. Once the driver is gone, it
 sends SIGTERM, then SIGKILL after a grace period, to every process of that tree still alive. Pids are checked
 against their start time, so a reused pid is never hit.
 """
@@ -12,9 +13,13 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
+import sys
 import time
 
 _PROC = "/proc"
+# kept: a dropped handle of a live child warns as it is collected
+_reaper: subprocess.Popen[bytes] | None = None
 
 
 def _stat(pid: int) -> tuple[int, int, str] | None:
@@ -84,18 +89,19 @@ def _watch(driver: int, fd: int, grace: float) -> None:
 
 
 def start_reaper(grace: float = 3.0) -> None:
-    """Fork the watcher (see the module docstring). Call it before any child process is started."""
+    """Start the watcher (see the module docstring). Call it before any child process is started."""
+    global _reaper
     read_end, write_end = os.pipe()  # not inherited by exec'd children: only the driver keeps the write end
-    driver = os.getpid()
-    if os.fork() == 0:
-        try:
-            # every other descriptor the driver held goes: a copy kept here would keep the run dir's lock
-            # (flock) taken after the driver released it or exited, until the reaper ends
-            os.closerange(3, read_end)
-            os.closerange(read_end + 1, os.sysconf("SC_OPEN_MAX"))
-            os.setsid()  # out of the terminal's process group: Ctrl-C stops the run, not its reaper
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            _watch(driver, read_end, grace)
-        finally:
-            os._exit(0)
+    _reaper = subprocess.Popen(
+        # isolated and without site: the standard library is all it imports
+        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), str(read_end), str(grace)],
+        pass_fds=(read_end,),  # every other descriptor stays here (a run dir's lock among them)
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # out of the terminal's process group: Ctrl-C stops the run, not its reaper
+    )
     os.close(read_end)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))
