@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._plain_loop import table  # noqa: E402
+from bench._table import table  # noqa: E402
 from faults.models import ACTION_KINDS, HOOKS  # noqa: E402
 from flows.diff import first_divergence  # noqa: E402
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from artifacts.schema import Sample, table_to_samples  # noqa: E402
 from artifacts.slime_format import _slime_to_sample, load_slime_dump, save_slime_dump  # noqa: E402
 from artifacts.store import read_rollout, read_table, table_content_sha256, write_rollout  # noqa: E402
-from bench._plain_loop import table  # noqa: E402
+from bench._table import table  # noqa: E402
 
 # tiny-arith's character-level vocabulary (recipes/tiny_arith/tokenizer.py)
 EOS, USER, ASSISTANT, PLUS, EQUALS = 1, 2, 3, 14, 16

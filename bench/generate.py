@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._flops import flops_per_token, matmul_peak_gflops  # noqa: E402
-from bench._plain_loop import table  # noqa: E402
+from bench._table import table  # noqa: E402
 from engines.base import GenerateRequest, SamplingParams  # noqa: E402
 from engines.torch_engine.engine import TorchEngine  # noqa: E402
 from recipes.registry import RECIPES, get_recipe  # noqa: E402

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._plain_loop import table  # noqa: E402
+from bench._table import table  # noqa: E402
 
 BAR_POINTS, BAR_SECONDS = 20.0, 600.0
 

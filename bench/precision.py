@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from artifacts.store import RunPaths, read_rollout, read_table  # noqa: E402
-from bench._plain_loop import mean, plain_rollouts, table  # noqa: E402
+from bench._plain_loop import plain_rollouts  # noqa: E402
+from bench._table import mean, table  # noqa: E402
 from config import RunConfig  # noqa: E402
 from config.precision import read_cpu_flags, resolve_precision  # noqa: E402
 

@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from artifacts.lint import checkpoint_numel  # noqa: E402
 from bench._memory import PeakMemory  # noqa: E402
-from bench._plain_loop import mean, table  # noqa: E402
+from bench._table import mean, table  # noqa: E402
 from procs import KERNEL_CACHES, cap_kernel_caches, with_malloc_tunables  # noqa: E402
 
 SIZES = {"3.2M": "long-arith", "50M": "long-arith-50m", "0.5B": "long-arith-0.5b"}
@@ -324,7 +324,7 @@ def cell_config(args: argparse.Namespace, recipe: str, length: int, run_dir: Pat
 
 def rollflow_child(args: argparse.Namespace, out: Path) -> None:
     """--side rollflow: one real run of the cell; writes its per-rollout figures (rollout 0 left out) to `out`."""
-    from bench.overhead import Timeline, flow_perf, flow_rollouts  # sets Prefect's and Ray's env first
+    from bench._flow_run import Timeline, flow_perf, flow_rollouts  # sets Prefect's and Ray's env first
     from flows.resolve import resolve
 
     recipe, length = args.sizes, int(args.lengths)

@@ -9,7 +9,7 @@ reward of `--recipe` (tiny-arith; long-arith for 64-256-token responses, where L
             which the --ci-test KL checker relies on) and with --use-rollout-logprobs (the engine's
             log-probs are the old policy's: no extra forward, like TRL, whose single step per
             generation uses the detached current log-probs).
-            `--with-flow` also runs the real Prefect flow (bench/overhead.py's `flow_rollouts`).
+            `--with-flow` also runs the real Prefect flow (bench/_flow_run.py's `flow_rollouts`).
   TRL       `GRPOTrainer` with per_device_train_batch_size = P*G, num_generations = G,
             max_completion_length = L, use_cpu, a `datasets.Dataset` of the same chat-formatted
             recipe's prompts (rollout i's prompts at step i, no shuffling) and a reward function
@@ -40,7 +40,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._plain_loop import mean, plain_steps, table  # noqa: E402
+from bench._plain_loop import plain_steps  # noqa: E402
+from bench._table import mean, table  # noqa: E402
 from config import RunConfig  # noqa: E402
 from flows.resolve import resolve  # noqa: E402
 from recipes.registry import RECIPES, get_recipe  # noqa: E402
@@ -254,7 +255,7 @@ def main() -> None:
     base = mean(seconds["TRL GRPOTrainer"][1:])
     rows = [[name, f"{mean(xs[1:]):.3f}", f"{base / mean(xs[1:]):.2f}x"] for name, xs in seconds.items()]
     if args.with_flow:
-        from bench.overhead import flow_rollouts  # sets Prefect/Ray env vars on import
+        from bench._flow_run import flow_rollouts  # sets Prefect/Ray env vars on import
 
         flow, cadence, *_ = flow_rollouts(bench_config(args, tmp / "flow"))
         rows.append(

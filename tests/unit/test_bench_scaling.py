@@ -181,3 +181,30 @@ def test_the_runs_weight_sync_files_count_in_its_memory(monkeypatch, tmp_path):
     memory = PeakMemory(os.getpid())
     memory.poll()
     assert memory.at_peak[_memory.SYNC_FILES] == pytest.approx(1 / 1024, rel=0.01)
+
+
+def test_the_rollflow_side_imports_no_model_code_a_runs_driver_does_not(tmp_path):
+    """The rollflow side's process is the run's driver and is counted in the run's memory: what the bench imports
+    there (here, the in-process plain loop's engine and trainer, with transformers' modeling code) would be counted
+    as the run's own."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; sys.argv = ['scaling.py']\n"
+        "import bench.scaling, bench._flow_run\n"
+        "print(sorted(m for m in ('engines.torch_engine.engine', 'trainers.torch_trainer.trainer', "
+        "'transformers.modeling_utils', 'bench._plain_loop') if m in sys.modules))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "TMPDIR": str(tmp_path)},  # the bench's own temp dir
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "[]", done.stdout
