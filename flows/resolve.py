@@ -54,7 +54,7 @@ def apply_recipe(cfg: RunConfig, *, build: bool = True) -> RunConfig:
         )
     update: dict[str, Any] = {}
     if cfg.hf_checkpoint is None:
-        update["hf_checkpoint"] = str(recipe.ensure_checkpoint() if build else recipe.checkpoint_path())
+        update["hf_checkpoint"] = str(recipe.built_checkpoint() if build else recipe.checkpoint_path())
     data_update: dict[str, Any] = {}
     if data.prompt_data is None:
         train, evals = recipe.ensure_data()

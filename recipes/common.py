@@ -11,12 +11,13 @@ import pathlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast, Qwen2Config
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 if TYPE_CHECKING:
-    from transformers import Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
 CACHE_ENV_VAR = "ROLLFLOW_CACHE_DIR"
+DONE_MARKER = "DONE"  # written last into a checkpoint dir: the dir is complete
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
@@ -36,6 +37,8 @@ def qwen2_config(vocab_size: int, **architecture: Any) -> Qwen2Config:
     num_attention_heads, num_key_value_heads, max_position_embeddings, tie_word_embeddings) plus what every
     recipe shares: no dropout or sliding window, float32, the special ids of ``SPECIAL_TOKENS`` (there is no
     separate BOS token, so ``bos_token_id`` is the eos id, as in the Qwen2 family), sdpa attention."""
+    from transformers import Qwen2Config  # transformers' configuration code imports torch
+
     return Qwen2Config(  # type: ignore[call-arg]
         vocab_size=vocab_size,
         **architecture,

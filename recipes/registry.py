@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipes.common import DONE_MARKER
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -23,6 +25,12 @@ class Recipe:
     rollout: dict[str, Any] = field(
         default_factory=dict
     )  # RolloutConfig fields the recipe needs (e.g. lengths)
+
+    def built_checkpoint(self) -> Path:
+        """The HF dir, built first where it is not complete: the build's code (torch, transformers' model
+        classes) is imported only then, not into every process that runs the recipe."""
+        path = self.checkpoint_path()
+        return path if (path / DONE_MARKER).exists() else self.ensure_checkpoint()
 
 
 _CHAT_PROMPTS = {

@@ -22,9 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from recipes.common import format_prompt
+from recipes.common import DONE_MARKER, format_prompt
 
-DONE_MARKER = "DONE"
 INFO_FILE = "bootstrap_info.json"
 IGNORE_INDEX = -100
 

@@ -15,6 +15,7 @@ import ray
 from engines.base import EngineAnswer
 from faults import FaultHookRequest, FaultInjector
 from procs import freeze_heap, memory_gib, preload_arrow
+from rollout.data import keep_tokenizer
 from rollout.finish import Tally, check_versions, finish_rollout, in_entry_order
 from rollout.requests import split_for_engines
 
@@ -36,8 +37,12 @@ class RolloutActor:
         faults: list[FaultHookRequest] | None = None,
         run_dir: str | None = None,
         epoch: float | None = None,
+        tokenizers: dict[str, Any] | None = None,
     ) -> None:
+        """`tokenizers`: {checkpoint dir: tokenizer} the creating process loaded (rollout.data.keep_tokenizer)."""
         os.chdir(cwd)
+        for checkpoint, tokenizer in (tokenizers or {}).items():
+            keep_tokenizer(checkpoint, tokenizer)
         self.faults = FaultInjector(faults or [], "rollout", None, run_dir, epoch)
         self._loop = asyncio.Runner()  # one event loop for the actor's life: async rewards run on it
 

@@ -13,9 +13,10 @@ number) and the key. Loaded sets are cached per process by (path, size, mtime, s
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -243,16 +244,43 @@ def _epoch_order(size: int, seed: int) -> tuple[int, ...]:
     return tuple(order)
 
 
-@cache
-def tokenizer_at(checkpoint: str) -> Any:
-    """The tokenizer of an HF checkpoint dir (loaded once per process); DataError naming the dir when it does
-    not load."""
-    from transformers import AutoTokenizer
+_TOKENIZERS: dict[str, Any] = {}  # checkpoint dir -> its tokenizer, loaded or handed over once per process
 
+
+def tokenizer_at(checkpoint: str) -> Any:
+    """The tokenizer of an HF checkpoint dir (loaded once per process, unless `keep_tokenizer` handed it over);
+    DataError naming the dir when it does not load."""
+    if checkpoint not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+
+        try:
+            _TOKENIZERS[checkpoint] = AutoTokenizer.from_pretrained(checkpoint)
+        except (OSError, ValueError) as e:  # a damaged tokenizer file: the JSON error alone names no file
+            raise DataError(
+                f"--hf-checkpoint {checkpoint}: its tokenizer does not load ({type(e).__name__}: "
+                f"{' '.join(str(e).split())[:200]})"
+            ) from None
+    return _TOKENIZERS[checkpoint]
+
+
+def keep_tokenizer(checkpoint: str, tokenizer: Any) -> None:
+    """Use `tokenizer`, which another process loaded with `tokenizer_at(checkpoint)` and sent here, as this
+    process's tokenizer of `checkpoint`. Unpickling it imports only its class's module, where `AutoTokenizer`
+    imports torch and transformers' configuration code (~0.15 GiB and seconds of CPU in a process that runs no
+    model, such as the rollout actor)."""
+    _TOKENIZERS[checkpoint] = tokenizer
+
+
+def loaded_tokenizers(checkpoint: str | None) -> dict[str, Any]:
+    """{checkpoint: its tokenizer} to hand to another process, where this process has loaded it already and the
+    tokenizer is one of transformers' own classes that pickles; else {} (nothing is loaded here), and the other
+    process loads its own. A tokenizer of a checkpoint's own code (`transformers_modules`) is never handed over:
+    its module imports only where transformers has set up that checkpoint's code."""
+    tok = None if checkpoint is None else _TOKENIZERS.get(checkpoint)
+    if checkpoint is None or tok is None or not type(tok).__module__.startswith("transformers."):
+        return {}
     try:
-        return AutoTokenizer.from_pretrained(checkpoint)
-    except (OSError, ValueError) as e:  # a damaged tokenizer file: the JSON error alone names no file
-        raise DataError(
-            f"--hf-checkpoint {checkpoint}: its tokenizer does not load ({type(e).__name__}: "
-            f"{' '.join(str(e).split())[:200]})"
-        ) from None
+        pickle.dumps(tok)
+    except Exception:  # whatever an attribute of an unusual tokenizer raises as it is pickled
+        return {}
+    return {checkpoint: tok}

@@ -300,12 +300,19 @@ async def _start_rollout_actor(cfg: RunConfig) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from rollout.actor import RolloutActor
+    from rollout.data import loaded_tokenizers
 
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     actor = await _with_free_name(
         lambda: RolloutActor.options(  # type: ignore[attr-defined]
             name=ROLLOUT, namespace=namespace(cfg), scheduling_strategy=here, max_restarts=-1
-        ).remote(os.getcwd(), cfg.faults.requests(), str(cfg.resolved_run_dir), _epoch(cfg))
+        ).remote(
+            os.getcwd(),
+            cfg.faults.requests(),
+            str(cfg.resolved_run_dir),
+            _epoch(cfg),
+            loaded_tokenizers(cfg.hf_checkpoint),  # the one this process loaded, so the actor loads none
+        )
     )
     _keep(cfg, {ROLLOUT: actor})
     return actor

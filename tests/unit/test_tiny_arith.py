@@ -253,3 +253,19 @@ def test_waits_for_lock_and_reuses_the_winners_build(tmp_path, monkeypatch):
         fcntl.flock(lock, fcntl.LOCK_UN)
     waiter.join(timeout=30)
     assert result == [final]
+
+
+def test_a_built_checkpoint_is_found_without_importing_the_model_code(base_checkpoint):
+    """A run's driver resolves the recipe's checkpoint on every start: once it is built, the build's code
+    (transformers' model classes, torch.compile's and sympy's modules, ~0.1 GiB) stays out of that process."""
+    code = (
+        "import sys\n"
+        "from recipes.registry import get_recipe\n"
+        "print(get_recipe('tiny-arith').built_checkpoint())\n"
+        "print('transformers.modeling_utils' in sys.modules, 'sympy' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [base_checkpoint, "False False"]
