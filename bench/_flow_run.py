@@ -1,10 +1,10 @@
-"""A real run of the Prefect flow over Ray actors, as the benches time it: `flow_rollouts` runs `run_flow` and
-reads each rollout's child flow run (and, for a `Timeline`, its task runs) back from Prefect; `flow_perf` reads
-the run's `perf/*` metrics.
+"""A real run of the Prefect flow over Ray actors, as the benches time it: `flow_rollouts` runs `run_flow`
+and reads each rollout's child flow run (and, for a `Timeline`, its task runs) back from Prefect;
+`flow_perf` reads the run's `perf/*` metrics.
 
-Importing this module sets what `rollflow run` sets before Prefect and Ray are imported (a throw-away Prefect home
-unless ROLLFLOW_BENCH_PREFECT_HOME names one), and imports nothing a run's driver does not: a bench side that
-measures a run's memory gets the driver's own.
+Importing this module sets what `rollflow run` sets before Prefect and Ray are imported (a throw-away Prefect
+home unless ROLLFLOW_BENCH_PREFECT_HOME names one), and imports nothing a run's driver does not: a bench side
+that measures a run's memory gets the driver's own.
 """
 
 from __future__ import annotations

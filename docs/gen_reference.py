@@ -456,8 +456,8 @@ def results_page() -> str:
 # --- README.md's scaling table ------------------------------------------------------------------------------------
 
 # bench/scaling.py's results files, in the README's order: the grid, its 0.5B x 256 cell with the AdamW moments on disk,
-# its 0.5B x 1024 cell (measured on its own: TRL's side alone takes about half an hour), then the 0.5B x 256 cell on
-# an AMD EPYC before and after the processes outside the trainer shed what they did not need
+# its 0.5B x 1024 cell (measured on its own: TRL's side alone takes about half an hour), then the 0.5B x 256
+# cell on an AMD EPYC before and after the processes outside the trainer shed what they did not need
 SCALING = (
     RESULTS / "80-scaling.md",
     RESULTS / "82-scaling-0.5b-offload.md",

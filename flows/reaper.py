@@ -2,10 +2,11 @@
 
 `rollflow run` starts Prefect's ephemeral server and a local Ray (GCS, raylet, agents, workers) as child
 processes. When the driver is killed they are orphaned and keep running. `start_reaper` starts a small watcher
-before any of them exist: this file run by a fresh interpreter, which holds none of the driver's memory (a fork
-would keep a copy of every page the driver has written since, hundreds of MB once torch is imported). It records the driver's process tree every half second. Once the driver is gone, it
-sends SIGTERM, then SIGKILL after a grace period, to every process of that tree still alive. Pids are checked
-against their start time, so a reused pid is never hit.
+before any of them exist: this file, run by a fresh interpreter that holds none of the driver's memory (a
+fork would keep a copy of every page the driver writes after it, hundreds of MB once torch is imported). The
+watcher records the driver's process tree every half second. Once the driver is gone, it sends SIGTERM, then
+SIGKILL after a grace period, to every process of that tree still alive. Pids are checked against their start
+time, so a reused pid is never hit.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ class RolloutActor:
         epoch: float | None = None,
         tokenizers: dict[str, Any] | None = None,
     ) -> None:
-        """`tokenizers`: {checkpoint dir: tokenizer} the creating process loaded (rollout.data.keep_tokenizer)."""
+        """`tokenizers`: {checkpoint dir: tokenizer} that the creating process loaded
+        (rollout.data.keep_tokenizer)."""
         os.chdir(cwd)
         for checkpoint, tokenizer in (tokenizers or {}).items():
             keep_tokenizer(checkpoint, tokenizer)

@@ -248,8 +248,8 @@ _TOKENIZERS: dict[str, Any] = {}  # checkpoint dir -> its tokenizer, loaded or h
 
 
 def tokenizer_at(checkpoint: str) -> Any:
-    """The tokenizer of an HF checkpoint dir (loaded once per process, unless `keep_tokenizer` handed it over);
-    DataError naming the dir when it does not load."""
+    """The tokenizer of an HF checkpoint dir (loaded once per process, unless `keep_tokenizer` handed it
+    over); DataError naming the dir when it does not load."""
     if checkpoint not in _TOKENIZERS:
         from transformers import AutoTokenizer
 
@@ -272,10 +272,10 @@ def keep_tokenizer(checkpoint: str, tokenizer: Any) -> None:
 
 
 def loaded_tokenizers(checkpoint: str | None) -> dict[str, Any]:
-    """{checkpoint: its tokenizer} to hand to another process, where this process has loaded it already and the
-    tokenizer is one of transformers' own classes that pickles; else {} (nothing is loaded here), and the other
-    process loads its own. A tokenizer of a checkpoint's own code (`transformers_modules`) is never handed over:
-    its module imports only where transformers has set up that checkpoint's code."""
+    """{checkpoint: its tokenizer} to hand to another process, where this process has loaded it already and
+    the tokenizer is one of transformers' own classes that pickles; else {} (nothing is loaded here), and the
+    other process loads its own. A tokenizer of a checkpoint's own code (`transformers_modules`) is never
+    handed over: its module imports only where transformers has set up that checkpoint's code."""
     tok = None if checkpoint is None else _TOKENIZERS.get(checkpoint)
     if checkpoint is None or tok is None or not type(tok).__module__.startswith("transformers."):
         return {}

@@ -184,9 +184,9 @@ def test_the_runs_weight_sync_files_count_in_its_memory(monkeypatch, tmp_path):
 
 
 def test_the_rollflow_side_imports_no_model_code_a_runs_driver_does_not(tmp_path):
-    """The rollflow side's process is the run's driver and is counted in the run's memory: what the bench imports
-    there (here, the in-process plain loop's engine and trainer, with transformers' modeling code) would be counted
-    as the run's own."""
+    """The rollflow side's process is the run's driver and is counted in the run's memory: what the bench
+    imports there (here, the in-process plain loop's engine and trainer, with transformers' modeling code)
+    would be counted as the run's own."""
     import subprocess
     import sys
     from pathlib import Path

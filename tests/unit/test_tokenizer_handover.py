@@ -1,6 +1,6 @@
-"""The rollout actor is handed the tokenizer its creator loaded (rollout.data.keep_tokenizer) instead of loading
-it with `AutoTokenizer`, which imports torch: the process that scores and writes rollouts runs no model and holds
-no torch, and its tokenizer is the one the driver checked the data with."""
+"""The rollout actor is handed the tokenizer its creator loaded (rollout.data.keep_tokenizer) instead of
+loading it with `AutoTokenizer`, which imports torch: the process that scores and writes rollouts runs no
+model and holds no torch, and its tokenizer is the one the driver checked the data with."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from rollout.data import keep_tokenizer, tokenizer_at
 handed = pickle.loads(sys.stdin.buffer.read())
 keep_tokenizer(sys.argv[1], handed)
 tok = tokenizer_at(sys.argv[1])
-chat = tok.apply_chat_template([{"role": "user", "content": "12+34"}], tokenize=False, add_generation_prompt=True)
+chat = tok.apply_chat_template(
+    [{"role": "user", "content": "12+34"}], tokenize=False, add_generation_prompt=True
+)
 print(repr((tok is handed, type(tok).__name__, tok(chat, add_special_tokens=False)["input_ids"], chat,
             "torch" in sys.modules)))
 """
