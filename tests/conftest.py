@@ -110,7 +110,11 @@ def prefect_home(tmp_path, prefect_server) -> Path:
     """`tmp_path/prefect`, a Prefect home for `rollflow run` subprocesses whose database is already migrated (a
     copy of the test server's as it started): their temporary servers skip Prefect's migrations, ~10 s on two
     busy cores. (A run on a new home, as a user's first, is test_safety's.)"""
-    home = tmp_path / "prefect"
+    return migrated_home(tmp_path / "prefect")
+
+
+def migrated_home(home: Path) -> Path:
+    """`home` made a Prefect home holding a copy of the test server's migrated database."""
     home.mkdir()
     shutil.copyfile(_MIGRATED_DB, home / "prefect.db")
     return home

@@ -66,14 +66,9 @@ def _stopped(driver: subprocess.Popen, tree: dict[int, int], code: int, reason: 
 
 
 def test_ctrl_c_stops_a_run_that_then_resumes_identical_to_a_straight_run(
-    tmp_path, prefect_home, base_checkpoint
+    tmp_path, prefect_home, base_checkpoint, straight_run
 ):
-    env = _env(prefect_home)
-    straight = tmp_path / "straight"
-    done = _start(["--name", "straight", *_flags(base_checkpoint, straight)], env)
-    out, _ = done.communicate(timeout=600)
-    assert done.returncode == 0, out[-3000:]
-
+    env, straight = _env(prefect_home), straight_run
     cut = tmp_path / "cut"
     driver = _start(["--name", "cut", *_flags(base_checkpoint, cut)], env)
     _wait_for_step(driver, cut, 2)

@@ -84,16 +84,16 @@ def _checkout(dest: Path) -> Path:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """Stop a process started in a session of its own, and what it started in that session."""
-    if proc.poll() is None:
+    """Stop a process started in a session of its own, and what it started in that session. A Prefect worker
+    turns a first SIGTERM into a graceful shutdown that can wait on its event loop for minutes; Prefect's CLI
+    kills it at a second one."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGTERM, 10), (signal.SIGKILL, None)):
+        if proc.poll() is not None:
+            return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait)
 
 
 @dataclass

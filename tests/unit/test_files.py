@@ -41,7 +41,8 @@ def tree(tmp_path: Path) -> Path:
 @pytest.fixture
 def server(tree: Path) -> Iterator[FileServer]:
     srv = FileServer(tree, 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    # shutdown() waits for serve_forever's next poll: a short one keeps each test's teardown short
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield srv
     srv.shutdown()
