@@ -56,7 +56,9 @@ def first_table_difference(original: pa.Table, replayed: pa.Table, key: str = "s
 
 
 def first_metric_difference(
-    original: list[dict], replayed: list[dict], names: tuple[str, str] = ("original", "replay")
+    original: list[dict[str, Any]],
+    replayed: list[dict[str, Any]],
+    names: tuple[str, str] = ("original", "replay"),
 ) -> str | None:
     """First metric that differs between two lists of metric dicts (e.g. one per optimizer step); a metric only
     one side has is named with that side's name from `names`."""

@@ -129,7 +129,7 @@ def _sample_to_slime(sample: Sample) -> dict[str, Any]:
 
 
 def save_slime_dump(
-    path: PathArg, rollout_id: int | str, samples: list[Sample], metadata: dict | None = None
+    path: PathArg, rollout_id: int | str, samples: list[Sample], metadata: dict[str, Any] | None = None
 ) -> None:
     """Write ``samples`` as a slime/miles rollout dump at ``path``, atomically.
 
@@ -417,7 +417,9 @@ def _slime_to_sample(d: dict[str, Any], payload_rollout_id: Any, reward_key: Any
     return sample
 
 
-def load_slime_dump(path: PathArg, *, trust_pickle: bool = False) -> tuple[int | str, dict, list[Sample]]:
+def load_slime_dump(
+    path: PathArg, *, trust_pickle: bool = False
+) -> tuple[int | str, dict[str, Any], list[Sample]]:
     """Read a slime/miles rollout dump: ``(rollout_id, metadata, samples)``.
 
     ``rollout_id`` and ``metadata`` are the payload's (``metadata`` is ``{}`` when absent, as in
@@ -496,7 +498,7 @@ def read_any(
 
 
 def write_any(
-    path: PathArg, rollout_id: int | str, samples: list[Sample], metadata: dict | None = None
+    path: PathArg, rollout_id: int | str, samples: list[Sample], metadata: dict[str, Any] | None = None
 ) -> None:
     """Write a rollout file in the format its extension names (see ``read_any``).
 
@@ -511,7 +513,7 @@ def write_any(
         save_slime_dump(path, rollout_id, samples, metadata)
 
 
-def _read_parquet_with_header(path: PathArg) -> tuple[int | str, dict, list[Sample]]:
+def _read_parquet_with_header(path: PathArg) -> tuple[int | str, dict[str, Any], list[Sample]]:
     """Like ``load_slime_dump`` for Parquet: the payload-style rollout id and user metadata."""
     meta = read_metadata(path)
     kind = meta.get("kind")

@@ -367,7 +367,7 @@ def write_table(
     table: pa.Table,
     *,
     kind: str,
-    metadata: dict[str, str | int | float | dict] | None = None,
+    metadata: dict[str, str | int | float | dict[str, Any]] | None = None,
 ) -> ArtifactRef:
     """Write ``table`` as a Parquet artifact atomically and return its ref.
 

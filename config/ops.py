@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -90,7 +90,7 @@ class FaultConfig(Section):
                     + (f"({source})" if count else f"(none in {mode} mode)")
                 )
 
-    def requests(self) -> list:
+    def requests(self) -> list[Any]:
         """The parsed fault hook requests."""
         from faults.models import parse_requests
 

@@ -46,7 +46,7 @@ class BoundedLoader(yaml.SafeLoader):
         self._aliases = 0
         self._weights: dict[int, int] = {}  # id(node) -> its weight with aliases expanded, once composed
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:  # type: ignore[override]
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
         if self.check_event(AliasEvent):
             event = self.peek_event()
             self._aliases += 1

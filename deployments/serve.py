@@ -87,4 +87,4 @@ def serve_run(
 ) -> None:
     """Block serving `deployments(cfg, ...)`, at most `limit` flow runs at a time. Call `refuse_work_pool_deployments`
     before: Prefect would take over a work pool's deployment of the same name."""
-    serve(*deployments(cfg, cron=cron, interval=interval), limit=limit)  # type: ignore[arg-type]
+    serve(*deployments(cfg, cron=cron, interval=interval), limit=limit)

@@ -111,7 +111,7 @@ class EngineActor:
         return EngineAnswer(outputs, seconds)
 
     def update_weights(
-        self, weights: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None
+        self, weights: list[ray.ObjectRef[Any]], version: int, ctx: dict[str, Any] | None = None
     ) -> None:
         """Receive the trainer's weights (`[ref]` of TrainerActor.export_weights: wrapped in a list so that Ray
         does not fetch them before this method runs) and load them as `version`."""
@@ -130,7 +130,7 @@ class EngineActor:
         return self.engine.snapshot_and_scramble(seed=self.index)
 
     def load_weight_bucket(
-        self, bucket: list[ray.ObjectRef], version: int, ctx: dict[str, Any] | None = None
+        self, bucket: list[ray.ObjectRef[Any]], version: int, ctx: dict[str, Any] | None = None
     ) -> None:
         """One bucket of a streamed sync to `version` (`[ref]` of TrainerActor.stream_weights: the weights, or the
         WireFile they were written to)."""

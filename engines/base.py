@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -118,7 +118,7 @@ class Engine(Protocol):
         """Take the memory back after `release_memory`, for the weight load that follows."""
         ...
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """A small status dict; raises if the engine cannot serve."""
         ...
 

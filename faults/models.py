@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -262,7 +262,7 @@ def _check_conflicts(requests: list[FaultHookRequest], flag: str) -> None:
     """A request id is used once; two requests with the same hook, action, target and filters conflict (only one
     of them could ever fire)."""
     seen: dict[str, FaultHookRequest] = {}
-    shapes: dict[tuple, str] = {}
+    shapes: dict[tuple[Any, ...], str] = {}
     for r in requests:
         if r.request_id in seen:
             raise ValueError(f"{flag}: request id {r.request_id!r} is used twice")

@@ -23,7 +23,7 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _parser_type(annotation: Any) -> tuple[Any, list | None, bool, bool]:
+def _parser_type(annotation: Any) -> tuple[Any, list[Any] | None, bool, bool]:
     """(converter, choices, optional, is_list) for a field annotation."""
     args = typing.get_args(annotation)
     optional = type(None) in args
@@ -38,7 +38,7 @@ def _parser_type(annotation: Any) -> tuple[Any, list | None, bool, bool]:
     return annotation, None, optional, False
 
 
-def _json_object(text: str) -> dict:
+def _json_object(text: str) -> dict[str, Any]:
     """A flag value that is a JSON object (e.g. --apply-chat-template-kwargs '{"enable_thinking": false}')."""
     import json
 
@@ -729,7 +729,7 @@ def _dry_run(cfg: RunConfig, notes: list[str] | None = None) -> int:
     return 0
 
 
-def _start_replay(run_dir: str, rollout_id: int, task: str, overrides: dict) -> dict:
+def _start_replay(run_dir: str, rollout_id: int, task: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """Run the replay flow (Prefect and Ray start here)."""
     import asyncio
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -32,21 +33,21 @@ from config.location import relocate
 _TIMING_KINDS = {"perf"}  # wall-clock figures differ run to run by nature
 _BOOKKEEPING_KINDS = {"check"}  # records about checking the run (see the module docstring)
 
-RecordKey = tuple[
-    str, int
-]  # (kind, step for step records / position among the rollout's records of that kind)
+# (kind, step for step records / position among the rollout's records of that kind)
+RecordKey = tuple[str, int]
+ByRollout = dict[int, dict[RecordKey, dict[str, Any]]]  # a run's records: rollout id -> record key -> record
 
 
 def _rollout_ids(run: Path) -> list[int]:
     return sorted(int(p.stem.split("_")[1]) for p in (run / "rollouts").glob("rollout_*.parquet"))
 
 
-def _metrics_by_rollout(run: Path) -> dict[int, dict[RecordKey, dict]]:
+def _metrics_by_rollout(run: Path) -> ByRollout:
     """Every non-timing record of a run, by rollout id, from one read of metrics.jsonl. Step records are keyed
     by (kind, step), others by (kind, n-th record of that kind). So two runs are compared record by record
     even when one of them logged fewer. A rollout's bookkeeping records are merged into one, (kind, 0),
     compared by metric name (`_bookkeeping`)."""
-    out: dict[int, dict[RecordKey, dict]] = {}
+    out: ByRollout = {}
     for r in read_metrics(RunPaths(run).metrics, strict=True):
         if r["kind"] in _TIMING_KINDS:
             continue
@@ -105,14 +106,16 @@ def _in_log_order(keys: set[RecordKey]) -> list[RecordKey]:
     return sorted(keys, key=lambda k: (_KIND_ORDER.get(k[0], len(_KIND_ORDER)), k))
 
 
-def _bookkeeping(rec_a: dict | None, rec_b: dict | None) -> tuple[dict, dict]:
+def _bookkeeping(
+    rec_a: dict[str, Any] | None, rec_b: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The metrics of a bookkeeping record that both runs logged, as two records to compare."""
     a, b = rec_a or {}, rec_b or {}
     common = a.keys() & b.keys()
     return {k: a[k] for k in common}, {k: b[k] for k in common}
 
 
-def _set_aside(names: tuple[str, str], metrics: tuple[dict, dict]) -> list[str]:
+def _set_aside(names: tuple[str, str], metrics: tuple[ByRollout, ByRollout]) -> list[str]:
     """The bookkeeping metrics only one run logged, over the rollouts both logged records for:
     `'check/weight_update_equal' only in RUN (rollout 0)`, one line per metric and run."""
     where: dict[tuple[str, int], list[int]] = {}
@@ -129,7 +132,9 @@ def _set_aside(names: tuple[str, str], metrics: tuple[dict, dict]) -> list[str]:
     ]
 
 
-def _common_difference(a: Path, b: Path, rollouts: list[int], metrics_a: dict, metrics_b: dict) -> str | None:
+def _common_difference(
+    a: Path, b: Path, rollouts: list[int], metrics_a: ByRollout, metrics_b: ByRollout
+) -> str | None:
     """The first difference in what both runs have: rollouts both recorded, then records both logged (the
     bookkeeping records by the metrics both have)."""
     from safetensors.torch import load_file
@@ -164,7 +169,7 @@ def _common_difference(a: Path, b: Path, rollouts: list[int], metrics_a: dict, m
 
 
 def _first_lacking(
-    names: tuple[str, str], ids: tuple[list[int], list[int]], metrics: tuple[dict, dict]
+    names: tuple[str, str], ids: tuple[list[int], list[int]], metrics: tuple[ByRollout, ByRollout]
 ) -> str | None:
     """What one run has and the other lacks, the earliest rollout first: a rollout recording (then every
     rollout one run lacks is listed), else a record of a rollout both logged."""

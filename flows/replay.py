@@ -142,7 +142,7 @@ def _checkpoint_hashes(path: Path) -> dict[str, str]:
 @flow(name="replay", flow_run_name="replay-{task}-{rollout_id}", log_prints=True)
 async def replay_flow(
     run_dir: str, rollout_id: int, task: ReplayTask, overrides: dict[str, Any] | None = None
-) -> dict:
+) -> dict[str, Any]:
     """Re-run `task` of rollout `rollout_id` of the run in `run_dir`; returns {"identical", "difference"}."""
     if task not in REPLAYABLE:
         raise ValueError(f"--task {task!r}: replayable stages are {REPLAYABLE}")
@@ -263,7 +263,7 @@ async def _replay(
     return None
 
 
-def _load_weights(path: Path) -> dict:
+def _load_weights(path: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     return load_file(str(path / "model.safetensors"))

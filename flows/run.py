@@ -86,7 +86,7 @@ async def rollout_flow(
         if injecting:
             rollout = await s.inject(q, rollout_id, rollout)
     await s.save_rollout(q, rollout_id, rollout, loaded=bool(d.load_debug_rollout_data))
-    steps: list[dict] = []
+    steps: list[dict[str, Any]] = []
     logprobs: LogProbs | None = None
     if not cfg.rollout_only:
         logprobs = await s.log_prob(q, rollout_id, rollout, weights)

@@ -20,7 +20,7 @@ from tasks.stages import check, evaluate, generate, log_prob, save_rollout, sync
 P = ParamSpec("P")
 R = TypeVar("R")
 
-TASKS: dict[str, Task] = {
+TASKS: dict[str, Task[..., Any]] = {
     "generate": generate,
     "load-rollout": load_rollout,
     "inject": inject,
@@ -43,7 +43,7 @@ def with_policy(cfg: RunConfig, task: Task[P, R], refresh: bool = False) -> Task
 
 
 @functools.cache  # every `Task.with_options` copy reads the task's source again: one per task and policy
-def _with_options(task: Task, retries: int, delay: float, refresh: bool) -> Task:
+def _with_options(task: Task[..., Any], retries: int, delay: float, refresh: bool) -> Task[..., Any]:
     return task.with_options(
         retries=retries,
         retry_delay_seconds=delay,

@@ -137,7 +137,7 @@ def tokenizer_fingerprint(tok: PreTrainedTokenizerFast) -> str:
 
 
 def checkpoint_fingerprint(
-    recipe_version: int, settings: object, model_config: dict, tok: PreTrainedTokenizerFast
+    recipe_version: int, settings: object, model_config: dict[str, Any], tok: PreTrainedTokenizerFast
 ) -> str:
     """Short hash naming a recipe's checkpoint directory: the recipe version, the warm-up settings (a dataclass),
     the model config (as a dict) and the tokenizer."""
@@ -173,7 +173,7 @@ def clean_response(response: str) -> str:
     return text
 
 
-def prompt_rows(problems: list[dict[str, str]]) -> list[dict]:
+def prompt_rows(problems: list[dict[str, str]]) -> list[dict[str, Any]]:
     """Problems as prompt-data rows: chat messages under "prompt", the answer under "label"."""
     return [{"prompt": [{"role": "user", "content": p["question"]}], "label": p["label"]} for p in problems]
 

@@ -64,7 +64,7 @@ def generate_responses(
             ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
             width = max(len(x) for x in ids)
             # Left padding: every row's last prompt token sits in the final column.
-            input_ids = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)  # type: ignore[arg-type]
+            input_ids = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
             attention_mask = torch.zeros((len(ids), width), dtype=torch.long)
             for row, seq in enumerate(ids):
                 input_ids[row, width - len(seq) :] = torch.tensor(seq)
@@ -98,9 +98,9 @@ def sft_tensors(
     for p in problems:
         prompt = tok.encode(format_prompt(tok, p["question"]), add_special_tokens=False)
         response = tok.encode(p["label"], add_special_tokens=False) + [tok.eos_token_id]
-        rows.append((prompt, response))  # type: ignore[arg-type]
+        rows.append((prompt, response))
     width = max(len(a) + len(b) for a, b in rows)
-    input_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)  # type: ignore[arg-type]
+    input_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
     for i, (prompt, response) in enumerate(rows):

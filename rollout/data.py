@@ -41,7 +41,7 @@ class Prompt:
     tokens: tuple[int, ...]  # what the engine is given
     label: Any  # as the row gave it (None without --label-key)
     metadata: dict[str, Any]  # the row's --metadata-key object
-    messages: tuple[dict, ...] | None  # the chat messages, when the template rendered them
+    messages: tuple[dict[str, Any], ...] | None  # the chat messages, when the template rendered them
 
 
 @dataclass(frozen=True)

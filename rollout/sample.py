@@ -243,7 +243,7 @@ def reward_sample(request: Any) -> Sample:
     """The sample an (args, sample) reward receives for a `rollout.rewards.RewardRequest`: the one the rollout
     built (`request.sample`), else one made from the request's fields (a caller that has only those)."""
     if request.sample is not None:
-        return request.sample  # type: ignore[no-any-return]
+        return request.sample
     return Sample(
         index=request.sample_index,
         prompt=request.prompt,

@@ -151,7 +151,7 @@ def _local_ray_in_own_session() -> None:
     if getattr(services.ConsolePopen, "_own_session", False):
         return
 
-    class OwnSession(services.ConsolePopen):  # type: ignore[misc,name-defined]
+    class OwnSession(services.ConsolePopen):
         _own_session = True
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:

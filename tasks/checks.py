@@ -59,7 +59,7 @@ class Violation:
 
 
 def kl_checker(
-    steps: list[dict], rollout_id: int, first_step_of_run: int | None, recomputed_old: bool = True
+    steps: list[dict[str, Any]], rollout_id: int, first_step_of_run: int | None, recomputed_old: bool = True
 ) -> list[Violation]:
     """First step of the rollout: |ppo_kl| < 1e-9 and |pg_clipfrac| < 1e-10; first step of the run:
     |kl_loss| < 1e-9 (old == new == reference weights there). With `recomputed_old=False`
@@ -125,7 +125,7 @@ def logprob_checker(
     return out
 
 
-def grad_norm_checker(cfg: RunConfig, steps: list[dict], rollout_id: int) -> list[Violation]:
+def grad_norm_checker(cfg: RunConfig, steps: list[dict[str, Any]], rollout_id: int) -> list[Violation]:
     """--ci-save-grad-norm writes each step's grad norm; --ci-load-grad-norm compares (rel = abs = 0.03)."""
     ci, out = cfg.ci, []
     for m in steps:

@@ -39,7 +39,7 @@ def log_metrics(
     step: int | None = None,
     *,
     sync: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Append `{"kind", "run_id"?, "rollout_id", "step"?, "metrics"}` to metrics.jsonl and log it as slime
     prints it (`rollout N: {...}`). Then hand it to the in-process listeners, and to the trackers the config
     turns on. A tracker's failure raises `TrackerError`, after the record is written.

@@ -66,7 +66,7 @@ def _probe(address: str, target: str, client: bool) -> None:
         try:
             call(b"", timeout=TIMEOUT, metadata=tuple(header.items()))
         except grpc.RpcError as e:
-            code = e.code()  # type: ignore[attr-defined]
+            code = e.code()
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 raise RayAddressError(
                     f"--ray-address {address}: the cluster refused this client's token ({TOKEN_SOURCES})"

@@ -314,7 +314,7 @@ async def log_prob(cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, weight
 )
 async def train_step(
     cfg: RunConfig, rollout_id: int, rollout: ArtifactRef, logprobs: ArtifactRef, session: str
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Every optimizer step of this rollout on every rank, then each rank's step-boundary snapshot; a trainer
     that applied this rollout already returns the metrics it applied (a retry never trains twice).
 
@@ -406,7 +406,7 @@ async def _pushed(before: list[Any], push: Any) -> Pushed:
 async def check(
     cfg: RunConfig,
     rollout_id: int,
-    steps: list[dict],
+    steps: list[dict[str, Any]],
     weights: WeightsRef | None,
     logprob_stats: dict[str, float] | None = None,
 ) -> dict[str, Any]:
@@ -464,7 +464,12 @@ async def check(
 
 
 async def _out_of_sync(
-    cfg: RunConfig, rollout_id: int, weights: WeightsRef, wrong: list[int], versions: list, shas: list
+    cfg: RunConfig,
+    rollout_id: int,
+    weights: WeightsRef,
+    wrong: list[int],
+    versions: list[Any],
+    shas: list[Any],
 ) -> str:
     """The engines-in-sync failure message; per-tensor hashes are asked for only here, on a failure."""
     engines = actors.engines(cfg)
@@ -505,7 +510,7 @@ def artifact_slug(name: str) -> str:
 
 
 def _ci_violations(
-    cfg: RunConfig, rollout_id: int, steps: list[dict], stats: dict[str, float]
+    cfg: RunConfig, rollout_id: int, steps: list[dict[str, Any]], stats: dict[str, float]
 ) -> list[Violation]:
     """The --ci-test checkers that live in the check task (KL, log-probs, grad norm)."""
     ci, out = cfg.ci, []

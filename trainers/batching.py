@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -226,7 +227,7 @@ class ModelShape:
     vocab: int
 
     @staticmethod
-    def from_hf_config(config: dict) -> ModelShape:
+    def from_hf_config(config: dict[str, Any]) -> ModelShape:
         heads = int(config["num_attention_heads"])
         return ModelShape(
             hidden=int(config["hidden_size"]),

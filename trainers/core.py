@@ -165,7 +165,7 @@ class TrainerCore(CheckpointState, abc.ABC):
         # one rollout read the same rollout, build the same micro-batches and advantages, and the train step reads
         # back the log-probs this rank just wrote. Only the latest rollout is kept.
         self._cached: _CachedRollout | None = None
-        self._written_logprobs: tuple[str, list[dict]] | None = None
+        self._written_logprobs: tuple[str, list[dict[str, Any]]] | None = None
         self._fused: FusedStep | None = None  # left by compute_log_probs for the next train_step
         self._moments: DiskMoments | None = None  # --optimizer-offload-dir (trainers/offload.py)
         # --ci-test's re-execution check (trainers/determinism.py): the rollout's first micro-batch as it ran
@@ -298,7 +298,7 @@ class TrainerCore(CheckpointState, abc.ABC):
             cache[key] = make_micro_batch([samples[p] for p in positions], self.pad_id)
         return cache[key]
 
-    def _logprob_rows(self, ref: ArtifactRef) -> list[dict]:
+    def _logprob_rows(self, ref: ArtifactRef) -> list[dict[str, Any]]:
         """Rows of a log-prob artifact; the one this rank just wrote comes from memory."""
         if self._written_logprobs is not None and self._written_logprobs[0] == ref.sha256:
             return self._written_logprobs[1]
@@ -470,7 +470,9 @@ class TrainerCore(CheckpointState, abc.ABC):
         self._perf["perf/actor_train_time"] = time.perf_counter() - began
         return metrics
 
-    def _fused_step_applies(self, fused: FusedStep, rollout_ref: ArtifactRef, lp_rows: list[dict]) -> bool:
+    def _fused_step_applies(
+        self, fused: FusedStep, rollout_ref: ArtifactRef, lp_rows: list[dict[str, Any]]
+    ) -> bool:
         """Whether `fused` is this rollout's first step on these weights, trained against these log-probs
         (a train-step run alone, e.g. replayed from another run's artifacts, is not)."""
         if fused.rollout_sha256 != rollout_ref.sha256 or fused.global_step != self.global_step:
@@ -483,7 +485,9 @@ class TrainerCore(CheckpointState, abc.ABC):
         last rollout on this rank."""
         return dict(self._perf)
 
-    def _old_log_probs(self, samples: list[Sample], lp_rows: list[dict]) -> dict[int, dict]:
+    def _old_log_probs(
+        self, samples: list[Sample], lp_rows: list[dict[str, Any]]
+    ) -> dict[int, dict[str, Any]]:
         """Per sample_index: the old-policy (and reference) log-probs the loss compares with."""
         old = {r["sample_index"]: r for r in lp_rows}
         if self.s.use_rollout_logprobs:
@@ -523,7 +527,7 @@ class TrainerCore(CheckpointState, abc.ABC):
             cached.advantages = adv
         return cached.advantages
 
-    def _shaped_advantages(self, samples: list[Sample], old: dict[int, dict]) -> torch.Tensor:
+    def _shaped_advantages(self, samples: list[Sample], old: dict[int, dict[str, Any]]) -> torch.Tensor:
         """--kl-coef (slime's reward shaping for reinforce_plus_plus_baseline): per token,
         A - kl_coef * KL(old policy || reference) by the --kl-loss-type estimator, whitened over the rollout's
         loss tokens with --normalize-advantages. [N, T_max] float32, zero padded."""
@@ -560,7 +564,7 @@ class TrainerCore(CheckpointState, abc.ABC):
     def _train_rollout(
         self,
         samples: list[Sample],
-        lp_rows: list[dict],
+        lp_rows: list[dict[str, Any]],
         dump_template: str | None,
         fused: FusedStep | None = None,
     ) -> list[dict[str, float]]:
@@ -616,7 +620,7 @@ class TrainerCore(CheckpointState, abc.ABC):
         batch: list[Sample],
         mb: MicroBatch,
         adv: torch.Tensor,
-        old: dict[int, dict],
+        old: dict[int, dict[str, Any]],
         use_rollout_lp: bool,
         outputs: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
@@ -676,7 +680,7 @@ class TrainerCore(CheckpointState, abc.ABC):
             self._first_run = micro_run([s.sample_index for s in batch], metrics, self.params)
 
     @torch.no_grad()
-    def _reexecute_log_probs(self, samples: list[Sample], lp_rows: list[dict]) -> None:
+    def _reexecute_log_probs(self, samples: list[Sample], lp_rows: list[dict[str, Any]]) -> None:
         """--ci-test: the first micro-batch's old-policy log-probs once more on the step-boundary weights (the train
         step has not moved them yet), bitwise against what the log-prob pass wrote."""
         written: dict[int, Any] = {r["sample_index"]: r.get("log_probs") for r in lp_rows}
@@ -691,7 +695,7 @@ class TrainerCore(CheckpointState, abc.ABC):
         }
         compare_log_probs(samples[0].rollout_id, {i: written[i] for i in again}, again)
 
-    def _reexecute_train(self, samples: list[Sample], lp_rows: list[dict]) -> MicroRun | None:
+    def _reexecute_train(self, samples: list[Sample], lp_rows: list[dict[str, Any]]) -> MicroRun | None:
         """--ci-test: the rollout's first micro-batch's forward and backward on the step-boundary weights, before
         the step runs it (or after the fused log-prob pass ran it: its gradients are put back). The RNG is not put
         back, as a retry from the snapshot would not: an op that draws from it shows as a difference."""
@@ -731,7 +735,7 @@ class TrainerCore(CheckpointState, abc.ABC):
         samples: list[Sample],
         positions: list[int],
         advantages: torch.Tensor,
-        old: dict[int, dict],
+        old: dict[int, dict[str, Any]],
     ) -> None:
         """This replica's share of the rollout as trained (rank column = DP rank): joins back to the rollout
         by sample_index. `advantages`: [N] over the whole rollout, indexed by position."""

@@ -140,7 +140,7 @@ def resolve_loss(loss_type: str, custom_loss_function_path: str | None) -> LossF
 def build_batch(
     samples: list[Any],
     advantages: Tensor,
-    old: dict[int, dict],
+    old: dict[int, dict[str, Any]],
     *,
     use_rollout_lp: bool,
     device: torch.device,

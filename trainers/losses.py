@@ -28,8 +28,8 @@ KL_ESTIMATORS: dict[str, KLEstimator] = {}
 LOW_VAR_KL_CLAMP = 10.0
 
 
-def _register(registry: dict, kind: str, name: str) -> Callable:
-    def decorator(fn: Callable) -> Callable:
+def _register(registry: dict[str, Any], kind: str, name: str) -> Callable[..., Any]:
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in registry:
             raise ValueError(f"{kind} {name!r} is already registered")
         registry[name] = fn
@@ -38,7 +38,7 @@ def _register(registry: dict, kind: str, name: str) -> Callable:
     return decorator
 
 
-def _lookup(registry: dict, kind: str, name: str) -> Callable:
+def _lookup(registry: dict[str, Any], kind: str, name: str) -> Callable[..., Any]:
     try:
         return registry[name]
     except KeyError:

@@ -3,6 +3,8 @@ log-prob rows, computed where the rows live (the trainer rank that wrote them)."
 
 from __future__ import annotations
 
+from typing import Any
+
 from artifacts.schema import Sample
 
 
@@ -16,7 +18,7 @@ def _masked_mean(values: list[float], mask: list[int]) -> float:
     return mean(kept)
 
 
-def logprob_stats(samples: list[Sample], rows: list[dict]) -> dict[str, float]:
+def logprob_stats(samples: list[Sample], rows: list[dict[str, Any]]) -> dict[str, float]:
     """Trainer-side rollout stats: per-sample loss-mask means, averaged over samples."""
     by_index = {r["sample_index"]: r for r in rows}
     out: dict[str, list[float]] = {}

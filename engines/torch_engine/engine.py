@@ -9,6 +9,7 @@ batch.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -312,7 +313,7 @@ class TorchEngine:
                 f"{sorted(missing)[:3]}; a weight sync (resume_memory, then every weight) loads them"
             )
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """Status of this engine."""
         return {
             "backend": "torch",

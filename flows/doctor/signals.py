@@ -12,6 +12,7 @@ import json
 import math
 import statistics
 from collections import Counter
+from typing import Any
 
 from config.precision import TOKEN_ABS_DIFF_TOL, logprob_abs_tol
 from flows.doctor.findings import DIRECT, POINTED, SYMPTOM, Finding
@@ -90,7 +91,7 @@ def constant_rewards(run: RunData) -> list[Finding]:
     groups, constant, identical, labels, total = 0, 0, 0, 0, 0
     rewards: Counter[float] = Counter()
     for rid in run.examined_ids:
-        by_group: dict[int, list] = {}
+        by_group: dict[int, list[Any]] = {}
         for s in run.samples(rid) or []:
             by_group.setdefault(s.group_index, []).append(s)
             rewards[s.reward] += 1

@@ -27,7 +27,7 @@ def recipe_fingerprint(shape: ModelShape) -> str:
     """Short hash naming the checkpoint directory of ``shape`` (the tokenizer's hash covers 151,936 entries: about
     a second, so it is computed once per process and shape)."""
     tok = build_tokenizer()
-    return checkpoint_fingerprint(RECIPE_VERSION, shape, model_config(shape, len(tok)).to_dict(), tok)  # type: ignore[arg-type]
+    return checkpoint_fingerprint(RECIPE_VERSION, shape, model_config(shape, len(tok)).to_dict(), tok)
 
 
 def checkpoint_path(

@@ -66,8 +66,8 @@ def transformer_config(
     """The TransformerConfig equal to the HF model: no dropout, no fused kernels (none exist on the CPU,
     and the unfused ones are what reproduces the HF forward within float32 rounding)."""
     return TransformerConfig(
-        recompute_granularity=memory.recompute_granularity,  # type: ignore[arg-type]
-        recompute_method=memory.recompute_method,  # type: ignore[arg-type]
+        recompute_granularity=memory.recompute_granularity,
+        recompute_method=memory.recompute_method,
         recompute_num_layers=memory.recompute_num_layers,
         deterministic_mode=memory.deterministic_mode,
         num_layers=arch.num_layers,
