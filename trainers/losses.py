@@ -13,7 +13,7 @@ Registries:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -28,8 +28,11 @@ KL_ESTIMATORS: dict[str, KLEstimator] = {}
 LOW_VAR_KL_CLAMP = 10.0
 
 
-def _register(registry: dict[str, Any], kind: str, name: str) -> Callable[..., Any]:
-    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])  # a registry's kind of function
+
+
+def _register(registry: dict[str, _Fn], kind: str, name: str) -> Callable[[_Fn], _Fn]:
+    def decorator(fn: _Fn) -> _Fn:
         if name in registry:
             raise ValueError(f"{kind} {name!r} is already registered")
         registry[name] = fn
@@ -38,7 +41,7 @@ def _register(registry: dict[str, Any], kind: str, name: str) -> Callable[..., A
     return decorator
 
 
-def _lookup(registry: dict[str, Any], kind: str, name: str) -> Callable[..., Any]:
+def _lookup(registry: dict[str, _Fn], kind: str, name: str) -> _Fn:
     try:
         return registry[name]
     except KeyError:
