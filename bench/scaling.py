@@ -20,9 +20,11 @@ same precision (`--precision`, resolved once as `rollflow run` resolves it):
             interpreter cannot import trl; `bf16=True`, CPU autocast, when the precision is bf16), its step's
             seconds and its memory at once, polled as the run's is (its process's VmHWM is given too).
   HF        `model.generate` (the checkpoint loaded in the engine's dtype: bfloat16 for bf16, float32 for fp32)
-            and rollflow's TorchEngine alone, alternated on the same P x G rows (rollout 1's prompts, each G
-            times), bench/generate.py's calls: tokens/s of each. One short warm-up call each, then `--steps` - 1
-            timed calls each.
+            and rollflow's TorchEngine alone on the same P x G rows (rollout 1's prompts, each G times),
+            bench/generate.py's calls: tokens/s of each. One short warm-up call each, then
+            `--generate-repeats` timed pairs (an engine call and an HF call one after the other, which goes first
+            alternating from pair to pair). engine/HF is the median of the pairs' ratios: on a shared machine
+            the ratio moves from pair to pair, and the two calls of a pair see about the same load.
 Every side's processes start with the same GLIBC_TUNABLES and oneDNN / ideep kernel cache sizes: the settings a
 run gives its local Ray (procs.with_malloc_tunables, procs.cap_kernel_caches), which TRL and HF get too (the
 conditions line names them).
@@ -38,8 +40,9 @@ shared machine.
 Then the fitted growth: the least-squares slope of log(seconds) against log(mean response tokens) per size, and
 against log(parameters) per length, for each stage, with the cells each slope used (1.0 = linear).
 
-    python bench/scaling.py [--sizes 3.2M,50M,0.5B] [--lengths 64,256,1024] [--steps 2] [--prompts 2] [--group 4]
-                            [--precision auto] [--trl-python PATH] [--save bench/results/scaling.md]
+    python bench/scaling.py [--sizes 3.2M,50M,0.5B] [--lengths 64,256,1024] [--steps 2] [--generate-repeats 3]
+                            [--prompts 2] [--group 4] [--precision auto] [--trl-python PATH]
+                            [--save bench/results/scaling.md]
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -138,6 +142,11 @@ class Cell:
     def name(self) -> str:
         return f"{self.size}x{self.length}"
 
+    def engine_over_hf(self) -> float | None:
+        """The engine's tokens/s over HF generate's alone: the median of the timed pairs' ratios."""
+        ratios = self.hf.get("pair_ratios")
+        return statistics.median(ratios) if ratios else None
+
     def perf(self, key: str) -> float | None:
         xs = self.rollflow.get("perf", {}).get(key, [])
         return mean(xs) if xs else None
@@ -195,6 +204,7 @@ def run_child(
     cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--sizes", recipe]
     cmd += ["--lengths", str(length), "--steps", str(args.steps), "--prompts", str(args.prompts)]
     cmd += ["--group", str(args.group), "--precision", args.precision, "--threads", str(args.threads)]
+    cmd += ["--generate-repeats", str(args.generate_repeats)]
     cmd += ["--run-flags", args.run_flags, "--out", str(out)]
     began = time.perf_counter()
     proc = subprocess.Popen(cmd)
@@ -390,14 +400,20 @@ def hf_child(args: argparse.Namespace, out: Path) -> None:
     engine_call(engine, rows, min(length, 8), stops, seed=10_000)  # warm-up
     hf_call(model, rows, min(length, 8), eos, pad, False, seed=10_000)
     totals = {"engine": [0, 0.0], "hf": [0, 0.0]}
-    repeats = max(1, args.steps - 1)
+    ratios = []  # each pair's engine tokens/s over HF's
+    repeats = args.generate_repeats
     for r in range(repeats):
-        for side, (n, s) in (
-            ("engine", engine_call(engine, rows, length, stops, seed=r)),
-            ("hf", hf_call(model, rows, length, eos, pad, False, seed=r)),
-        ):
+        pair = {}
+        for side in ("engine", "hf") if r % 2 == 0 else ("hf", "engine"):
+            if side == "engine":
+                pair[side] = engine_call(engine, rows, length, stops, seed=r)
+            else:
+                pair[side] = hf_call(model, rows, length, eos, pad, False, seed=r)
+        for side, (n, s) in pair.items():
             totals[side][0] += n
             totals[side][1] += s
+        (n_e, s_e), (n_h, s_h) = pair["engine"], pair["hf"]
+        ratios.append((n_e / s_e) / (n_h / s_h))
     assert engine._fast is not None  # built by the calls above
     result = {
         "dtype": str(dtype).removeprefix("torch."),
@@ -405,6 +421,7 @@ def hf_child(args: argparse.Namespace, out: Path) -> None:
         "products_s": decode_products_seconds(engine._fast, len(rows)),
         "engine_tps": totals["engine"][0] / totals["engine"][1],
         "hf_tps": totals["hf"][0] / totals["hf"][1],
+        "pair_ratios": ratios,
         "hf_seconds": totals["hf"][1] / repeats,
         "engine_tokens_per_row": totals["engine"][0] / repeats / len(rows),
         "hf_tokens_per_row": totals["hf"][0] / repeats / len(rows),
@@ -461,7 +478,7 @@ def row(c: Cell) -> list[str]:
         _f(c.perf("perf/tokens_per_sec"), "{:,.0f}"),
         _f(e_alone, "{:,.0f}"),
         _f(hf, "{:,.0f}"),
-        _f(e_alone / hf if e_alone and hf else None, "{:.2f}x"),
+        _f(c.engine_over_hf(), "{:.2f}x"),
         _f(trl),
         _f(step / trl if step and trl else None, "{:.2f}x"),
         _f(100 * sync / step if sync and step else None, "{:.1f} %"),
@@ -488,7 +505,6 @@ def targets(cells: list[Cell]) -> list[str]:
     if cell is None:
         return ["targets (0.5B x 256): not measured in this invocation"]
     step, trl, sync = cell.stage("rollout"), cell.stage("TRL step"), cell.stage("sync")
-    e, hf = cell.hf.get("engine_tps"), cell.hf.get("hf_tps")
     peak = cell.mem_concurrent_gib
 
     def verdict(value: float | None, bound: float, text: str, fmt: str, lower_is_better: bool = True) -> str:
@@ -500,7 +516,8 @@ def targets(cells: list[Cell]) -> list[str]:
     return [
         "targets (0.5B x 256):",
         "  " + verdict(step / trl if step and trl else None, 0.5, "RL step / TRL's <= 0.5x", "{:.2f}x"),
-        "  " + verdict(e / hf if e and hf else None, 2.0, "engine / HF generate >= 2x", "{:.2f}x", False),
+        "  "
+        + verdict(cell.engine_over_hf(), 2.0, "engine / HF generate >= 2x (median pair)", "{:.2f}x", False),
         "  " + verdict(sync / step if sync and step else None, 0.10, "sync <= 10 % of the step", "{:.1%}"),
         "  "
         + verdict(
@@ -580,6 +597,12 @@ def cell_lines(c: Cell) -> list[str]:
             f"  peak GiB by process: {procs}; the run's memory at its highest (Pss summed, polled every half "
             f"second): {c.mem_concurrent_gib:.2f}"
             + (f"; TRL's process peaked at {c.trl_proc_gib:.2f}" if c.trl_proc_gib else "")
+        )
+    ratios = c.hf.get("pair_ratios")
+    if ratios:
+        lines.append(
+            f"  engine/HF tokens/s by timed pair (the engine's call first in pairs 1, 3, ...): "
+            f"{', '.join(f'{r:.2f}x' for r in ratios)}; median {statistics.median(ratios):.2f}x"
         )
     products, hf = c.hf.get("products_s"), c.hf.get("hf_tps")
     if products and hf:  # each decode step gives every row a token
@@ -676,6 +699,12 @@ def main() -> None:
         help="SIZExLENGTH cells in the order to measure them (e.g. 0.5Bx256,3.2Mx64); overrides --sizes/--lengths",
     )
     p.add_argument("--steps", type=int, default=2, help="steps (rollouts) per side; step 0 is the warm-up")
+    p.add_argument(
+        "--generate-repeats",
+        type=int,
+        default=3,
+        help="timed pairs of HF generate and the engine alone (engine/HF is their median ratio)",
+    )
     p.add_argument("--prompts", type=int, default=2, help="P, prompts per step")
     p.add_argument("--group", type=int, default=4, help="G, samples per prompt (the GRPO group)")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto", help="as rollflow run's")
@@ -700,6 +729,8 @@ def main() -> None:
     args = p.parse_args()
     if args.steps < 2:
         p.error("--steps must be >= 2 (step 0 is the warm-up)")
+    if args.generate_repeats < 1:
+        p.error("--generate-repeats must be >= 1")
     if args.side == "rollflow":
         rollflow_child(args, Path(args.out))
         return

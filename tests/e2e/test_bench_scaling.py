@@ -37,6 +37,22 @@ def test_one_tiny_cell_prints_its_table(tmp_path, prefect_home):
     assert "peak GiB by process: driver (rollflow side)" in text and "ray::TrainerActor" in text
     assert "at the run's highest, Pss GiB by process: " in text
     assert "the engine's weight products alone, one decode step of 8 rows: " in text
+    # engine/HF is the median of three timed pairs, each pair's ratio listed
+    pairs = next(line for line in lines if "engine/HF tokens/s by timed pair" in line)
+    assert pairs.count("x, ") == 2 and "; median " in pairs, pairs
     assert "Fitted growth" in text
     page = saved.read_text()
     assert page.startswith("---\ntitle: ") and "| tiny-arithx8 | 0.3M |" in page
+
+
+def test_generate_repeats_below_one_is_refused():
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "scaling.py"),
+        "--sizes",
+        "tiny-arith",
+        "--generate-repeats",
+        "0",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--generate-repeats must be >= 1" in out.stderr, out.stderr
