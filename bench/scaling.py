@@ -399,16 +399,15 @@ def hf_child(args: argparse.Namespace, out: Path) -> None:
     stops = tuple(src.stops.ids)
     engine_call(engine, rows, min(length, 8), stops, seed=10_000)  # warm-up
     hf_call(model, rows, min(length, 8), eos, pad, False, seed=10_000)
+    calls = {
+        "engine": lambda seed: engine_call(engine, rows, length, stops, seed=seed),
+        "hf": lambda seed: hf_call(model, rows, length, eos, pad, False, seed=seed),
+    }
     totals = {"engine": [0, 0.0], "hf": [0, 0.0]}
     ratios = []  # each pair's engine tokens/s over HF's
     repeats = args.generate_repeats
     for r in range(repeats):
-        pair = {}
-        for side in ("engine", "hf") if r % 2 == 0 else ("hf", "engine"):
-            if side == "engine":
-                pair[side] = engine_call(engine, rows, length, stops, seed=r)
-            else:
-                pair[side] = hf_call(model, rows, length, eos, pad, False, seed=r)
+        pair = {side: calls[side](r) for side in (("engine", "hf") if r % 2 == 0 else ("hf", "engine"))}
         for side, (n, s) in pair.items():
             totals[side][0] += n
             totals[side][1] += s
@@ -598,11 +597,10 @@ def cell_lines(c: Cell) -> list[str]:
             f"second): {c.mem_concurrent_gib:.2f}"
             + (f"; TRL's process peaked at {c.trl_proc_gib:.2f}" if c.trl_proc_gib else "")
         )
-    ratios = c.hf.get("pair_ratios")
-    if ratios:
+    if (median := c.engine_over_hf()) is not None:
         lines.append(
             f"  engine/HF tokens/s by timed pair (the engine's call first in pairs 1, 3, ...): "
-            f"{', '.join(f'{r:.2f}x' for r in ratios)}; median {statistics.median(ratios):.2f}x"
+            f"{', '.join(f'{r:.2f}x' for r in c.hf['pair_ratios'])}; median {median:.2f}x"
         )
     products, hf = c.hf.get("products_s"), c.hf.get("hf_tps")
     if products and hf:  # each decode step gives every row a token
