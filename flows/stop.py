@@ -10,7 +10,8 @@ second Ctrl-C exits at once (the reaper, flows/reaper.py, stops Ray and Prefect'
 
 A flow run that a runner started (a worker's, `rollflow serve`'s) is cancelled by its runner. The runner sets
 the cancel intent through its control channel, then sends SIGTERM, which stops the run the same way. The
-runner marks it Cancelled.
+runner marks it Cancelled. It sets the intent only while Prefect's SIGTERM bridge is the installed handler, so
+`tasks.actors.ensure_ray` keeps Ray's `init` from replacing it.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ import contextlib
 import logging
 import os
 import re
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,22 +124,41 @@ def ensure_ray(cfg: RunConfig) -> None:
     # work and should not wait behind the orchestrating process and the Prefect server.
     os.environ.setdefault("RAY_worker_niceness", "0")
     level = logging.INFO if _echo_actor_logs else logging.WARNING  # "Started a local Ray instance." is INFO
-    if cfg.ray_address:
-        from tasks.ray_address import check_ray_address
+    with _sigterm_handler_kept():  # Ray's would replace a flow run's (see there)
+        if cfg.ray_address:
+            from tasks.ray_address import check_ray_address
 
-        # one line for an address where nothing answers or that refuses the token, before ray.init's long retries
-        check_ray_address(cfg.ray_address)
-        ray.init(address=cfg.ray_address, log_to_driver=True, logging_level=level)
-    else:
-        _local_ray_in_own_session()
-        ray.init(
-            num_cpus=max(2, os.cpu_count() or 2),
-            resources=placement.local_resources(cfg),
-            include_dashboard=False,
-            log_to_driver=True,
-            _node_ip_address="127.0.0.1",
-            logging_level=level,
-        )
+            # one line for an address where nothing answers or that refuses the token, before ray.init's long retries
+            check_ray_address(cfg.ray_address)
+            ray.init(address=cfg.ray_address, log_to_driver=True, logging_level=level)
+        else:
+            _local_ray_in_own_session()
+            ray.init(
+                num_cpus=max(2, os.cpu_count() or 2),
+                resources=placement.local_resources(cfg),
+                include_dashboard=False,
+                log_to_driver=True,
+                _node_ip_address="127.0.0.1",
+                logging_level=level,
+            )
+
+
+@contextlib.contextmanager
+def _sigterm_handler_kept() -> Iterator[None]:
+    """While inside (`ray.init`), a SIGTERM handler that replaces one installed before is undone at exit. Ray's
+    `init` installs its own (`sys.exit`) in the main thread. It would replace Prefect's SIGTERM bridge, which a
+    flow run installs (the run's stop, flows/stop.py, behind it). A runner acknowledges a cancel only while that
+    bridge is installed, and a rollout flow run reinstalls it only until it ends. So a cancel from Prefect that
+    came between two rollouts would crash the run instead. In place of the default handler, Ray's stays."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(before) and signal.getsignal(signal.SIGTERM) is not before:
+            signal.signal(signal.SIGTERM, before)
 
 
 def _local_ray_in_own_session() -> None:

@@ -6,6 +6,7 @@ complete rollout, identical to a run never stopped."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from artifacts.rundir import read_outcome
 from flows.diff import first_divergence
 from flows.reaper import _descendants, _stat
 from tests.e2e.test_resume import ROOT, _env, _flags, _records
@@ -172,9 +174,10 @@ def test_sigterm_and_a_cancel_from_prefect_stop_a_cli_run_on_a_server(
 
 
 def test_a_cancel_from_prefect_stops_a_served_run(tmp_path, prefect_home, base_checkpoint):
-    """A deployment's flow run, run by `rollflow serve` in a subprocess of its own, is cancelled by its runner:
-    Cancelled, with its rollout flow runs and task runs final and none Crashed, its actors gone, the run dir
-    resumable."""
+    """A deployment's flow run, run by `rollflow serve` in a subprocess of its own, is cancelled by its runner
+    between two rollouts (where no rollout flow run holds Prefect's SIGTERM bridge, and Ray's would have replaced
+    the run's): the run records the stop as a cancel. Cancelled, with its rollout flow runs and task runs final and
+    none Crashed, its actors gone, the run dir resumable."""
     from prefect.deployments import run_deployment
 
     from config import dump_yaml
@@ -184,6 +187,15 @@ def test_a_cancel_from_prefect_stops_a_served_run(tmp_path, prefect_home, base_c
     run_dir, name = tmp_path / "served", f"served-{os.getpid()}"
     flags = _flags(base_checkpoint, run_dir)
     flags[flags.index("--num-rollout") + 1] = "40"
+    # the driver holds after rollout 1 is recorded, before rollout 2 starts; the cancel comes meanwhile
+    hold = {"kind": "sleep", "seconds": 15}
+    between = {
+        "request_id": "between",
+        "hook_name": "orchestrator_rollout_end",
+        "action": hold,
+        "rollout_id": 1,
+    }
+    flags += ["--ci-fault-hooks", json.dumps([between])]
     config = tmp_path / "served.yaml"
     config.write_text(dump_yaml(build_config(make_parser().parse_args(["run", "--name", name, *flags]))))
     log = (
@@ -207,21 +219,13 @@ def test_a_cancel_from_prefect_stops_a_served_run(tmp_path, prefect_home, base_c
                 break
             except Exception:
                 time.sleep(2)
-        while not any(r["kind"] == "step" and r["rollout_id"] >= 1 for r in _records(run_dir)):
+        while not _fired(run_dir, "between"):
             assert serve.poll() is None and time.monotonic() < deadline + 300, (
                 "the served run made no progress"
             )
             time.sleep(0.2)
         workers = _descendants(serve.pid)
-        cancel = subprocess.run(
-            [sys.executable, "-m", "prefect", "flow-run", "cancel", str(run.id)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        asyncio.run(_cancel(run.id))  # as the UI's Cancel: the runner sees it within its poll (2 s here)
         deadline = time.monotonic() + 120
         while True:
             parents, children, tasks = asyncio.run(_states(name))
@@ -239,6 +243,10 @@ def test_a_cancel_from_prefect_stops_a_served_run(tmp_path, prefect_home, base_c
         assert not [(t.name, t.state.message) for t in tasks if t.state.is_crashed()]
         for runs in children.values():
             assert {c.state.type.value for c in runs} <= {"COMPLETED", "CANCELLED"}
+        outcome = read_outcome(run_dir)
+        assert outcome is not None and outcome.status == "cancelled", (outcome, log.read_text()[-6000:])
+        assert outcome.error.startswith("stopped by a cancel from Prefect in rollout 2 "), outcome.error
+        assert max(r["rollout_id"] for r in _records(run_dir) if r["kind"] == "step") == 1
         gone_by = time.monotonic() + 60  # the flow run's process and the Ray it started
         while left := [
             p for p, s in workers.items() if (st := _stat(p)) is not None and st[1] == s and st[2] != "Z"
@@ -249,6 +257,25 @@ def test_a_cancel_from_prefect_stops_a_served_run(tmp_path, prefect_home, base_c
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
         serve.wait(timeout=60)
+
+
+def _fired(run_dir: Path, request_id: str) -> bool:
+    """Whether the run's fault request `request_id` has fired (faults.jsonl)."""
+    log = run_dir / "faults.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return any(
+        (r := json.loads(line))["request_id"] == request_id and r["status"] == "fired" for line in lines
+    )
+
+
+async def _cancel(flow_run_id) -> None:
+    """Ask Prefect to cancel flow run `flow_run_id`, as the UI's Cancel does (`prefect flow-run cancel`)."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    async with get_client() as client:
+        result = await client.set_flow_run_state(flow_run_id, Cancelling())
+    assert result.status.value == "ACCEPT", result
 
 
 def _served_deployment(name: str) -> str:

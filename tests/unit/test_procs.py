@@ -128,6 +128,36 @@ def test_a_local_rays_processes_start_in_a_session_of_their_own():
     assert int(out) == child.pid != os.getsid(0)  # its own session leader, out of this process group
 
 
+def test_a_sigterm_handler_installed_before_ray_init_stays_and_rays_replaces_only_the_default():
+    import inspect
+    import signal
+
+    import ray
+    from ray._private.utils import set_sigterm_handler
+
+    from tasks.actors import _sigterm_handler_kept
+
+    def rays(signum, frame):  # what ray.init installs: sys.exit
+        raise SystemExit(signum)
+
+    def bridge(signum, frame):  # a flow run's SIGTERM bridge
+        pass
+
+    assert "set_sigterm_handler(" in inspect.getsource(ray.init)  # how ray.init installs its own
+    original = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, bridge)
+        with _sigterm_handler_kept():
+            set_sigterm_handler(rays)
+        assert signal.getsignal(signal.SIGTERM) is bridge
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with _sigterm_handler_kept():
+            set_sigterm_handler(rays)
+        assert signal.getsignal(signal.SIGTERM) is rays
+    finally:
+        signal.signal(signal.SIGTERM, original)
+
+
 def test_malloc_tunables_are_added_and_a_users_own_stay():
     assert procs.with_malloc_tunables(None) == "glibc.malloc.mmap_threshold=1048576:glibc.malloc.hugetlb=1"
     assert procs.with_malloc_tunables("glibc.cpu.hwcaps=-AVX2:glibc.malloc.hugetlb=0") == (
