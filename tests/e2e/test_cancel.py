@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.rundir import read_outcome
+from artifacts.rundir import completed_rollouts, read_outcome
 from flows.diff import first_divergence
 from flows.reaper import _descendants, _stat
 from tests.e2e.test_resume import ROOT, _env, _flags, _records
@@ -173,29 +173,38 @@ def test_sigterm_and_a_cancel_from_prefect_stop_a_cli_run_on_a_server(
     )  # the rollouts cut by each stop were dropped at the resume, never logged twice
 
 
-def test_a_cancel_from_prefect_stops_a_served_run(tmp_path, prefect_home, base_checkpoint):
-    """A deployment's flow run, run by `rollflow serve` in a subprocess of its own, is cancelled by its runner
-    between two rollouts (where no rollout flow run holds Prefect's SIGTERM bridge, and Ray's would have replaced
-    the run's): the run records the stop as a cancel. Cancelled, with its rollout flow runs and task runs final and
-    none Crashed, its actors gone, the run dir resumable."""
+# where the served run's driver holds (a 15 s sleep) while the cancel comes, and the rollout the stop lands in
+HOLDS = {
+    # rollout 1 recorded, rollout 2 not started: no rollout flow run holds Prefect's SIGTERM bridge, and Ray's
+    # handler would have replaced the run's
+    "between-rollouts": ("orchestrator_rollout_end", 2),
+    # inside rollout 1's flow run, at the end of its train-step task, before its step is logged
+    "inside-a-rollout": ("orchestrator_train_step_end", 1),
+}
+
+
+@pytest.mark.parametrize("where", list(HOLDS))
+def test_a_cancel_from_prefect_stops_a_served_run(where, tmp_path, prefect_home, base_checkpoint):
+    """A deployment's flow run, run by `rollflow serve` in a subprocess of its own, is cancelled by its runner,
+    between two rollouts or inside one: the run records the stop as a cancel. Cancelled, with its rollout flow
+    runs and task runs final and none Crashed, its actors gone, the rollout it was in not counted as complete."""
     from prefect.deployments import run_deployment
 
     from config import dump_yaml
     from flows.cli import build_config, make_parser
 
     env = _server_env(prefect_home)
-    run_dir, name = tmp_path / "served", f"served-{os.getpid()}"
+    run_dir, name = tmp_path / "served", f"served-{os.getpid()}-{where}"
     flags = _flags(base_checkpoint, run_dir)
     flags[flags.index("--num-rollout") + 1] = "40"
-    # the driver holds after rollout 1 is recorded, before rollout 2 starts; the cancel comes meanwhile
-    hold = {"kind": "sleep", "seconds": 15}
-    between = {
-        "request_id": "between",
-        "hook_name": "orchestrator_rollout_end",
-        "action": hold,
+    hook, stopped_in = HOLDS[where]
+    hold = {
+        "request_id": "hold",
+        "hook_name": hook,
+        "action": {"kind": "sleep", "seconds": 15},
         "rollout_id": 1,
     }
-    flags += ["--ci-fault-hooks", json.dumps([between])]
+    flags += ["--ci-fault-hooks", json.dumps([hold])]
     config = tmp_path / "served.yaml"
     config.write_text(dump_yaml(build_config(make_parser().parse_args(["run", "--name", name, *flags]))))
     log = (
@@ -219,7 +228,7 @@ def test_a_cancel_from_prefect_stops_a_served_run(tmp_path, prefect_home, base_c
                 break
             except Exception:
                 time.sleep(2)
-        while not _fired(run_dir, "between"):
+        while not _fired(run_dir, "hold"):
             assert serve.poll() is None and time.monotonic() < deadline + 300, (
                 "the served run made no progress"
             )
@@ -245,8 +254,10 @@ def test_a_cancel_from_prefect_stops_a_served_run(tmp_path, prefect_home, base_c
             assert {c.state.type.value for c in runs} <= {"COMPLETED", "CANCELLED"}
         outcome = read_outcome(run_dir)
         assert outcome is not None and outcome.status == "cancelled", (outcome, log.read_text()[-6000:])
-        assert outcome.error.startswith("stopped by a cancel from Prefect in rollout 2 "), outcome.error
-        assert max(r["rollout_id"] for r in _records(run_dir) if r["kind"] == "step") == 1
+        assert outcome.error.startswith(f"stopped by a cancel from Prefect in rollout {stopped_in} "), (
+            outcome.error
+        )
+        assert completed_rollouts(_records(run_dir)) == stopped_in  # a resume starts at the rollout it was in
         gone_by = time.monotonic() + 60  # the flow run's process and the Ray it started
         while left := [
             p for p, s in workers.items() if (st := _stat(p)) is not None and st[1] == s and st[2] != "Z"
