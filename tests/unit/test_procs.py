@@ -140,8 +140,8 @@ def test_a_sigterm_handler_installed_before_ray_init_stays_and_rays_replaces_onl
     def rays(signum, frame):  # what ray.init installs: sys.exit
         raise SystemExit(signum)
 
-    def bridge(signum, frame):  # a flow run's SIGTERM bridge
-        pass
+    def bridge(signum, frame):
+        """A flow run's SIGTERM bridge (a stand-in: the test installs it, never signals it)."""
 
     assert "set_sigterm_handler(" in inspect.getsource(ray.init)  # how ray.init installs its own
     original = signal.getsignal(signal.SIGTERM)
