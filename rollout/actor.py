@@ -15,7 +15,7 @@ import ray
 from engines.base import EngineAnswer
 from faults import FaultHookRequest, FaultInjector
 from procs import freeze_heap, memory_gib, preload_arrow
-from rollout.data import keep_tokenizer
+from rollout.data import use_tokenizer_class
 from rollout.finish import Tally, check_versions, finish_rollout, in_entry_order
 from rollout.requests import split_for_engines
 
@@ -37,13 +37,13 @@ class RolloutActor:
         faults: list[FaultHookRequest] | None = None,
         run_dir: str | None = None,
         epoch: float | None = None,
-        tokenizers: dict[str, Any] | None = None,
+        tokenizer_classes: dict[str, type] | None = None,
     ) -> None:
-        """`tokenizers`: {checkpoint dir: tokenizer} that the creating process loaded
-        (rollout.data.keep_tokenizer)."""
+        """`tokenizer_classes`: {checkpoint dir: the class its tokenizer loaded as} in the creating process
+        (rollout.data.use_tokenizer_class)."""
         os.chdir(cwd)
-        for checkpoint, tokenizer in (tokenizers or {}).items():
-            keep_tokenizer(checkpoint, tokenizer)
+        for checkpoint, cls in (tokenizer_classes or {}).items():
+            use_tokenizer_class(checkpoint, cls)
         self.faults = FaultInjector(faults or [], "rollout", None, run_dir, epoch)
         self._loop = asyncio.Runner()  # one event loop for the actor's life: async rewards run on it
 

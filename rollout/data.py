@@ -13,7 +13,6 @@ number) and the key. Loaded sets are cached per process by (path, size, mtime, s
 from __future__ import annotations
 
 import json
-import pickle
 import random
 from dataclasses import dataclass
 from functools import lru_cache
@@ -244,17 +243,21 @@ def _epoch_order(size: int, seed: int) -> tuple[int, ...]:
     return tuple(order)
 
 
-_TOKENIZERS: dict[str, Any] = {}  # checkpoint dir -> its tokenizer, loaded or handed over once per process
+_TOKENIZERS: dict[str, Any] = {}  # checkpoint dir -> its tokenizer, loaded once per process
+_TOKENIZER_CLASSES: dict[str, type] = {}  # checkpoint dir -> the class another process loaded it as
 
 
 def tokenizer_at(checkpoint: str) -> Any:
-    """The tokenizer of an HF checkpoint dir (loaded once per process, unless `keep_tokenizer` handed it
-    over); DataError naming the dir when it does not load."""
+    """The tokenizer of an HF checkpoint dir (loaded once per process: with `AutoTokenizer`, or with the class
+    `use_tokenizer_class` named); DataError naming the dir when it does not load."""
     if checkpoint not in _TOKENIZERS:
-        from transformers import AutoTokenizer
+        loader: Any = _TOKENIZER_CLASSES.get(checkpoint)  # a PreTrainedTokenizerBase subclass
+        if loader is None:
+            from transformers import AutoTokenizer
 
+            loader = AutoTokenizer
         try:
-            _TOKENIZERS[checkpoint] = AutoTokenizer.from_pretrained(checkpoint)
+            _TOKENIZERS[checkpoint] = loader.from_pretrained(checkpoint)
         except (OSError, ValueError) as e:  # a damaged tokenizer file: the JSON error alone names no file
             raise DataError(
                 f"--hf-checkpoint {checkpoint}: its tokenizer does not load ({type(e).__name__}: "
@@ -263,24 +266,22 @@ def tokenizer_at(checkpoint: str) -> Any:
     return _TOKENIZERS[checkpoint]
 
 
-def keep_tokenizer(checkpoint: str, tokenizer: Any) -> None:
-    """Use `tokenizer`, which another process loaded with `tokenizer_at(checkpoint)` and sent here, as this
-    process's tokenizer of `checkpoint`. Unpickling it imports only its class's module, where `AutoTokenizer`
-    imports torch and transformers' configuration code (~0.15 GiB and seconds of CPU in a process that runs no
-    model, such as the rollout actor)."""
-    _TOKENIZERS[checkpoint] = tokenizer
+def use_tokenizer_class(checkpoint: str, cls: type) -> None:
+    """Load `checkpoint`'s tokenizer with `cls`, the class another process's `tokenizer_at(checkpoint)` resolved,
+    instead of through `AutoTokenizer`: resolving imports torch and transformers' configuration code (~0.15 GiB
+    and seconds of CPU in a process that runs no model, such as the rollout actor); `cls` imports only its own
+    module."""
+    _TOKENIZER_CLASSES[checkpoint] = cls
 
 
-def loaded_tokenizers(checkpoint: str | None) -> dict[str, Any]:
-    """{checkpoint: its tokenizer} to hand to another process, where this process has loaded it already and
-    the tokenizer is one of transformers' own classes that pickles; else {} (nothing is loaded here), and the
-    other process loads its own. A tokenizer of a checkpoint's own code (`transformers_modules`) is never
-    handed over: its module imports only where transformers has set up that checkpoint's code."""
+def loaded_tokenizer_classes(checkpoint: str | None) -> dict[str, type]:
+    """{checkpoint: its tokenizer's class} to hand to another process (`use_tokenizer_class`), where this process
+    has loaded that tokenizer and its class is one of transformers' own; else {} (nothing is loaded here), and
+    the other process resolves its own. A class travels as its module and name, a few hundred bytes: the
+    tokenizer itself pickles to megabytes at a 150k-id vocabulary, which Ray keeps in its object store, and an
+    actor that Ray restarts must not depend on that. A class of a checkpoint's own code (`transformers_modules`)
+    is never handed over: its module imports only where transformers has set up that checkpoint's code."""
     tok = None if checkpoint is None else _TOKENIZERS.get(checkpoint)
     if checkpoint is None or tok is None or not type(tok).__module__.startswith("transformers."):
         return {}
-    try:
-        pickle.dumps(tok)
-    except Exception:  # whatever an attribute of an unusual tokenizer raises as it is pickled
-        return {}
-    return {checkpoint: tok}
+    return {checkpoint: type(tok)}

@@ -321,7 +321,7 @@ async def _start_rollout_actor(cfg: RunConfig) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from rollout.actor import RolloutActor
-    from rollout.data import loaded_tokenizers
+    from rollout.data import loaded_tokenizer_classes
 
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     actor = await _with_free_name(
@@ -332,7 +332,7 @@ async def _start_rollout_actor(cfg: RunConfig) -> Any:
             cfg.faults.requests(),
             str(cfg.resolved_run_dir),
             _epoch(cfg),
-            loaded_tokenizers(cfg.hf_checkpoint),  # the one this process loaded, so the actor loads none
+            loaded_tokenizer_classes(cfg.hf_checkpoint),  # so the actor need not resolve it (torch)
         )
     )
     _keep(cfg, {ROLLOUT: actor})
