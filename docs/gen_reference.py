@@ -457,13 +457,15 @@ def results_page() -> str:
 
 # bench/scaling.py's results files, in the README's order: the grid, its 0.5B x 256 cell with the AdamW moments on disk,
 # its 0.5B x 1024 cell (measured on its own: TRL's side alone takes about half an hour), then the 0.5B x 256
-# cell on an AMD EPYC before and after the processes outside the trainer shed what they did not need
+# cell on an AMD EPYC before and after the processes outside the trainer shed what they did not need, and with
+# the AdamW moments on disk
 SCALING = (
     RESULTS / "80-scaling.md",
     RESULTS / "82-scaling-0.5b-offload.md",
     RESULTS / "83-scaling-0.5b-1024.md",
     RESULTS / "84-scaling-0.5b-epyc.md",
     RESULTS / "85-scaling-0.5b-epyc-lean.md",
+    RESULTS / "86-scaling-0.5b-epyc-offload.md",
 )
 README = ROOT / "README.md"
 README_BEGIN = (
